@@ -1,0 +1,118 @@
+"""The interface a plugin implements (SPEC 9).
+
+A plugin type is a class registered under the entry-point group ``b2bhub.plugins``.
+It declares whether it is a source, a target or both (``roles``), a configuration
+schema (:class:`b2bhub.config_schema.Field` list, from which the web form and the API
+are generated), and implements:
+
+* a target: ``deliver(delivery, payload, context) -> Outcome`` and optionally
+  ``probe() -> bool``;
+* a source: it is given a :class:`SourceContext` whose ``store_and_dispatch`` stores a
+  message; scheduled sources implement ``poll(context)``.
+
+A plugin gets plain values and narrow contexts, never the app or a database session,
+and never sets a status: the core derives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import IO, Any, ClassVar, Protocol
+
+from b2bhub.domain.outcome import Outcome
+from b2bhub.domain.retry import RetryPolicy
+
+__all__ = ["DeliveryInfo", "Outcome", "PayloadReader", "Plugin", "SourceContext",
+           "TargetContext"]
+
+
+@dataclass(frozen=True)
+class DeliveryInfo:
+    """What a target knows of the delivery it is attempting."""
+
+    delivery_id: int
+    message_id: int
+    target: str
+    attempt: int
+    source: str
+    from_party: str
+    to_party: str
+    direction: str
+    original_filename: str | None
+    external_id: str | None
+    correlation_id: str | None
+    sequence_key: str | None
+    created_at: datetime
+    payload_stages: tuple[str, ...]
+
+
+class PayloadReader(Protocol):
+    """Opens a recorded payload stage as a binary stream (sha256 checked at its end)."""
+
+    def stages(self) -> tuple[str, ...]: ...
+
+    def size(self, stage: str) -> int: ...
+
+    def open(self, stage: str) -> IO[bytes]: ...
+
+
+class TargetContext(Protocol):
+    """The narrow view of the core a target's ``deliver`` gets."""
+
+    now: datetime
+
+    def wire_started(self) -> None:
+        """Say that bytes may have reached the partner: an interruption from here on
+        puts the delivery to Retrying rather than back to the queue."""
+
+    def log(self, text: str) -> None: ...
+
+
+class SourceContext(Protocol):
+    def store_and_dispatch(self, payload: IO[bytes] | bytes, from_party: str, to_party: str,
+                           filename: str | None = None, **kw: Any) -> int: ...
+
+
+class Plugin:
+    """Base class for plugin types. Subclasses set the class attributes below."""
+
+    #: the type name, e.g. ``file_writer`` (the entry point's name must match)
+    type_name: ClassVar[str] = ""
+    #: ``{"source"}``, ``{"target"}`` or both
+    roles: ClassVar[frozenset[str]] = frozenset()
+    #: a list of :class:`b2bhub.config_schema.Field`
+    config_schema: ClassVar[list] = []
+    #: the retry schedule used when neither the instance nor a rule says otherwise
+    default_retry_policy: ClassVar[RetryPolicy] = RetryPolicy()
+    #: how many due deliveries one worker claims at once; a target whose attempts wait
+    #: on the network keeps 1 so that several worker processes share the work
+    claim_batch: ClassVar[int] = 1
+    description: ClassVar[str] = ""
+
+    def __init__(self, instance_name: str, config: dict[str, Any]):
+        self.instance_name = instance_name
+        self.config = config
+
+    # target side -------------------------------------------------------------
+    def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
+                context: TargetContext) -> Outcome:
+        raise NotImplementedError
+
+    def probe(self) -> bool | None:
+        """True online, False offline, None: this type has no probe."""
+        return None
+
+    # source side -------------------------------------------------------------
+    def poll(self, context: SourceContext) -> Iterator[int] | None:
+        """Scheduled sources collect here; return the ids of the messages made."""
+        return None
+
+    @classmethod
+    def is_source(cls) -> bool:
+        return "source" in cls.roles
+
+    @classmethod
+    def is_target(cls) -> bool:
+        return "target" in cls.roles
