@@ -1,0 +1,80 @@
+"""Configuration from ``B2BHUB_*`` environment variables, with defaults that work.
+
+Every variable is listed in :data:`VARIABLES` (name, default, meaning); the README's
+configuration table is checked against it by ``tests/test_docs.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: (variable, default, meaning). A default of None means "derived", see ``load()``.
+VARIABLES: list[tuple[str, str | None, str]] = [
+    ("B2BHUB_DATA_DIR", "./var", "where the embedded database, broker and payloads live"),
+    ("B2BHUB_DATABASE_URL", None,
+     "SQLAlchemy URL; default SQLite in the data directory (postgresql+psycopg://... "
+     "for PostgreSQL)"),
+    ("B2BHUB_BROKER_URL", None,
+     "Celery broker; default kombu's SQLAlchemy transport on SQLite in the data directory "
+     "(redis://... for Redis)"),
+    ("B2BHUB_PAYLOAD_DIR", None, "payload store; default <data dir>/payloads"),
+    ("B2BHUB_HOST", "127.0.0.1", "address the web process listens on"),
+    ("B2BHUB_PORT", "8000", "port the web process listens on"),
+    ("B2BHUB_WORKERS", "2", "worker processes `b2bhub run` starts"),
+    ("B2BHUB_WEB_THREADS", "8", "threads of the web process"),
+    ("B2BHUB_SECRET_KEY", None, "session and CSRF signing key; default a random key kept in "
+     "the data directory"),
+    ("B2BHUB_LOG_LEVEL", "info", "log level of every process"),
+    ("B2BHUB_LOG_STREAM_LEVEL", "info", "lowest level shown on the Logs page"),
+    ("B2BHUB_STOP_GRACE", "5", "seconds a running attempt may finish after SIGTERM"),
+    ("B2BHUB_WORKER_QUEUES", "deliveries,default",
+     "queues a worker consumes (add an instance's own queue for dedicated workers)"),
+]
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def load(overrides: dict | None = None) -> dict:
+    """Build the Flask config dict from the environment, then ``overrides``."""
+    overrides = dict(overrides or {})
+    data_dir = Path(overrides.pop("DATA_DIR", None) or _env("B2BHUB_DATA_DIR", "./var"))
+    data_dir = data_dir.resolve()
+    database_url = _env("B2BHUB_DATABASE_URL", f"sqlite:///{data_dir / 'b2bhub.sqlite'}")
+    broker_url = _env("B2BHUB_BROKER_URL", f"sqla+sqlite:///{data_dir / 'broker.sqlite'}")
+    cfg = {
+        "DATA_DIR": str(data_dir),
+        "SQLALCHEMY_DATABASE_URI": database_url,
+        "BROKER_URL": broker_url,
+        "PAYLOAD_DIR": _env("B2BHUB_PAYLOAD_DIR", str(data_dir / "payloads")),
+        "SECRET_KEY": _env("B2BHUB_SECRET_KEY"),
+        "LOG_LEVEL": _env("B2BHUB_LOG_LEVEL", "info").upper(),
+        "LOG_STREAM_LEVEL": _env("B2BHUB_LOG_STREAM_LEVEL", "info").upper(),
+        "STOP_GRACE": float(_env("B2BHUB_STOP_GRACE", "5")),
+        "HOST": _env("B2BHUB_HOST", "127.0.0.1"),
+        "PORT": int(_env("B2BHUB_PORT", "8000")),
+        "WORKERS": int(_env("B2BHUB_WORKERS", "2")),
+        "WEB_THREADS": int(_env("B2BHUB_WEB_THREADS", "8")),
+        "WORKER_QUEUES": _env("B2BHUB_WORKER_QUEUES", "deliveries,default"),
+        "SQLALCHEMY_ENGINE_OPTIONS": {},
+        "WTF_CSRF_TIME_LIMIT": None,
+    }
+    cfg.update(overrides)
+    if cfg["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
+        cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {"timeout": 30}}
+    else:
+        cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"pool_pre_ping": True}
+    return cfg
+
+
+def secret_key(data_dir: str) -> str:
+    """A random key kept in the data directory, so sessions survive a restart."""
+    path = Path(data_dir) / "secret_key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(os.urandom(32).hex())
+        path.chmod(0o600)
+    return path.read_text().strip()

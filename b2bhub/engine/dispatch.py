@@ -1,0 +1,164 @@
+"""Storing a message and dispatching it to its targets in one transaction (SPEC 4).
+
+Routes are read from a per-process cache keyed by the routes version, a counter every
+route save or delete bumps in its own transaction: a route saved in the web process
+applies to the very next dispatch in any worker, with no broadcast to lose.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from b2bhub.domain import routing
+from b2bhub.domain.states import DeliveryState, MessageStatus
+from b2bhub.engine.history import add_line, add_lines
+from b2bhub.engine.status import refresh_statuses
+from b2bhub.engine.wakeups import after_commit
+from b2bhub.models import (
+    ORGANIZATION, PARTNER, Delivery, Message, Party, Payload, Route, Setting,
+)
+
+ROUTES_VERSION_KEY = "routes_version"
+
+
+class RouteCache:
+    """The route table of this process, reloaded when the routes version moved."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._version: int | None = None
+        self._table = routing.RouteTable([])
+
+    def table(self, session: Session) -> routing.RouteTable:
+        version = session.scalar(select(Setting.value).where(
+            Setting.key == ROUTES_VERSION_KEY)) or 0
+        with self._lock:
+            if version != self._version:
+                rows = session.scalars(select(Route).order_by(Route.id)).all()
+                self._table = routing.RouteTable(
+                    routing.Route(r.id, r.source, r.from_party, r.to_party, r.target)
+                    for r in rows)
+                self._version = version
+            return self._table
+
+    def clear(self) -> None:
+        with self._lock:
+            self._version = None
+
+
+route_cache = RouteCache()
+
+
+def bump_routes_version(session: Session) -> None:
+    """Call in the transaction that saves or deletes a route."""
+    row = session.get(Setting, ROUTES_VERSION_KEY)
+    if row is None:
+        session.add(Setting(key=ROUTES_VERSION_KEY, value=1))
+    else:
+        session.execute(update(Setting).where(Setting.key == ROUTES_VERSION_KEY)
+                        .values(value=int(row.value or 0) + 1))
+    route_cache.clear()
+
+
+@dataclass
+class NewMessage:
+    """What a source hands over; payload stages are already in the payload store."""
+
+    source: str
+    from_party: str
+    to_party: str
+    stages: dict[str, tuple[str, int]]  # stage -> (digest, size)
+    original_filename: str | None = None
+    external_id: str | None = None
+    correlation_id: str | None = None
+    sequence_key: str | None = None
+    actor: str = ""
+    targets: list[str] | None = None  # given targets bypass the routes (send by hand)
+    data: dict = field(default_factory=dict)
+
+
+def direction(session: Session, from_party: str, to_party: str) -> str:
+    kinds = dict(session.execute(select(Party.name, Party.kind).where(
+        Party.name.in_([from_party, to_party]))).all())
+    if kinds.get(from_party) == PARTNER:
+        return "inbound"
+    if kinds.get(to_party) == PARTNER or kinds.get(from_party) == ORGANIZATION and \
+            kinds.get(to_party) != ORGANIZATION:
+        return "outbound"
+    return "internal"
+
+
+def store_and_dispatch(session: Session, new: NewMessage, now: datetime) -> Message:
+    """Insert the message, its payload rows, one delivery per distinct target and the
+    history, in the caller's transaction; the wake-ups go out after it commits."""
+    message = _insert_message(session, new, now)
+    targets = new.targets if new.targets is not None else _route_targets(session, new)
+    deliveries = create_deliveries(session, message, targets, now, new.actor)
+    if not deliveries:
+        add_line(session, message.id, "not_routed",
+                 f"no route from {new.source} matches {new.from_party} → {new.to_party}",
+                 actor=new.actor, now=now)
+    refresh_statuses(session, [message.id], now, actor=new.actor)
+    return message
+
+
+def _insert_message(session: Session, new: NewMessage, now: datetime) -> Message:
+    main = new.stages.get("unpacked") or new.stages.get("raw") or next(
+        iter(new.stages.values()), (None, 0))
+    message = Message(
+        source=new.source, from_party=new.from_party, to_party=new.to_party,
+        direction=direction(session, new.from_party, new.to_party),
+        original_filename=new.original_filename, external_id=new.external_id,
+        correlation_id=new.correlation_id, status=MessageStatus.RECEIVED,
+        sequence_key=new.sequence_key or f"{new.from_party}>{new.to_party}",
+        sha256=main[0], size=main[1], created_at=now, updated_at=now)
+    session.add(message)
+    session.flush()
+    for stage, (digest, size) in new.stages.items():
+        session.add(Payload(message_id=message.id, stage=stage, digest=digest, size=size,
+                            created_at=now))
+    name = new.original_filename or "a message"
+    add_line(session, message.id, "received",
+             f"{name} received from {new.from_party} for {new.to_party} by {new.source}",
+             actor=new.actor, now=now, data={"size": message.size, "sha256": message.sha256})
+    return message
+
+
+def _route_targets(session: Session, new: NewMessage) -> list[str]:
+    return route_cache.table(session).targets(new.source, new.from_party, new.to_party)
+
+
+def create_deliveries(session: Session, message: Message, targets: list[str],
+                      now: datetime, actor: str = "") -> list[Delivery]:
+    """One queued delivery per target the message does not have yet; woken after commit."""
+    have = set(session.scalars(select(Delivery.target).where(
+        Delivery.message_id == message.id)))
+    new = [t for t in dict.fromkeys(targets) if t not in have]
+    rows = [Delivery(message_id=message.id, target=t, state=DeliveryState.QUEUED,
+                     due_at=now, next_wake_at=now, wake_count=1,
+                     sequence_key=message.sequence_key, created_at=now, updated_at=now)
+            for t in new]
+    session.add_all(rows)
+    session.flush()
+    for row in rows:
+        # the first wake-up is the one published after commit; the sweep re-wakes later
+        row.next_wake_at = _first_rewake(now)
+        row.sequence_no = row.id
+    add_lines(session, [{"message_id": message.id, "delivery_id": r.id,
+                         "type": "delivery_changed", "actor": actor,
+                         "text": f"{r.target}: queued", "data": {"state": "queued"}}
+                        for r in rows], now)
+    after_commit(session, [(r.id, r.target) for r in rows])
+    return rows
+
+
+def _first_rewake(now: datetime) -> datetime:
+    from datetime import timedelta
+
+    from b2bhub.engine.settings import DeliverySettings
+    return now + timedelta(seconds=DeliverySettings().wake_delay(1))

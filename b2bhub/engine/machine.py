@@ -1,0 +1,396 @@
+"""The delivery state machine: the one module that writes ``deliveries.state``.
+
+Every transition is a conditional UPDATE inside the caller's transaction that also
+writes its history line(s), re-derives the message status and raises or resolves
+alerts; wake-ups are queued with :func:`b2bhub.engine.wakeups.after_commit` and go out
+only after the commit. The caller commits: one transition (or one batch of the same
+transition) is one transaction.
+
+==================  =============================  =====================================
+event               from                           to
+==================  =============================  =====================================
+claim               queued, retrying, stalled      in_progress (attempt += 1, lease)
+delivered           in_progress                    delivered            (fenced)
+retry / error       in_progress                    retrying (due_at) or failed (fenced)
+await receipt       in_progress                    awaiting_receipt     (fenced)
+failed / business   in_progress                    failed (technical / business)
+interrupted         in_progress                    queued, or retrying after wire_started
+lease expired       in_progress                    queued (sweep)
+receipt overdue     awaiting_receipt               failed (sweep)
+stalled             queued, retrying               stalled (sweep, after N wake-ups)
+==================  =============================  =====================================
+
+Fencing: an outcome is written only while the delivery is still ``in_progress`` with the
+attempt number and lease owner of the claim that produced it. A late outcome changes
+nothing and leaves a ``stale_outcome_ignored`` line. An outcome that arrives after the
+lease time but before anyone put the delivery back is accepted: the attempt really ended
+that way, and refusing it would only send the message twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import and_, select, text, update
+from sqlalchemy.orm import Session
+
+from b2bhub.domain.outcome import Outcome, OutcomeKind
+from b2bhub.domain.retry import RetryPolicy
+from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
+from b2bhub.engine.history import add_line, add_lines, raise_alert, resolve_alert
+from b2bhub.engine.settings import DeliverySettings
+from b2bhub.engine.status import refresh_statuses
+from b2bhub.engine.wakeups import after_commit
+from b2bhub.models import Alert, Delivery, PluginInstance
+
+S = DeliveryState
+DEFAULT_RECEIPT_TIMEOUT = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A won claim: the fence every settlement of this attempt must present."""
+
+    delivery_id: int
+    message_id: int
+    target: str
+    attempt: int
+    failures: int
+    owner: str
+
+
+# --- claim -------------------------------------------------------------------------
+
+_ORDERED = """
+  AND (d.sequence_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM deliveries e WHERE e.target = d.target
+         AND e.sequence_key = d.sequence_key AND e.id < d.id
+         AND e.state NOT IN ('delivered', 'skipped', 'cancelled')))"""
+
+_PG_CLAIM = """
+WITH c AS (
+  SELECT d.id FROM deliveries d
+   WHERE d.target = :target AND d.state IN ('queued', 'retrying', 'stalled')
+     AND d.due_at <= :now {ordered}
+   ORDER BY d.due_at, d.id
+   FOR UPDATE SKIP LOCKED
+   LIMIT :n)
+UPDATE deliveries AS u
+   SET state = 'in_progress', attempt = u.attempt + 1, lease_owner = :owner,
+       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now
+  FROM c WHERE u.id = c.id
+RETURNING u.id, u.message_id, u.attempt, u.failures"""
+
+# SQLite has one writer at a time, so counting the live leases inside the statement that
+# claims is exact there.
+_SQLITE_CLAIM = """
+UPDATE deliveries
+   SET state = 'in_progress', attempt = attempt + 1, lease_owner = :owner,
+       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now
+ WHERE id IN (
+   SELECT d.id FROM deliveries d
+    WHERE d.target = :target AND d.state IN ('queued', 'retrying', 'stalled')
+      AND d.due_at <= :now {ordered}
+    ORDER BY d.due_at, d.id
+    LIMIT max(0, min(:n, :max_concurrent - (
+        SELECT count(*) FROM deliveries x
+         WHERE x.target = :target AND x.state = 'in_progress'))))
+RETURNING id, message_id, attempt, failures"""
+
+
+def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
+          lease_seconds: int) -> list[Claim]:
+    """Claim up to ``limit`` due deliveries of ``target`` without passing its Max
+    Concurrent Deliveries across all processes. Of any number of claimants exactly one
+    wins each delivery; every claim increments the attempt number."""
+    instance = _lock_instance(session, target)
+    if instance is None or not instance.enabled or instance.online is False:
+        return []
+    max_concurrent, ordered = instance.max_concurrent_deliveries, instance.ordered
+    params = {"target": target, "now": now, "owner": owner, "n": limit,
+              "until": now + timedelta(seconds=lease_seconds),
+              "max_concurrent": max_concurrent}
+    sql = _PG_CLAIM if _is_postgres(session) else _SQLITE_CLAIM
+    if _is_postgres(session):
+        params["n"] = min(limit, max_concurrent - _live_leases(session, target))
+        if params["n"] <= 0:
+            return []
+    rows = session.execute(text(sql.format(ordered=_ORDERED if ordered else "")),
+                           params).all()
+    claims = [Claim(r[0], r[1], target, r[2], r[3], owner) for r in rows]
+    _record_claims(session, claims, now)
+    return claims
+
+
+def _lock_instance(session: Session, target: str) -> PluginInstance | None:
+    """Serialise claimers of one target (PostgreSQL row lock; SQLite needs none)."""
+    query = select(PluginInstance).where(PluginInstance.name == target)
+    if _is_postgres(session):
+        query = query.with_for_update()
+    return session.scalars(query).one_or_none()
+
+
+def _live_leases(session: Session, target: str) -> int:
+    return session.scalar(select(text("count(*)")).select_from(Delivery).where(
+        Delivery.target == target, Delivery.state == S.IN_PROGRESS))
+
+
+def _record_claims(session: Session, claims: list[Claim], now: datetime) -> None:
+    if not claims:
+        return
+    add_lines(session, [{"message_id": c.message_id, "delivery_id": c.delivery_id,
+                         "type": "delivery_changed", "actor": c.owner,
+                         "text": f"{c.target}: attempt {c.attempt} started",
+                         "data": {"state": S.IN_PROGRESS, "attempt": c.attempt,
+                                  "target": c.target}} for c in claims], now)
+    subjects = [f"delivery:{c.delivery_id}" for c in claims]
+    session.execute(update(Alert).where(Alert.kind == "delivery_stalled",
+                                        Alert.subject.in_(subjects),
+                                        Alert.resolved_at.is_(None))
+                    .values(resolved_at=now))
+    refresh_statuses(session, [c.message_id for c in claims], now)
+
+
+# --- settle ------------------------------------------------------------------------
+
+def settle(session: Session, claim: Claim, outcome: Outcome, policy: RetryPolicy,
+           now: datetime) -> bool:
+    """Record the outcome of one attempt, fenced by its claim. False if it was stale."""
+    values, line = _settlement(claim, outcome, policy, now)
+    if not _fenced_update(session, claim, values):
+        _record_stale(session, claim, outcome.kind.value, now)
+        return False
+    add_line(session, claim.message_id, "delivery_changed", line, actor=claim.owner,
+             delivery_id=claim.delivery_id, now=now,
+             data={"state": values["state"], "attempt": claim.attempt,
+                   "target": claim.target, **_json_safe(outcome.data)})
+    refresh_statuses(session, [claim.message_id], now)
+    return True
+
+
+def _settlement(claim: Claim, outcome: Outcome, policy: RetryPolicy,
+                now: datetime) -> tuple[dict, str]:
+    """The new column values and the history text for an outcome (pure)."""
+    head = f"{claim.target}: attempt {claim.attempt}"
+    done = {"lease_owner": None, "lease_until": None, "updated_at": now,
+            "last_result": outcome.text}
+    kind = outcome.kind
+    if kind is OutcomeKind.DELIVERED:
+        return ({**done, "state": S.DELIVERED, "settled_at": now, "failure_kind": None},
+                f"{head} delivered: {outcome.text}")
+    if kind is OutcomeKind.AWAITING_RECEIPT:
+        deadline = outcome.receipt_deadline or now + DEFAULT_RECEIPT_TIMEOUT
+        return ({**done, "state": S.AWAITING_RECEIPT, "receipt_ref": outcome.receipt_ref,
+                 "receipt_deadline": deadline},
+                f"{head}: {outcome.text}; receipt due by {deadline:%Y-%m-%d %H:%M:%S} UTC")
+    if kind is OutcomeKind.FAILED:
+        return _failed(done, FailureKind.TECHNICAL, f"{head} failed: {outcome.text}")
+    if kind is OutcomeKind.BUSINESS_ERROR:
+        return _failed(done, FailureKind.BUSINESS,
+                       f"{head} failed by business rule {outcome.rule}: {outcome.text}")
+    return _retry_or_fail(claim, outcome, policy, now, done, head)
+
+
+def _failed(done: dict, kind: FailureKind, line: str) -> tuple[dict, str]:
+    return ({**done, "state": S.FAILED, "failure_kind": kind, "settled_at": done["updated_at"],
+             "due_at": None, "next_wake_at": None}, line)
+
+
+def _retry_or_fail(claim: Claim, outcome: Outcome, policy: RetryPolicy, now: datetime,
+                   done: dict, head: str) -> tuple[dict, str]:
+    failures = claim.failures + 1
+    decision = policy.decide(outcome.error_class, failures, now)
+    done = {**done, "failures": failures}
+    if not decision.retry:
+        return _failed(done, FailureKind.TECHNICAL,
+                       f"{head} failed: {outcome.text} ({decision.reason})")
+    at = outcome.retry_at or decision.at
+    return ({**done, "state": S.RETRYING, "due_at": at, "next_wake_at": at, "wake_count": 0},
+            f"{head} failed: {outcome.text}; retrying at {at:%Y-%m-%d %H:%M:%S} UTC")
+
+
+def _fenced_update(session: Session, claim: Claim, values: dict) -> bool:
+    result = session.execute(update(Delivery).where(
+        Delivery.id == claim.delivery_id, Delivery.attempt == claim.attempt,
+        Delivery.lease_owner == claim.owner, Delivery.state == S.IN_PROGRESS,
+    ).values(**values).execution_options(synchronize_session=False))
+    return result.rowcount == 1
+
+
+def _record_stale(session: Session, claim: Claim, what: str, now: datetime) -> None:
+    row = session.execute(select(Delivery.state, Delivery.attempt).where(
+        Delivery.id == claim.delivery_id)).one_or_none()
+    state, attempt = row if row else ("deleted", None)
+    add_line(session, claim.message_id, "stale_outcome_ignored",
+             f"{claim.target}: outcome '{what}' of attempt {claim.attempt} arrived after "
+             f"the delivery moved on (now {LABELS.get(state, state)}, attempt {attempt}); "
+             "ignored", actor=claim.owner, delivery_id=claim.delivery_id, now=now,
+             data={"attempt": claim.attempt, "current_attempt": attempt, "outcome": what})
+
+
+def interrupt(session: Session, claim: Claim, now: datetime, wire_started: bool,
+              reason: str, policy: RetryPolicy | None = None) -> bool:
+    """Put back an attempt a stop cut short: to the queue, or to Retrying when the
+    partner may already have received it. Never Failed because of a stop."""
+    if wire_started:
+        at = now + timedelta(seconds=(policy or RetryPolicy()).delay(max(claim.failures, 1)))
+        values = {"state": S.RETRYING, "due_at": at, "next_wake_at": at}
+        line = f"{claim.target}: attempt {claim.attempt} interrupted: {reason}; retrying"
+    else:
+        values = {"state": S.QUEUED, "due_at": now, "next_wake_at": now}
+        line = f"{claim.target}: attempt {claim.attempt} interrupted: {reason}"
+    values.update(lease_owner=None, lease_until=None, wake_count=0, updated_at=now)
+    if not _fenced_update(session, claim, values):
+        _record_stale(session, claim, "interrupted", now)
+        return False
+    add_line(session, claim.message_id, "delivery_changed", line, actor=claim.owner,
+             delivery_id=claim.delivery_id, now=now,
+             data={"state": values["state"], "attempt": claim.attempt})
+    refresh_statuses(session, [claim.message_id], now)
+    return True
+
+
+# --- sweep transitions (set-based, bounded, each on a (state, time) index) ------------
+
+def expire_leases(session: Session, now: datetime, limit: int) -> int:
+    """Put back deliveries whose claimant died or hung past its lease."""
+    due = (select(Delivery.id).where(Delivery.state == S.IN_PROGRESS,
+                                     Delivery.lease_until < now).limit(limit))
+    rows = session.execute(update(Delivery).where(
+        Delivery.id.in_(due.scalar_subquery()), Delivery.state == S.IN_PROGRESS,
+        Delivery.lease_until < now,
+    ).values(state=S.QUEUED, due_at=now, next_wake_at=now, wake_count=0, lease_owner=None,
+             lease_until=None, updated_at=now)
+        .returning(Delivery.id, Delivery.message_id, Delivery.attempt, Delivery.target)
+        .execution_options(synchronize_session=False)).all()
+    add_lines(session, [{"message_id": r.message_id, "delivery_id": r.id,
+                         "type": "delivery_changed", "actor": "sweep",
+                         "text": f"{r.target}: attempt {r.attempt} interrupted: lease expired",
+                         "data": {"state": S.QUEUED, "attempt": r.attempt}} for r in rows], now)
+    refresh_statuses(session, [r.message_id for r in rows], now)
+    return len(rows)
+
+
+def fail_overdue_receipts(session: Session, now: datetime, limit: int) -> int:
+    """Fail deliveries whose receipt did not come within the deadline."""
+    due = (select(Delivery.id).where(Delivery.state == S.AWAITING_RECEIPT,
+                                     Delivery.receipt_deadline < now).limit(limit))
+    rows = session.execute(select(Delivery.id, Delivery.message_id, Delivery.target,
+                                  Delivery.updated_at, Delivery.receipt_deadline)
+                           .where(Delivery.id.in_(due.scalar_subquery()))).all()
+    failed = []
+    for r in rows:
+        waited = _duration(r.receipt_deadline - r.updated_at)
+        ok = session.execute(update(Delivery).where(
+            Delivery.id == r.id, Delivery.state == S.AWAITING_RECEIPT,
+        ).values(state=S.FAILED, failure_kind=FailureKind.TECHNICAL, settled_at=now,
+                 updated_at=now, last_result=f"no receipt within {waited}")
+            .execution_options(synchronize_session=False)).rowcount
+        if ok:
+            failed.append({"message_id": r.message_id, "delivery_id": r.id,
+                           "type": "delivery_changed", "actor": "sweep",
+                           "text": f"{r.target}: no receipt within {waited}",
+                           "data": {"state": S.FAILED}})
+    add_lines(session, failed, now)
+    refresh_statuses(session, [f["message_id"] for f in failed], now)
+    return len(failed)
+
+
+def stall_unclaimed(session: Session, now: datetime, settings: DeliverySettings,
+                    limit: int) -> int:
+    """Stall deliveries woken ``stall_after`` times without any claim; alert."""
+    due = (select(Delivery.id).where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
+                                     Delivery.next_wake_at <= now,
+                                     Delivery.wake_count >= settings.stall_after)
+           .limit(limit))
+    rows = session.execute(update(Delivery).where(
+        Delivery.id.in_(due.scalar_subquery()),
+        Delivery.state.in_([S.QUEUED, S.RETRYING]),
+    ).values(state=S.STALLED, next_wake_at=None, updated_at=now)
+        .returning(Delivery.id, Delivery.message_id, Delivery.target, Delivery.wake_count)
+        .execution_options(synchronize_session=False)).all()
+    add_lines(session, [{"message_id": r.message_id, "delivery_id": r.id,
+                         "type": "delivery_changed", "actor": "sweep",
+                         "text": f"{r.target}: stalled: woken {r.wake_count} times without "
+                                 "a claim (target stopped, disabled or overloaded)",
+                         "data": {"state": S.STALLED}} for r in rows], now)
+    for r in rows:
+        raise_alert(session, "delivery_stalled", f"delivery:{r.id}",
+                    f"delivery {r.id} to {r.target} is stalled", r.message_id, now)
+    refresh_statuses(session, [r.message_id for r in rows], now)
+    return len(rows)
+
+
+def wake_due(session: Session, now: datetime, settings: DeliverySettings,
+             limit: int) -> list[tuple[int, str]]:
+    """Count a wake-up on every due, unclaimed delivery and schedule the next one.
+
+    Returns the wake-ups to publish after commit: per target, as many as it may run at
+    once (a woken worker claims several due deliveries, so one per delivery is waste).
+    """
+    rows = session.execute(select(Delivery.id, Delivery.target, Delivery.wake_count)
+                           .where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
+                                  Delivery.next_wake_at <= now,
+                                  Delivery.wake_count < settings.stall_after)
+                           .order_by(Delivery.next_wake_at).limit(limit)).all()
+    if not rows:
+        return []
+    params = [{"_id": r.id, "_wc": r.wake_count + 1,
+               "_next": now + timedelta(seconds=settings.wake_delay(r.wake_count + 1))}
+              for r in rows]
+    session.connection().execute(
+        update(Delivery.__table__).where(Delivery.__table__.c.id == _bind("_id"))
+        .values(wake_count=_bind("_wc"), next_wake_at=_bind("_next")), params)
+    return _wakeups_per_target(session, rows)
+
+
+def _wakeups_per_target(session: Session, rows: Iterable) -> list[tuple[int, str]]:
+    by_target: dict[str, list[int]] = {}
+    for r in rows:
+        by_target.setdefault(r.target, []).append(r.id)
+    limits = dict(session.execute(select(PluginInstance.name,
+                                         PluginInstance.max_concurrent_deliveries)
+                                  .where(PluginInstance.name.in_(list(by_target)))).all())
+    wakeups = []
+    for target, ids in by_target.items():
+        wakeups += [(i, target) for i in ids[:max(1, limits.get(target, 1))]]
+    return wakeups
+
+
+def queue_wakeups(session: Session, wakeups: list[tuple[int, str]]) -> None:
+    after_commit(session, wakeups)
+
+
+# --- helpers --------------------------------------------------------------------------
+
+def _bind(name: str):
+    from sqlalchemy import bindparam
+    return bindparam(name)
+
+
+def _is_postgres(session: Session) -> bool:
+    return session.get_bind().dialect.name == "postgresql"
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    if seconds % 3600 == 0 and seconds:
+        return f"{seconds // 3600}h"
+    if seconds % 60 == 0 and seconds:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
+
+
+def _json_safe(data: dict) -> dict:
+    return {k: v for k, v in data.items() if isinstance(v, str | int | float | bool | None)}
+
+
+def resolve_stalled(session: Session, delivery_ids: list[int], now: datetime) -> None:
+    for delivery_id in delivery_ids:
+        resolve_alert(session, "delivery_stalled", f"delivery:{delivery_id}", now)
+
+
+__all__ = ["Claim", "claim", "expire_leases", "fail_overdue_receipts", "interrupt",
+           "queue_wakeups", "settle", "stall_unclaimed", "wake_due", "and_"]

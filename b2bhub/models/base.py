@@ -1,0 +1,31 @@
+"""The declarative base, plain SQLAlchemy, so the engine can use the models without Flask."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import JSON, BigInteger, Integer, MetaData
+from sqlalchemy.orm import DeclarativeBase
+
+
+# Named constraints so that Alembic migrations work the same on SQLite and PostgreSQL.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+#: an auto-incrementing 64-bit key that SQLite also numbers (it only does so for INTEGER)
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    """Naive UTC: every time column holds UTC without a zone, on both databases."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict: JSON, list: JSON}

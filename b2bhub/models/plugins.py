@@ -1,0 +1,54 @@
+"""Plugin instances and routes (SPEC 3, 4)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import ForeignKey, Index, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from b2bhub.models.base import Base, utcnow
+
+
+class InstanceState:
+    DISABLED = "disabled"
+    ENABLED = "enabled"  # enabled, not yet started by any process
+    RUNNING = "running"
+    STOPPED = "stopped"
+    ERROR = "error"
+
+
+class PluginInstance(Base):
+    __tablename__ = "plugin_instances"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    type: Mapped[str] = mapped_column(String(64), index=True)
+    enabled: Mapped[bool] = mapped_column(default=True)
+    config: Mapped[dict] = mapped_column(default=dict)
+    max_concurrent_deliveries: Mapped[int] = mapped_column(default=4)
+    retry_policy: Mapped[dict | None] = mapped_column(default=None)
+    ordered: Mapped[bool] = mapped_column(default=False)
+    queue: Mapped[str | None] = mapped_column(String(64), default=None)
+    probe_interval: Mapped[int] = mapped_column(default=60)
+    online: Mapped[bool | None] = mapped_column(default=None)  # None: never probed
+    retention_days: Mapped[int | None] = mapped_column(default=None)
+    state: Mapped[str] = mapped_column(String(16), default=InstanceState.ENABLED)
+    state_reason: Mapped[str] = mapped_column(default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Route(Base):
+    __tablename__ = "routes"
+    __table_args__ = (Index("ix_routes_source_target", "source", "target"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    source: Mapped[str] = mapped_column(
+        String(64), ForeignKey("plugin_instances.name", ondelete="RESTRICT"))
+    from_party: Mapped[str] = mapped_column(String(64))  # a party name or "*"
+    to_party: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(
+        String(64), ForeignKey("plugin_instances.name", ondelete="RESTRICT"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(100), default="")

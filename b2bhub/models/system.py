@@ -1,0 +1,72 @@
+"""Alerts, settings, connected processes, locks and API tokens."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import JSON, Index, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from b2bhub.models.base import Base, BigId, utcnow
+
+
+class Alert(Base):
+    """An open alert is unique per (kind, subject); resolving it keeps the row."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_open", "kind", "subject", "resolved_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40))
+    subject: Mapped[str] = mapped_column(String(200))  # e.g. message:12, instance:writer
+    text: Mapped[str] = mapped_column(default="")
+    message_id: Mapped[int | None] = mapped_column(BigId, default=None, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    acknowledged_at: Mapped[datetime | None] = mapped_column(default=None)
+    acknowledged_by: Mapped[str | None] = mapped_column(String(128), default=None)
+    resolved_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Setting(Base):
+    __tablename__ = "settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[object] = mapped_column(JSON, default=None)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Process(Base):
+    """A connected web, worker or beat process (System > Services)."""
+
+    __tablename__ = "processes"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column()
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    instances: Mapped[list] = mapped_column(default=list)
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Lock(Base):
+    """A named lease (the sweep's guard on SQLite, where there are no advisory locks)."""
+
+    __tablename__ = "locks"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(128), default=None)
+    until: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class ApiToken(Base):
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16), default="admin")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
