@@ -1,0 +1,251 @@
+"""A small declarative configuration schema for plugin types (SPEC 3).
+
+A plugin type lists its :class:`Field` s; from that one list the core validates an
+instance's configuration, the web form is drawn and the API describes the type
+(:func:`schema_to_json`). Values coming from an HTML form are strings, so validation
+coerces them ('10' -> 10, 'on' -> True, JSON text -> a value). Plain Python: no Flask,
+no Celery, no SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "FIELD_TYPES",
+    "ConfigError",
+    "Field",
+    "schema_problem",
+    "schema_to_json",
+    "validate_config",
+]
+
+FIELD_TYPES = frozenset(
+    {"string", "integer", "number", "boolean", "choice", "json", "path", "secret"}
+)
+TRUE_WORDS = frozenset({"true", "on", "1", "yes"})
+FALSE_WORDS = frozenset({"false", "off", "0", "no"})
+JSON_TYPES = {
+    "string": "string",
+    "path": "string",
+    "secret": "string",
+    "integer": "integer",
+    "number": "number",
+    "boolean": "boolean",
+}
+
+
+@dataclass(frozen=True)
+class Field:
+    """One configuration field of a plugin type.
+
+    ``type`` is one of :data:`FIELD_TYPES`; ``min``/``max`` bound integer and number
+    fields; ``validate`` gets the coerced value and returns an error message or None.
+    """
+
+    name: str
+    type: str
+    default: Any = None
+    required: bool = False
+    help: str = ""
+    choices: tuple = ()
+    min: float | None = None
+    max: float | None = None
+    validate: Callable[[Any], str | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in FIELD_TYPES:
+            raise ValueError(f"field {self.name!r}: unknown type {self.type!r}")
+        if self.type == "choice" and not self.choices:
+            raise ValueError(f"field {self.name!r}: a choice field needs choices")
+
+
+class ConfigError(ValueError):
+    """A configuration was refused; ``errors`` maps each bad field to what is wrong."""
+
+    def __init__(self, errors: dict[str, str]):
+        self.errors = dict(errors)
+        super().__init__("; ".join(f"{name}: {text}" for name, text in self.errors.items()))
+
+
+def validate_config(fields: Sequence[Field], config: dict[str, Any]) -> dict[str, Any]:
+    """Return ``config`` normalised: every field present, defaults filled in, values
+    coerced to their type. Raise :class:`ConfigError` naming every bad field at once,
+    so a form can show all its errors together. Unknown keys are refused.
+
+    A missing key, None or an empty string count as not given. An HTML form must
+    therefore send an explicit false for an unchecked box whose default is true.
+    """
+    known = {field.name for field in fields}
+    errors = {key: "unknown field" for key in config if key not in known}
+    result: dict[str, Any] = {}
+    for field in fields:
+        try:
+            result[field.name] = _field_value(field, config.get(field.name))
+        except ValueError as exc:
+            errors[field.name] = str(exc)
+    if errors:
+        raise ConfigError(errors)
+    return result
+
+
+def _field_value(field: Field, raw: Any) -> Any:
+    """The normalised value of one field; ValueError carries the message for the user."""
+    if raw is None or raw == "":
+        if field.required:
+            raise ValueError("required")
+        return copy.deepcopy(field.default)
+    value = COERCE[field.type](field, raw)
+    _check_bounds(field, value)
+    if field.validate is not None:
+        message = field.validate(value)
+        if message:
+            raise ValueError(message)
+    return value
+
+
+def _as_string(field: Field, raw: Any) -> str:
+    if not isinstance(raw, str):
+        raise ValueError("must be a string")
+    if field.type == "path" and "\0" in raw:
+        raise ValueError("must not contain a NUL character")
+    return raw
+
+
+def _as_integer(field: Field, raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ValueError("must be an integer")
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, float) and raw.is_integer():
+        return int(raw)
+    if isinstance(raw, str):
+        try:
+            return int(raw.strip())
+        except ValueError:
+            pass
+    raise ValueError("must be an integer")
+
+
+def _as_number(field: Field, raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        raise ValueError("must be a number")
+    try:
+        value = float(raw.strip() if isinstance(raw, str) else raw)
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+def _as_boolean(field: Field, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    word = str(raw).strip().lower() if isinstance(raw, str | int) else None
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError("must be true or false")
+
+
+def _as_choice(field: Field, raw: Any) -> Any:
+    for choice in field.choices:
+        # A form sends every choice as text, so '2' selects the choice 2.
+        if raw == choice or (isinstance(raw, str) and raw == str(choice)):
+            return choice
+    raise ValueError("must be one of: " + ", ".join(str(choice) for choice in field.choices))
+
+
+def _as_json(field: Field, raw: Any) -> Any:
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
+    try:
+        json.dumps(raw)
+    except (TypeError, ValueError):
+        raise ValueError("must be a JSON value") from None
+    return raw
+
+
+COERCE: dict[str, Callable[[Field, Any], Any]] = {
+    "string": _as_string,
+    "path": _as_string,
+    "secret": _as_string,
+    "integer": _as_integer,
+    "number": _as_number,
+    "boolean": _as_boolean,
+    "choice": _as_choice,
+    "json": _as_json,
+}
+
+
+def _check_bounds(field: Field, value: Any) -> None:
+    if field.type not in ("integer", "number"):
+        return
+    if field.min is not None and value < field.min:
+        raise ValueError(f"must be at least {_plain(field.min)}")
+    if field.max is not None and value > field.max:
+        raise ValueError(f"must be at most {_plain(field.max)}")
+
+
+def _plain(bound: float) -> str:
+    """Show 1.0 as 1 in messages: bounds are usually whole numbers."""
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+def schema_to_json(fields: Sequence[Field]) -> dict[str, Any]:
+    """Describe ``fields`` as JSON Schema for the API and the form.
+
+    ``x-field-type`` keeps the exact field type (path, secret, json...) that JSON Schema
+    has no word for; a secret's default is never shown.
+    """
+    return {
+        "type": "object",
+        "properties": {field.name: _property(field) for field in fields},
+        "required": [field.name for field in fields if field.required],
+        "additionalProperties": False,
+    }
+
+
+def _property(field: Field) -> dict[str, Any]:
+    prop: dict[str, Any] = {"x-field-type": field.type, "description": field.help}
+    if field.type in JSON_TYPES:
+        prop["type"] = JSON_TYPES[field.type]
+    if field.type == "choice":
+        prop["enum"] = list(field.choices)
+    if field.type == "secret":
+        prop["format"] = "password"
+        prop["writeOnly"] = True
+    elif field.default is not None:
+        prop["default"] = field.default
+    if field.min is not None:
+        prop["minimum"] = field.min
+    if field.max is not None:
+        prop["maximum"] = field.max
+    return prop
+
+
+def schema_problem(fields: Any) -> str | None:
+    """What is wrong with a plugin's ``config_schema``, or None: it must be a list of
+    :class:`Field` with distinct names. The registry refuses a plugin that fails this."""
+    if not isinstance(fields, list | tuple):
+        return "config_schema must be a list of Field"
+    names: set[str] = set()
+    for field in fields:
+        if not isinstance(field, Field):
+            return f"config_schema holds {field!r}, not a Field"
+        if field.name in names:
+            return f"config_schema names the field {field.name!r} twice"
+        names.add(field.name)
+    return None

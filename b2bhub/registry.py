@@ -1,0 +1,141 @@
+"""The plugin registry: plugin types found through entry points (SPEC 3).
+
+Every plugin type, built-in or third-party, is a class named by an entry point in the
+group ``b2bhub.plugins``; installing a package is all it takes to add one. A plugin that
+fails to import or does not look like a plugin is logged and skipped, never fatal, so one
+broken package cannot stop the hub (as stevedore's ``ExtensionManager`` does).
+
+The registry checks classes by their attributes (``type_name``, ``roles``,
+``config_schema``) rather than by subclassing, so it needs nothing from the plugin
+interface module. Plain Python: no Flask, no Celery, no SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from b2bhub.config_schema import schema_problem
+
+__all__ = ["GROUP", "ROLES", "PluginRegistry", "get_registry", "plugin_problem", "registry"]
+
+GROUP = "b2bhub.plugins"
+ROLES = frozenset({"source", "target"})
+
+log = logging.getLogger("b2bhub.plugins")
+
+
+def plugin_problem(cls: Any, entry_point_name: str | None = None) -> str | None:
+    """What keeps ``cls`` from being a plugin type, or None if it is one."""
+    if not isinstance(cls, type):
+        return f"{cls!r} is not a class"
+    type_name = getattr(cls, "type_name", None)
+    if not isinstance(type_name, str) or not type_name:
+        return f"{_qualname(cls)} has no type_name"
+    if entry_point_name is not None and type_name != entry_point_name:
+        return (
+            f"{_qualname(cls)}.type_name is {type_name!r} but its entry point is "
+            f"named {entry_point_name!r}"
+        )
+    roles = getattr(cls, "roles", None)
+    if not isinstance(roles, set | frozenset) or not roles or not roles <= ROLES:
+        return f"{_qualname(cls)}.roles must be a non-empty set of 'source' and/or 'target'"
+    return schema_problem(getattr(cls, "config_schema", None))
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _distribution(entry_point: EntryPoint) -> str:
+    dist = getattr(entry_point, "dist", None)
+    return f"{dist.name} {dist.version}" if dist is not None else "an unknown distribution"
+
+
+class PluginRegistry:
+    """The plugin types known to this process, by type name."""
+
+    def __init__(self, group: str = GROUP):
+        self.group = group
+        self.failures: dict[str, str] = {}
+        self.loaded = False
+        self._types: dict[str, type] = {}
+
+    def load(self) -> None:
+        """Register every class named in the entry-point group; record and log, but
+        skip, those that fail to import or to pass :func:`plugin_problem`."""
+        self.failures = {}
+        for entry_point in entry_points(group=self.group):
+            self._load_entry_point(entry_point)
+        self.loaded = True
+
+    def _load_entry_point(self, entry_point: EntryPoint) -> None:
+        name, dist = entry_point.name, _distribution(entry_point)
+        try:
+            cls = entry_point.load()
+        except Exception as exc:
+            log.exception("plugin %r from %s failed to import; skipped", name, dist)
+            self.failures[name] = f"import failed: {exc!r}"
+            return
+        problem = plugin_problem(cls, name)
+        if problem is None:
+            problem = self._clash(cls)
+        if problem is not None:
+            log.warning("plugin %r from %s skipped: %s", name, dist, problem)
+            self.failures[name] = problem
+            return
+        self._types[name] = cls
+
+    def _clash(self, cls: type) -> str | None:
+        """A message if another class already holds this type name."""
+        existing = self._types.get(cls.type_name)
+        if existing is None or existing is cls:
+            return None
+        return f"type name {cls.type_name!r} is already taken by {_qualname(existing)}"
+
+    def register(self, cls: type) -> type:
+        """Add a plugin class by hand (tests do); returns it, so it works as a decorator.
+        Registering the same class again is harmless; another class under a taken type
+        name is a ValueError."""
+        problem = plugin_problem(cls) or self._clash(cls)
+        if problem is not None:
+            raise ValueError(problem)
+        self._types[cls.type_name] = cls
+        return cls
+
+    def get(self, type_name: str) -> type:
+        """The class of a plugin type; KeyError names the known types."""
+        try:
+            return self._types[type_name]
+        except KeyError:
+            known = ", ".join(sorted(self._types)) or "none"
+            raise KeyError(f"unknown plugin type {type_name!r}; known types: {known}") from None
+
+    def types(self) -> dict[str, type]:
+        """Every registered type by name, sorted by name."""
+        return dict(sorted(self._types.items()))
+
+    def sources(self) -> dict[str, type]:
+        return {name: cls for name, cls in self.types().items() if "source" in cls.roles}
+
+    def targets(self) -> dict[str, type]:
+        return {name: cls for name, cls in self.types().items() if "target" in cls.roles}
+
+    def __contains__(self, type_name: object) -> bool:
+        return type_name in self._types
+
+
+registry = PluginRegistry()
+_load_lock = threading.Lock()
+
+
+def get_registry(load: bool = True) -> PluginRegistry:
+    """The process-wide registry, its entry points loaded on first use (once, even when
+    several threads ask together); ``load=False`` hands it out as it is."""
+    if load and not registry.loaded:
+        with _load_lock:
+            if not registry.loaded:
+                registry.load()
+    return registry

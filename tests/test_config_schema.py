@@ -1,0 +1,198 @@
+"""Plugin configuration is validated and described from one list of fields."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from b2bhub.config_schema import ConfigError, Field, schema_problem, schema_to_json, validate_config
+
+
+def must_be_absolute(value: str) -> str | None:
+    return None if value.startswith("/") else "must be an absolute path"
+
+
+WRITER = [
+    Field(
+        "base_directory", "path", required=True, help="Folder written to", validate=must_be_absolute
+    ),
+    Field("filename_pattern", "string", default="{message_id}.dat"),
+    Field("overwrite", "boolean", default=False),
+    Field("polling_interval", "integer", default=10, min=1, max=3600),
+    Field("timeout", "number", default=30.0, min=0.5),
+    Field(
+        "payload_stage",
+        "choice",
+        default="unpacked",
+        choices=("raw", "unpacked", "sent", "receipt"),
+    ),
+    Field("headers", "json", default={}),
+    Field("password", "secret", default="changeme"),
+]
+
+
+def test_defaults_are_filled_in():
+    assert validate_config(WRITER, {"base_directory": "/out"}) == {
+        "base_directory": "/out",
+        "filename_pattern": "{message_id}.dat",
+        "overwrite": False,
+        "polling_interval": 10,
+        "timeout": 30.0,
+        "payload_stage": "unpacked",
+        "headers": {},
+        "password": "changeme",
+    }
+
+
+def test_form_strings_are_coerced():
+    form = {
+        "base_directory": "/out",
+        "overwrite": "on",
+        "polling_interval": " 60 ",
+        "timeout": "2.5",
+        "payload_stage": "raw",
+        "headers": '{"X-Env": "prod"}',
+        "filename_pattern": "",
+    }
+    config = validate_config(WRITER, form)
+    assert config["overwrite"] is True
+    assert config["polling_interval"] == 60
+    assert config["timeout"] == 2.5
+    assert config["payload_stage"] == "raw"
+    assert config["headers"] == {"X-Env": "prod"}
+    assert config["filename_pattern"] == "{message_id}.dat"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("true", True),
+        ("on", True),
+        ("1", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("false", False),
+        ("off", False),
+        ("0", False),
+        (True, True),
+        (False, False),
+        (0, False),
+    ],
+)
+def test_boolean_words(text, expected):
+    config = validate_config(WRITER, {"base_directory": "/out", "overwrite": text})
+    assert config["overwrite"] is expected
+
+
+def test_every_bad_field_is_reported_at_once():
+    config = {
+        "polling_interval": "often",
+        "timeout": 0.1,
+        "payload_stage": "zipped",
+        "headers": "{not json",
+        "overwrite": "maybe",
+        "colour": "blue",
+    }
+    with pytest.raises(ConfigError) as info:
+        validate_config(WRITER, config)
+    errors = info.value.errors
+    assert errors == {
+        "colour": "unknown field",
+        "base_directory": "required",
+        "overwrite": "must be true or false",
+        "polling_interval": "must be an integer",
+        "timeout": "must be at least 0.5",
+        "payload_stage": "must be one of: raw, unpacked, sent, receipt",
+        "headers": errors["headers"],
+    }
+    assert errors["headers"].startswith("invalid JSON")
+    for name in errors:
+        assert name in str(info.value)
+
+
+def test_bounds_and_custom_validation():
+    with pytest.raises(ConfigError) as info:
+        validate_config(WRITER, {"base_directory": "out", "polling_interval": 7200})
+    assert info.value.errors == {
+        "base_directory": "must be an absolute path",
+        "polling_interval": "must be at most 3600",
+    }
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        (Field("n", "integer"), True),
+        (Field("n", "integer"), 1.5),
+        (Field("n", "number"), "nan"),
+        (Field("n", "number"), [1]),
+        (Field("s", "string"), 5),
+        (Field("p", "path"), "/a\0b"),
+        (Field("j", "json"), {1, 2}),
+    ],
+)
+def test_wrong_types_are_refused(field, value):
+    with pytest.raises(ConfigError):
+        validate_config([field], {field.name: value})
+
+
+def test_choice_given_as_text_selects_the_value():
+    field = Field("level", "choice", choices=(1, 2, 3))
+    assert validate_config([field], {"level": "2"}) == {"level": 2}
+
+
+def test_mutable_defaults_are_not_shared():
+    first = validate_config(WRITER, {"base_directory": "/out"})
+    first["headers"]["X-Changed"] = "yes"
+    assert validate_config(WRITER, {"base_directory": "/out"})["headers"] == {}
+
+
+@given(st.integers(min_value=1, max_value=3600))
+def test_integers_round_trip_through_form_text(number):
+    config = validate_config(WRITER, {"base_directory": "/o", "polling_interval": str(number)})
+    assert config["polling_interval"] == number
+
+
+def test_field_declaration_is_checked():
+    with pytest.raises(ValueError):
+        Field("x", "colour")
+    with pytest.raises(ValueError):
+        Field("x", "choice")
+
+
+def test_schema_to_json_describes_the_fields():
+    schema = schema_to_json(WRITER)
+    json.dumps(schema)
+    assert schema["type"] == "object"
+    assert schema["required"] == ["base_directory"]
+    assert schema["additionalProperties"] is False
+    props = schema["properties"]
+    assert list(props) == [field.name for field in WRITER]
+    assert props["base_directory"] == {
+        "x-field-type": "path",
+        "type": "string",
+        "description": "Folder written to",
+    }
+    assert props["polling_interval"] == {
+        "x-field-type": "integer",
+        "type": "integer",
+        "description": "",
+        "default": 10,
+        "minimum": 1,
+        "maximum": 3600,
+    }
+    assert props["payload_stage"]["enum"] == ["raw", "unpacked", "sent", "receipt"]
+    assert "type" not in props["headers"]
+    assert props["password"]["writeOnly"] is True
+    assert "default" not in props["password"]
+
+
+def test_schema_problem():
+    assert schema_problem(WRITER) is None
+    assert schema_problem([]) is None
+    assert "list" in schema_problem(None)
+    assert "not a Field" in schema_problem(["url"])
+    assert "twice" in schema_problem([Field("a", "string"), Field("a", "integer")])

@@ -1,0 +1,218 @@
+"""The payload store keeps bytes by sha256, streams them both ways and never hands out
+corrupt or half-written content."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import time
+import tracemalloc
+
+import pytest
+
+from b2bhub.payloads import PayloadCorrupt, PayloadMissing, PayloadStore, StoredPayload
+
+DOC = b"UNB+UNOC:3+SENDER+RECEIVER+240101:1200+1'\n" * 1000
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def store(tmp_path):
+    return PayloadStore(tmp_path / "payloads")
+
+
+def age(path, seconds: float) -> None:
+    """Make a file look ``seconds`` old."""
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_bytes_round_trip(store):
+    stored = store.put(DOC)
+    assert stored == StoredPayload(sha(DOC), len(DOC))
+    with store.open(stored.digest) as stream:
+        assert stream.read() == DOC
+    assert store.path(stored.digest).relative_to(store.root).parts == (
+        stored.digest[:2],
+        stored.digest[2:4],
+        stored.digest,
+    )
+    assert store.size(stored.digest) == len(DOC)
+
+
+def test_stream_round_trip_in_chunks(store):
+    stored = store.put(io.BytesIO(DOC), chunk_size=1000)
+    assert stored.digest == sha(DOC)
+    with store.open(stored.digest) as stream:
+        first = stream.read(10)
+        rest = b"".join(stream)
+        assert stream.verified
+    assert first + rest == DOC
+
+
+def test_empty_payload(store):
+    stored = store.put(b"")
+    assert stored == StoredPayload(sha(b""), 0)
+    with store.open(stored.digest) as stream:
+        assert stream.read() == b""
+
+
+def test_identical_content_is_stored_once(store):
+    first = store.put(DOC)
+    second = store.put(io.BytesIO(DOC))
+    assert first == second
+    assert list(store.iter_digests()) == [first.digest]
+    assert list((store.root / "tmp").iterdir()) == []
+
+
+def test_text_stream_is_refused_and_leaves_no_temp_file(store):
+    with pytest.raises(TypeError):
+        store.put(io.StringIO("text"))
+    assert list((store.root / "tmp").iterdir()) == []
+
+
+def test_flipped_byte_on_disk_is_detected_at_end_of_read(store):
+    stored = store.put(DOC)
+    path = store.path(stored.digest)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0x01
+    path.write_bytes(bytes(data))
+
+    with store.open(stored.digest) as stream, pytest.raises(PayloadCorrupt) as info:
+        stream.read()
+    assert info.value.digest == stored.digest
+    with store.open(stored.digest) as stream, pytest.raises(PayloadCorrupt):
+        b"".join(stream)
+
+
+def test_truncated_file_is_detected_and_repaired_by_a_new_put(store):
+    stored = store.put(DOC)
+    store.path(stored.digest).write_bytes(DOC[:-1])
+    with store.open(stored.digest) as stream, pytest.raises(PayloadCorrupt):
+        stream.read()
+    store.put(DOC)
+    with store.open(stored.digest) as stream:
+        assert stream.read() == DOC
+
+
+def test_missing_payload_raises(store):
+    digest = sha(b"never stored")
+    assert not store.exists(digest)
+    with pytest.raises(PayloadMissing) as info:
+        store.open(digest)
+    assert info.value.digest == digest
+    with pytest.raises(PayloadMissing):
+        store.size(digest)
+    assert store.delete(digest) is False
+
+
+def test_delete(store):
+    stored = store.put(DOC)
+    assert store.exists(stored.digest)
+    assert store.delete(stored.digest) is True
+    assert not store.exists(stored.digest)
+
+
+@pytest.mark.parametrize(
+    "digest",
+    [
+        "../" * 20 + "etc/passwd",
+        "a" * 63,
+        "a" * 65,
+        "A" * 64,
+        "g" * 64,
+        "aa/bb/" + "a" * 58,
+        "",
+    ],
+)
+def test_bad_digest_is_refused(store, digest):
+    for call in (store.path, store.open, store.exists, store.size, store.delete):
+        with pytest.raises(ValueError):
+            call(digest)
+
+
+class PatternStream:
+    """A binary stream of ``size`` pseudo-random bytes that is never held in memory."""
+
+    def __init__(self, size: int):
+        self.left = size
+        self.block = hashlib.sha256(b"seed").digest() * 2048  # 64 KiB
+
+    def read(self, n: int = -1) -> bytes:
+        n = min(self.left, len(self.block) if n < 0 else n, len(self.block))
+        self.left -= n
+        return self.block[:n]
+
+
+def test_large_stream_is_stored_with_little_memory(store):
+    size = 50 * 1024 * 1024
+    expected = hashlib.sha256()
+    source = PatternStream(size)
+    while chunk := source.read(1 << 16):
+        expected.update(chunk)
+
+    tracemalloc.start()
+    try:
+        stored = store.put(PatternStream(size))
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert stored == StoredPayload(expected.hexdigest(), size)
+    assert peak < 5 * 1024 * 1024
+    assert store.path(stored.digest).stat().st_size == size
+
+
+def test_orphan_removal_respects_grace_period(store):
+    kept = store.put(b"referenced")
+    young = store.put(b"written just before its transaction commits")
+    old = store.put(b"orphan from a rolled back transaction")
+    for stored in (kept, old):
+        age(store.path(stored.digest), 7200)
+
+    removed = store.remove_orphans({kept.digest}, older_than_seconds=3600)
+
+    assert removed == 1
+    assert sorted(store.iter_digests()) == sorted([kept.digest, young.digest])
+
+
+def test_orphan_removal_takes_a_predicate(store):
+    stored = store.put(b"orphan")
+    age(store.path(stored.digest), 10)
+    assert store.remove_orphans(lambda digest: False, older_than_seconds=5) == 1
+    assert not store.exists(stored.digest)
+
+
+def test_putting_an_old_orphan_again_renews_its_grace_period(store):
+    stored = store.put(DOC)
+    age(store.path(stored.digest), 7200)
+    store.put(DOC)
+    assert store.remove_orphans(set(), older_than_seconds=3600) == 0
+    assert store.exists(stored.digest)
+
+
+def test_old_temp_files_are_removed_and_fresh_ones_kept(store):
+    store.put(b"creates the tmp folder")
+    tmp = store.root / "tmp"
+    (tmp / "put-old").write_bytes(b"interrupted")
+    (tmp / "put-new").write_bytes(b"being written")
+    age(tmp / "put-old", 7200)
+    stray = store.root / "ab" / "README"
+    stray.parent.mkdir()
+    stray.write_text("not a payload")
+    age(stray, 7200)
+
+    removed = store.remove_orphans(lambda digest: True, older_than_seconds=3600)
+
+    assert removed == 1
+    assert sorted(p.name for p in tmp.iterdir()) == ["put-new"]
+    assert stray.exists()
+
+
+def test_iter_digests_on_an_empty_store(store):
+    assert list(store.iter_digests()) == []
+    assert store.remove_orphans(set()) == 0
