@@ -1,0 +1,40 @@
+"""b2bhub: a self-hosted B2B message hub."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from flask import Flask
+
+from b2bhub import config as configuration
+from b2bhub.extensions import csrf, db, migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def create_app(test_config: dict | None = None) -> Flask:
+    """The one way in: config, extensions, Celery, blueprints."""
+    app = Flask(__name__, template_folder=str(ROOT / "templates"))
+    app.config.update(configuration.load(test_config))
+    Path(app.config["DATA_DIR"]).mkdir(parents=True, exist_ok=True)
+    if not app.config.get("SECRET_KEY"):
+        app.config["SECRET_KEY"] = configuration.secret_key(app.config["DATA_DIR"])
+    logging.basicConfig(level=app.config["LOG_LEVEL"],
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from b2bhub import dbsetup
+    dbsetup.install()
+    db.init_app(app)
+    migrate.init_app(app, db, directory=str(ROOT / "migrations"))
+    csrf.init_app(app)
+
+    from b2bhub.celery_app import celery_init_app
+    celery_init_app(app)
+    from b2bhub.hub import hub_init_app
+    hub_init_app(app)
+
+    from b2bhub.api import bp as api_bp
+    app.register_blueprint(api_bp)
+    csrf.exempt(api_bp)
+    return app

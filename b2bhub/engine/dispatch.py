@@ -20,7 +20,14 @@ from b2bhub.engine.history import add_line, add_lines
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import (
-    ORGANIZATION, PARTNER, Delivery, Message, Party, Payload, Route, Setting,
+    ORGANIZATION,
+    PARTNER,
+    Delivery,
+    Message,
+    Party,
+    Payload,
+    Route,
+    Setting,
 )
 
 ROUTES_VERSION_KEY = "routes_version"

@@ -50,7 +50,7 @@ def _current_statuses(session: Session, ids: list[int]) -> dict[int, str]:
     out = {}
     for chunk in _chunks(ids, 500):
         out.update(session.execute(select(Message.id, Message.status)
-                                   .where(Message.id.in_(chunk))).tuples().all())
+                                   .where(Message.id.in_(chunk))).all())
     return out
 
 

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from sqlalchemy import JSON, BigInteger, Integer, MetaData
 from sqlalchemy.orm import DeclarativeBase
 
-
 # Named constraints so that Alembic migrations work the same on SQLite and PostgreSQL.
 NAMING = {
     "ix": "ix_%(column_0_label)s",

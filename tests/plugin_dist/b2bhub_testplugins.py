@@ -1,10 +1,16 @@
 """Plugin types of a package installed apart from b2bhub (see entry_points.txt beside
-this file). They only rely on the class attributes the registry checks, so they load
-without importing b2bhub."""
+this file). Worker processes started by the tests find them through their entry points
+with this folder on PYTHONPATH, exactly as a third-party package would be found."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from typing import Any
+
+from b2bhub.config_schema import Field
+from b2bhub.domain.outcome import Outcome
 
 
 class ExternalEcho:
@@ -19,6 +25,67 @@ class ExternalEcho:
         self.config = config
 
     def deliver(self, delivery: Any, payload: Any, context: Any) -> Any:
-        from b2bhub.domain.outcome import Outcome
-
         return Outcome.delivered("echoed")
+
+
+class Recorder:
+    """A target that records every attempt (pid, start, end) as a JSON line in a file
+    of its process, so tests can count who attempted what and how many ran at once."""
+
+    type_name = "recorder"
+    roles = frozenset({"target"})
+    claim_batch = 1
+    config_schema = [
+        Field("record_dir", "string", required=True, help="where attempts are recorded"),
+        Field("sleep", "number", default=0.0, help="seconds each attempt takes"),
+        Field("fail_attempts", "integer", default=0,
+              help="the first N attempts of each delivery fail with error_class"),
+        Field("error_class", "string", default="connection"),
+    ]
+
+    def __init__(self, instance_name: str, config: dict[str, Any]):
+        self.instance_name = instance_name
+        self.config = config
+
+    def deliver(self, delivery: Any, payload: Any, context: Any) -> Any:
+        start = time.time()
+        context.wire_started()
+        time.sleep(float(self.config.get("sleep") or 0))
+        body = payload.open(payload.stages()[0]).read()
+        record = {"delivery": delivery.delivery_id, "attempt": delivery.attempt,
+                  "pid": os.getpid(), "start": start, "end": time.time(), "size": len(body)}
+        path = os.path.join(self.config["record_dir"], f"attempts-{os.getpid()}.jsonl")
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+        if delivery.attempt <= int(self.config.get("fail_attempts") or 0):
+            return Outcome.error(self.config.get("error_class") or "connection",
+                                 f"attempt {delivery.attempt} made to fail")
+        return Outcome.delivered(f"recorded {len(body)} bytes")
+
+
+class Noop:
+    """A target that does nothing and succeeds: the benchmark's floor of plugin work."""
+
+    type_name = "noop"
+    roles = frozenset({"target"})
+    config_schema: list = []
+    claim_batch = 16
+
+    def __init__(self, instance_name: str, config: dict[str, Any]):
+        self.instance_name = instance_name
+        self.config = config
+
+    def deliver(self, delivery: Any, payload: Any, context: Any) -> Any:
+        return Outcome.delivered("ok")
+
+
+class ManualSource:
+    """A source whose messages the tests store through its context."""
+
+    type_name = "manual_source"
+    roles = frozenset({"source"})
+    config_schema: list = []
+
+    def __init__(self, instance_name: str, config: dict[str, Any]):
+        self.instance_name = instance_name
+        self.config = config

@@ -1,0 +1,7 @@
+"""The REST API under /api/v1."""
+
+from flask import Blueprint
+
+bp = Blueprint("api", __name__, url_prefix="/api/v1")
+
+from b2bhub.api import errors, routes  # noqa: E402,F401

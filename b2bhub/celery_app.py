@@ -1,0 +1,31 @@
+"""Celery through Flask's own pattern: tasks run inside an app context."""
+
+from __future__ import annotations
+
+from celery import Celery, Task
+from flask import Flask
+
+
+def celery_init_app(app: Flask) -> Celery:
+    class FlaskTask(Task):
+        def __call__(self, *args: object, **kwargs: object) -> object:
+            with app.app_context():
+                return self.run(*args, **kwargs)
+
+    celery_app = Celery(app.name, task_cls=FlaskTask)
+    celery_app.config_from_object("celeryconfig")
+    celery_app.conf.broker_url = app.config["BROKER_URL"]
+    celery_app.conf.beat_schedule_filename = app.config["DATA_DIR"] + "/celerybeat-schedule"
+    if app.config["BROKER_URL"].startswith("sqla+"):
+        _tune_sqlalchemy_transport()
+    celery_app.set_default()
+    app.extensions["celery"] = celery_app
+    import b2bhub.tasks  # noqa: F401  (registers the shared tasks)
+    return celery_app
+
+
+def _tune_sqlalchemy_transport() -> None:
+    """The embedded broker polls its table; the transport refuses ``polling_interval``
+    as a transport option, but honours the class attribute."""
+    from kombu.transport import sqlalchemy as sqla_transport
+    sqla_transport.Channel.polling_interval = 0.2

@@ -1,0 +1,77 @@
+"""The ``b2bhub`` command: a Flask CLI group (``db`` comes from Flask-Migrate)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+from flask.cli import FlaskGroup, with_appcontext
+
+from b2bhub import create_app
+
+
+@click.group(cls=FlaskGroup, create_app=lambda: create_app(), add_version_option=False)
+def main() -> None:
+    """b2bhub: the B2B message hub."""
+
+
+@main.command("run")
+@click.option("--workers", type=int, default=None, help="worker processes (B2BHUB_WORKERS)")
+@with_appcontext
+def run_command(workers: int | None) -> None:
+    """Start web + worker(s) + beat, after migrating the database."""
+    from flask import current_app
+    from flask_migrate import upgrade
+
+    from b2bhub.supervisor import Supervisor
+    upgrade()
+    cfg = current_app.config
+    sys.exit(Supervisor.for_config(cfg, workers or cfg["WORKERS"]).run())
+
+
+@main.group("fixtures")
+def fixtures_group() -> None:
+    """Load organizations, partners, profiles, plugins and routes from JSON."""
+
+
+@fixtures_group.command("load")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@with_appcontext
+def fixtures_load(path: str) -> None:
+    from b2bhub.extensions import db
+    from b2bhub.services.fixtures import load_fixtures
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    counts = load_fixtures(db.session, data, actor="fixtures")
+    db.session.commit()
+    click.echo(", ".join(f"{n} {k}" for k, n in counts.items()))
+
+
+@main.group("token")
+def token_group() -> None:
+    """API bearer tokens."""
+
+
+@token_group.command("create")
+@click.argument("name")
+@click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), default="admin")
+@with_appcontext
+def token_create(name: str, role: str) -> None:
+    """Print a new bearer token (shown once)."""
+    from b2bhub.extensions import db
+    from b2bhub.services.tokens import create_token
+    token = create_token(db.session, name, role)
+    db.session.commit()
+    click.echo(token)
+
+
+@main.command("sweep")
+@with_appcontext
+def sweep_command() -> None:
+    """Run the sweep once (beat runs it every 5 s)."""
+    from b2bhub import hub
+    from b2bhub.engine.sweep import run_sweep
+    from b2bhub.models import utcnow
+    with hub.new_session() as session:
+        click.echo(run_sweep(session, utcnow(), hub.process_owner()))

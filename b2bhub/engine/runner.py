@@ -1,0 +1,246 @@
+"""Runs a target's due deliveries in a worker process: claim, attempt, settle.
+
+A wake-up is a hint: the woken worker drains the target, claiming up to the plugin's
+``claim_batch`` due deliveries at a time, until nothing is due or its time budget is
+spent. Each settlement is its own transaction. While attempts run, a thread renews
+their leases so a long attempt is not put back while it still works. Plain Python and
+SQLAlchemy; the Celery task only calls :meth:`TargetRunner.drain`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import IO
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from b2bhub.domain.outcome import Outcome
+from b2bhub.domain.retry import RetryPolicy, merge
+from b2bhub.engine import machine
+from b2bhub.engine.machine import Claim
+from b2bhub.engine.settings import DeliverySettings, load_settings
+from b2bhub.engine.stopping import AttemptCancelled, StopControl, stop_control
+from b2bhub.models import Delivery, Message, Payload, PluginInstance, utcnow
+from b2bhub.payloads import PayloadStore
+from b2bhub.plugin_api import DeliveryInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DrainReport:
+    claimed: int = 0
+    settled: int = 0
+    stale: int = 0
+    more_due: bool = False
+
+
+class StoredPayloads:
+    """The PayloadReader a target gets: the message's recorded stages."""
+
+    def __init__(self, store: PayloadStore, stages: dict[str, tuple[str, int]]):
+        self._store, self._stages = store, stages
+
+    def stages(self) -> tuple[str, ...]:
+        return tuple(self._stages)
+
+    def size(self, stage: str) -> int:
+        return self._stages[stage][1]
+
+    def digest(self, stage: str) -> str:
+        return self._stages[stage][0]
+
+    def open(self, stage: str) -> IO[bytes]:
+        if stage not in self._stages:
+            raise KeyError(f"the message has no '{stage}' payload stage")
+        return self._store.open(self._stages[stage][0])
+
+
+class AttemptContext:
+    """The TargetContext of one attempt."""
+
+    def __init__(self, now: datetime, instance: PluginInstance):
+        self.now = now
+        self.instance_name = instance.name
+        self.wire = False
+        self.lines: list[str] = []
+
+    def wire_started(self) -> None:
+        self.wire = True
+
+    def log(self, text: str) -> None:
+        log.info("%s: %s", self.instance_name, text)
+
+
+class TargetRunner:
+    def __init__(self, session_factory: Callable[[], Session], registry, store: PayloadStore,
+                 owner: str, stop: StopControl = stop_control,
+                 clock: Callable[[], datetime] = utcnow):
+        self.session_factory, self.registry, self.store = session_factory, registry, store
+        self.owner, self.stop, self.clock = owner, stop, clock
+        self._plugins: dict[str, tuple[datetime, object]] = {}
+
+    def drain(self, target: str, budget: float | None = None) -> DrainReport:
+        """Claim and run the target's due deliveries until none is due or time is up."""
+        report = DrainReport()
+        session = self.session_factory()
+        try:
+            settings = load_settings(session)
+            deadline = time.monotonic() + (budget or settings.drain_seconds)
+            while not self.stop.requested.is_set():
+                if time.monotonic() >= deadline:
+                    report.more_due = True
+                    break
+                if not self._one_batch(session, target, settings, report):
+                    break
+        finally:
+            session.close()
+        return report
+
+    def _one_batch(self, session: Session, target: str, settings: DeliverySettings,
+                   report: DrainReport) -> bool:
+        instance = session.scalar(select(PluginInstance).where(PluginInstance.name == target))
+        plugin = self._plugin(instance) if instance is not None else None
+        if plugin is None:
+            return False
+        limit = max(1, min(getattr(plugin, "claim_batch", 1), settings.claim_batch_max))
+        claims = machine.claim(session, target, self.owner, self.clock(), limit,
+                               settings.lease_seconds)
+        session.commit()
+        if not claims:
+            return False
+        report.claimed += len(claims)
+        policy = merge(instance.retry_policy,
+                       getattr(plugin, "default_retry_policy", None) or RetryPolicy())
+        with LeaseKeeper(self.session_factory, claims, settings.lease_seconds, self.clock):
+            self._run_claims(session, instance, plugin, policy, claims, report)
+        return True
+
+    def _run_claims(self, session: Session, instance: PluginInstance, plugin,
+                    policy: RetryPolicy, claims: list[Claim], report: DrainReport) -> None:
+        infos = _delivery_infos(session, claims, self.store)
+        for index, claim in enumerate(claims):
+            if self.stop.requested.is_set():
+                self._release(session, claims[index:], "worker stopping before the attempt")
+                return
+            context = AttemptContext(self.clock(), instance)
+            try:
+                with self.stop.attempt():
+                    outcome = self._attempt(plugin, infos[claim.delivery_id], context)
+            except AttemptCancelled:
+                self._interrupt(session, claim, context.wire, policy)
+                self._release(session, claims[index + 1:], "worker stopping before the attempt")
+                return
+            self._settle(session, claim, outcome, policy, report)
+
+    def _attempt(self, plugin, info: tuple[DeliveryInfo, StoredPayloads],
+                 context: AttemptContext) -> Outcome:
+        delivery, payloads = info
+        try:
+            outcome = plugin.deliver(delivery, payloads, context)
+        except AttemptCancelled:
+            raise
+        except Exception as exc:  # a plugin bug is a failed attempt, not a dead worker
+            log.exception("%s: attempt raised", context.instance_name)
+            return Outcome.error(type(exc).__name__, f"{type(exc).__name__}: {exc}")
+        if not isinstance(outcome, Outcome):
+            return Outcome.failed(f"plugin returned {outcome!r} instead of an Outcome")
+        return outcome
+
+    def _settle(self, session: Session, claim: Claim, outcome: Outcome, policy: RetryPolicy,
+                report: DrainReport) -> None:
+        with self.stop.settling():
+            ok = machine.settle(session, claim, outcome, policy, self.clock())
+            session.commit()
+        report.settled += ok
+        report.stale += not ok
+
+    def _interrupt(self, session: Session, claim: Claim, wire: bool,
+                   policy: RetryPolicy) -> None:
+        session.rollback()
+        with self.stop.settling():
+            machine.interrupt(session, claim, self.clock(), wire, "worker stopping", policy)
+            session.commit()
+
+    def _release(self, session: Session, claims: list[Claim], reason: str) -> None:
+        with self.stop.settling():
+            for claim in claims:
+                machine.interrupt(session, claim, self.clock(), False, reason)
+            session.commit()
+
+    def _plugin(self, instance: PluginInstance):
+        """The plugin object of an instance, rebuilt when its configuration changed."""
+        if not instance.enabled or instance.type not in self.registry:
+            return None
+        cached = self._plugins.get(instance.name)
+        if cached and cached[0] == instance.updated_at:
+            return cached[1]
+        plugin = self.registry.get(instance.type)(instance.name, dict(instance.config or {}))
+        self._plugins[instance.name] = (instance.updated_at, plugin)
+        return plugin
+
+
+def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
+                    ) -> dict[int, tuple[DeliveryInfo, StoredPayloads]]:
+    """Read what the batch's attempts need in two queries."""
+    ids = [c.message_id for c in claims]
+    messages = {m.id: m for m in session.scalars(select(Message).where(Message.id.in_(ids)))}
+    stages: dict[int, dict[str, tuple[str, int]]] = {i: {} for i in ids}
+    for p in session.scalars(select(Payload).where(Payload.message_id.in_(ids))):
+        stages[p.message_id][p.stage] = (p.digest, p.size)
+    out = {}
+    for c in claims:
+        m = messages[c.message_id]
+        out[c.delivery_id] = (DeliveryInfo(
+            delivery_id=c.delivery_id, message_id=m.id, target=c.target, attempt=c.attempt,
+            source=m.source, from_party=m.from_party, to_party=m.to_party,
+            direction=m.direction, original_filename=m.original_filename,
+            external_id=m.external_id, correlation_id=m.correlation_id,
+            sequence_key=m.sequence_key, created_at=m.created_at,
+            payload_stages=tuple(stages[m.id])), StoredPayloads(store, stages[m.id]))
+    session.commit()
+    return out
+
+
+class LeaseKeeper:
+    """Renews the leases of the claims a worker holds, every third of the lease."""
+
+    def __init__(self, session_factory, claims: list[Claim], lease_seconds: int, clock):
+        self.session_factory, self.claims = session_factory, claims
+        self.lease, self.clock = lease_seconds, clock
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="lease-keeper")
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.lease / 3):
+            try:
+                self.renew()
+            except Exception:
+                log.warning("could not renew leases", exc_info=True)
+
+    def renew(self) -> None:
+        session = self.session_factory()
+        try:
+            until = self.clock() + timedelta(seconds=self.lease)
+            for c in self.claims:
+                session.execute(update(Delivery).where(
+                    Delivery.id == c.delivery_id, Delivery.attempt == c.attempt,
+                    Delivery.lease_owner == c.owner, Delivery.state == "in_progress",
+                ).values(lease_until=until).execution_options(synchronize_session=False))
+            session.commit()
+        finally:
+            session.close()

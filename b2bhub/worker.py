@@ -1,0 +1,6 @@
+"""``celery -A b2bhub.worker worker`` / ``beat`` find ``celery_app`` here."""
+
+from b2bhub import create_app
+
+flask_app = create_app()
+celery_app = flask_app.extensions["celery"]

@@ -1,0 +1,41 @@
+"""Celery settings; periodic work declared as data in ``beat_schedule``.
+
+Wake-ups go to the ``deliveries`` queue (a topic exchange bound to ``delivery.#``) with
+routing key ``delivery.<target instance>``; an instance given a queue of its own is
+served by workers started with that queue in ``B2BHUB_WORKER_QUEUES``.
+"""
+
+import os
+
+from kombu import Exchange, Queue
+
+
+def delivery_queue(name: str) -> Queue:
+    return Queue(name, Exchange(name, type="topic"), routing_key="delivery.#")
+
+
+_names = [q.strip() for q in os.environ.get("B2BHUB_WORKER_QUEUES",
+                                            "deliveries,default").split(",") if q.strip()]
+task_queues = [Queue("default", Exchange("default", type="direct"), routing_key="default")]
+task_queues += [delivery_queue(n) for n in _names if n != "default"]
+task_default_queue = "default"
+task_default_exchange = "default"
+task_default_routing_key = "default"
+task_ignore_result = True
+task_acks_late = False  # a wake-up is a hint; the database holds the work
+worker_prefetch_multiplier = 1
+worker_hijack_root_logger = False
+worker_send_task_events = False
+broker_connection_retry_on_startup = True
+broker_connection_timeout = 3
+broker_transport_options = {"socket_connect_timeout": 3, "socket_timeout": 10,
+                            "visibility_timeout": 3600}
+timezone = "UTC"
+enable_utc = True
+
+beat_schedule = {
+    "sweep": {"task": "b2bhub.sweep", "schedule": 5.0,
+              "options": {"expires": 5.0}},
+    "broker-cleanup": {"task": "b2bhub.broker_cleanup", "schedule": 300.0,
+                       "options": {"expires": 60.0}},
+}

@@ -1,0 +1,157 @@
+"""Fixtures: ``app``, ``db``, ``session``, ``client``, ``api`` (a client with a token),
+factories, and the backend under test.
+
+The suite runs on the embedded default (SQLite, kombu's SQLAlchemy broker) unless
+``B2BHUB_TEST_DATABASE_URL`` (a PostgreSQL URL; a database of its own is created for
+the run) and ``B2BHUB_TEST_BROKER_URL`` (a Redis URL) say otherwise. The schema comes
+from the migrations, once per run; each test starts from empty tables.
+
+Tests never load installed entry points by accident: the registry they get has the
+plugins they register. Wake-ups are recorded (``wakeups`` fixture) instead of published,
+unless a test starts real processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGIN_DIST = ROOT / "tests" / "plugin_dist"
+sys.path.insert(0, str(PLUGIN_DIST))
+
+import b2bhub_testplugins as testplugins  # noqa: E402
+
+from b2bhub import create_app  # noqa: E402
+from b2bhub.engine import wakeups as wakeup_module  # noqa: E402
+from b2bhub.engine.dispatch import route_cache  # noqa: E402
+from b2bhub.models import Base  # noqa: E402
+from b2bhub.registry import PluginRegistry  # noqa: E402
+
+PG_URL = os.environ.get("B2BHUB_TEST_DATABASE_URL", "")
+BROKER_URL = os.environ.get("B2BHUB_TEST_BROKER_URL", "")
+IS_POSTGRES = PG_URL.startswith("postgresql")
+
+
+def pytest_report_header(config):
+    return [f"b2bhub backend: {'PostgreSQL + Redis' if IS_POSTGRES else 'embedded (SQLite)'}"]
+
+
+@pytest.fixture(scope="session")
+def backend(tmp_path_factory):
+    """The database and broker URLs of this run, with the schema migrated."""
+    data_dir = tmp_path_factory.mktemp("data")
+    if IS_POSTGRES:
+        name = f"b2bhub_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        admin = create_engine(make_url(PG_URL), isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        db_url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    else:
+        db_url = f"sqlite:///{data_dir / 'b2bhub.sqlite'}"
+    broker = BROKER_URL or f"sqla+sqlite:///{data_dir / 'broker.sqlite'}"
+    info = {"database_url": db_url, "broker_url": broker, "data_dir": str(data_dir)}
+    app = create_app(_config(info))
+    with app.app_context():
+        from flask_migrate import upgrade
+        upgrade()
+        app.extensions["sqlalchemy"].engines[None].dispose()
+    yield info
+    if IS_POSTGRES:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _config(info: dict, **extra) -> dict:
+    return {"TESTING": True, "DATA_DIR": info["data_dir"],
+            "SQLALCHEMY_DATABASE_URI": info["database_url"], "BROKER_URL": info["broker_url"],
+            "PAYLOAD_DIR": str(Path(info["data_dir"]) / "payloads"),
+            "SECRET_KEY": "test", "WTF_CSRF_ENABLED": False, **extra}
+
+
+@pytest.fixture
+def registry():
+    """The plugin types a test may use, registered by hand."""
+    reg = PluginRegistry()
+    for cls in (testplugins.Recorder, testplugins.Noop, testplugins.ManualSource,
+                testplugins.ExternalEcho):
+        reg.register(cls)
+    return reg
+
+
+@pytest.fixture
+def wakeups():
+    """Wake-ups published after commit, recorded in a list instead of the broker."""
+    published: list[tuple[int, str]] = []
+    return published
+
+
+@pytest.fixture
+def app(backend, registry, wakeups):
+    app = create_app(_config(backend, PLUGIN_REGISTRY=registry,
+                             WAKEUP_PUBLISHER=lambda items: wakeups.extend(items)))
+    with app.app_context():
+        _empty_tables(app)
+        route_cache.clear()
+        yield app
+        app.extensions["sqlalchemy"].session.remove()
+    wakeup_module.set_publisher(None)
+
+
+def _empty_tables(app) -> None:
+    engine = app.extensions["sqlalchemy"].engines[None]
+    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+        else:
+            for table in tables:
+                conn.execute(text(f"DELETE FROM {table}"))
+
+
+@pytest.fixture
+def db(app):
+    from b2bhub.extensions import db
+    return db
+
+
+@pytest.fixture
+def session(db):
+    return db.session
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def api(app, session):
+    """A test client that sends an admin bearer token."""
+    from b2bhub.services.tokens import create_token
+    token = create_token(session, "tests", "admin")
+    session.commit()
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    return client
+
+
+@pytest.fixture
+def record_dir(tmp_path):
+    path = tmp_path / "attempts"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def hub(session, registry, app, tmp_path):
+    """Factories for parties, instances, routes and messages."""
+    from tests.factories import Hub
+    return Hub(session, registry, app)
