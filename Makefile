@@ -1,0 +1,29 @@
+# The two commands of the README. Both create .venv when it is missing and install what
+# they need (again only when setup.cfg or pyproject.toml changed).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.install-stamp
+
+.PHONY: run test install lint
+
+run: $(STAMP)
+	$(BIN)/b2bhub run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check b2bhub plugins tests bench
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "b2bhub needs Python 3.11 or newer ($(PYTHON) is older)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
