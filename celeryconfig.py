@@ -28,8 +28,10 @@ worker_hijack_root_logger = False
 worker_send_task_events = False
 broker_connection_retry_on_startup = True
 broker_connection_timeout = 3
-broker_transport_options = {"socket_connect_timeout": 3, "socket_timeout": 10,
-                            "visibility_timeout": 3600}
+# Redis only (b2bhub/celery_app.py); kombu's SQLAlchemy transport hands its options to
+# create_engine, which refuses these.
+redis_transport_options = {"socket_connect_timeout": 3, "socket_timeout": 10,
+                           "visibility_timeout": 3600}
 timezone = "UTC"
 enable_utc = True
 

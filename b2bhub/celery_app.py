@@ -18,6 +18,9 @@ def celery_init_app(app: Flask) -> Celery:
     celery_app.conf.beat_schedule_filename = app.config["DATA_DIR"] + "/celerybeat-schedule"
     if app.config["BROKER_URL"].startswith("sqla+"):
         _tune_sqlalchemy_transport()
+    elif app.config["BROKER_URL"].startswith(("redis://", "rediss://")):
+        from celeryconfig import redis_transport_options
+        celery_app.conf.broker_transport_options = dict(redis_transport_options)
     celery_app.set_default()
     app.extensions["celery"] = celery_app
     import b2bhub.tasks  # noqa: F401  (registers the shared tasks)
