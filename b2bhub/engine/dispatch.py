@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 from b2bhub.domain import routing
 from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.engine.history import add_line, add_lines
+from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import (
-    ORGANIZATION,
     PARTNER,
     Delivery,
     Message,
@@ -90,14 +90,12 @@ class NewMessage:
 
 
 def direction(session: Session, from_party: str, to_party: str) -> str:
+    """Inbound from a partner, outbound to one, internal between our organizations."""
     kinds = dict(session.execute(select(Party.name, Party.kind).where(
         Party.name.in_([from_party, to_party]))).all())
     if kinds.get(from_party) == PARTNER:
         return "inbound"
-    if kinds.get(to_party) == PARTNER or kinds.get(from_party) == ORGANIZATION and \
-            kinds.get(to_party) != ORGANIZATION:
-        return "outbound"
-    return "internal"
+    return "outbound" if kinds.get(to_party) == PARTNER else "internal"
 
 
 def store_and_dispatch(session: Session, new: NewMessage, now: datetime) -> Message:
@@ -105,7 +103,8 @@ def store_and_dispatch(session: Session, new: NewMessage, now: datetime) -> Mess
     history, in the caller's transaction; the wake-ups go out after it commits."""
     message = _insert_message(session, new, now)
     targets = new.targets if new.targets is not None else _route_targets(session, new)
-    deliveries = create_deliveries(session, message, targets, now, new.actor)
+    deliveries = create_deliveries(session, message, targets, now, new.actor,
+                                   load_settings(session))
     if not deliveries:
         add_line(session, message.id, "not_routed",
                  f"no route from {new.source} matches {new.from_party} → {new.to_party}",
@@ -141,20 +140,21 @@ def _route_targets(session: Session, new: NewMessage) -> list[str]:
 
 
 def create_deliveries(session: Session, message: Message, targets: list[str],
-                      now: datetime, actor: str = "") -> list[Delivery]:
+                      now: datetime, actor: str = "",
+                      settings: DeliverySettings | None = None) -> list[Delivery]:
     """One queued delivery per target the message does not have yet; woken after commit."""
     have = set(session.scalars(select(Delivery.target).where(
         Delivery.message_id == message.id)))
     new = [t for t in dict.fromkeys(targets) if t not in have]
+    # the wake-up published after commit is the first; the sweep re-wakes from then on
+    first_rewake = now + timedelta(seconds=(settings or DeliverySettings()).wake_delay(1))
     rows = [Delivery(message_id=message.id, target=t, state=DeliveryState.QUEUED,
-                     due_at=now, next_wake_at=now, wake_count=1,
+                     due_at=now, next_wake_at=first_rewake, wake_count=1,
                      sequence_key=message.sequence_key, created_at=now, updated_at=now)
             for t in new]
     session.add_all(rows)
     session.flush()
     for row in rows:
-        # the first wake-up is the one published after commit; the sweep re-wakes later
-        row.next_wake_at = _first_rewake(now)
         row.sequence_no = row.id
     add_lines(session, [{"message_id": message.id, "delivery_id": r.id,
                          "type": "delivery_changed", "actor": actor,
@@ -163,9 +163,3 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
     after_commit(session, [(r.id, r.target) for r in rows])
     return rows
 
-
-def _first_rewake(now: datetime) -> datetime:
-    from datetime import timedelta
-
-    from b2bhub.engine.settings import DeliverySettings
-    return now + timedelta(seconds=DeliverySettings().wake_delay(1))

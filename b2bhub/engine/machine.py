@@ -33,16 +33,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, select, text, update
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
-from b2bhub.engine.history import add_line, add_lines, raise_alert, resolve_alert
+from b2bhub.engine.history import add_line, add_lines, raise_alert
 from b2bhub.engine.settings import DeliverySettings
 from b2bhub.engine.status import refresh_statuses
-from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import Alert, Delivery, PluginInstance
 
 S = DeliveryState
@@ -340,9 +339,11 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
     params = [{"_id": r.id, "_wc": r.wake_count + 1,
                "_next": now + timedelta(seconds=settings.wake_delay(r.wake_count + 1))}
               for r in rows]
+    table = Delivery.__table__
     session.connection().execute(
-        update(Delivery.__table__).where(Delivery.__table__.c.id == _bind("_id"))
-        .values(wake_count=_bind("_wc"), next_wake_at=_bind("_next")), params)
+        update(table).where(table.c.id == bindparam("_id"),
+                            table.c.state.in_([S.QUEUED, S.RETRYING]))
+        .values(wake_count=bindparam("_wc"), next_wake_at=bindparam("_next")), params)
     return _wakeups_per_target(session, rows)
 
 
@@ -359,16 +360,7 @@ def _wakeups_per_target(session: Session, rows: Iterable) -> list[tuple[int, str
     return wakeups
 
 
-def queue_wakeups(session: Session, wakeups: list[tuple[int, str]]) -> None:
-    after_commit(session, wakeups)
-
-
 # --- helpers --------------------------------------------------------------------------
-
-def _bind(name: str):
-    from sqlalchemy import bindparam
-    return bindparam(name)
-
 
 def _is_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"
@@ -386,11 +378,3 @@ def _duration(delta: timedelta) -> str:
 def _json_safe(data: dict) -> dict:
     return {k: v for k, v in data.items() if isinstance(v, str | int | float | bool | None)}
 
-
-def resolve_stalled(session: Session, delivery_ids: list[int], now: datetime) -> None:
-    for delivery_id in delivery_ids:
-        resolve_alert(session, "delivery_stalled", f"delivery:{delivery_id}", now)
-
-
-__all__ = ["Claim", "claim", "expire_leases", "fail_overdue_receipts", "interrupt",
-           "queue_wakeups", "settle", "stall_unclaimed", "wake_due", "and_"]

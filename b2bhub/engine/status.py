@@ -27,6 +27,7 @@ def refresh_statuses(session: Session, message_ids: Iterable[int], now: datetime
     ids = sorted(set(message_ids))
     if not ids:
         return {}
+    _lock_messages(session, ids)
     states: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
     for chunk in _chunks(ids, 500):
         rows = session.execute(select(Delivery.message_id, Delivery.state,
@@ -44,6 +45,22 @@ def refresh_statuses(session: Session, message_ids: Iterable[int], now: datetime
             changed[message_id] = new
     _write_changes(session, changed, current, now, actor)
     return changed
+
+
+def _lock_messages(session: Session, ids: list[int]) -> None:
+    """Serialise status derivation per message (PostgreSQL, READ COMMITTED).
+
+    Two settlements of one message's deliveries would otherwise each read the other's
+    delivery as it was before, and store a status derived from half the picture. Rows
+    are locked in id order (after the delivery rows the caller changed: deliveries
+    first, then messages, everywhere), so concurrent batches cannot deadlock. SQLite
+    needs nothing: one writer at a time.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    for chunk in _chunks(ids, 500):
+        session.execute(select(Message.id).where(Message.id.in_(chunk))
+                        .order_by(Message.id).with_for_update())
 
 
 def _current_statuses(session: Session, ids: list[int]) -> dict[int, str]:
