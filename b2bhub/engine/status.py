@@ -14,8 +14,10 @@ from b2bhub.domain.status import ALERTING_STATUSES, derive_status
 from b2bhub.engine.history import add_lines, raise_alert, resolve_alert
 from b2bhub.models import Delivery, Message
 
-#: statuses set at intake for messages that never get deliveries; not re-derived
-INTAKE_STATUSES = {MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR}
+#: statuses set outside the deliveries (at intake, or an operator cancelling a message
+#: that had none); not re-derived while the message has no deliveries
+INTAKE_STATUSES = {MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR,
+                   MessageStatus.CANCELLED}
 
 
 def refresh_statuses(session: Session, message_ids: Iterable[int], now: datetime,

@@ -1,0 +1,201 @@
+"""Operator actions (SPEC 12): the state machine's transitions that a person starts.
+
+Each action runs in the caller's transaction, writes a ``*_requested`` history line
+naming the operator, then the ``delivery_changed`` lines of what it moved, re-derives the
+message status and queues the wake-ups for after the commit. An action that does not
+apply to the delivery's state is refused with :class:`ActionRefused` and changes nothing.
+
+==============  ===================================  ===========
+action          from                                 to
+==============  ===================================  ===========
+redeliver       failed, stalled, retrying            queued (failures reset)
+send again      delivered                            queued (same external id)
+cancel          queued, retrying, stalled, deferred, cancelled
+                awaiting_receipt, in_progress
+redispatch      (message) new deliveries for new routes; stalled ones re-queued
+==============  ===================================  ===========
+
+Cancelling an attempt in progress needs no signal to the worker: its outcome is refused
+by the fence (the delivery is no longer in progress) and recorded as stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
+from b2bhub.engine.dispatch import create_deliveries, route_cache
+from b2bhub.engine.history import add_line, resolve_alert
+from b2bhub.engine.settings import load_settings
+from b2bhub.engine.status import refresh_statuses
+from b2bhub.engine.wakeups import after_commit
+from b2bhub.models import Delivery, Message
+
+S = DeliveryState
+
+
+class ActionRefused(Exception):
+    """The action does not apply to the current state; nothing was changed."""
+
+
+@dataclass
+class ActionResult:
+    changed: bool
+    text: str
+    deliveries: list[int]
+
+
+REDELIVERABLE = {S.FAILED, S.STALLED, S.RETRYING}
+CANCELLABLE = {S.QUEUED, S.RETRYING, S.STALLED, S.DEFERRED, S.AWAITING_RECEIPT,
+               S.IN_PROGRESS}
+
+
+def redeliver(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
+    """Send a failed, stalled or retrying delivery again from the start."""
+    return _requeue(session, delivery_id, actor, now, REDELIVERABLE, "redeliver_requested",
+                    "redeliver")
+
+
+def send_again(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
+    """Send a delivered delivery again (a lost downstream copy)."""
+    return _requeue(session, delivery_id, actor, now, {S.DELIVERED}, "send_again_requested",
+                    "send again")
+
+
+def cancel_delivery(session: Session, delivery_id: int, actor: str,
+                    now: datetime) -> ActionResult:
+    delivery = _delivery(session, delivery_id)
+    if delivery.state not in CANCELLABLE:
+        raise ActionRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: "
+                            "only a delivery that is not final can be cancelled")
+    add_line(session, delivery.message_id, "cancel_requested",
+             f"{actor} cancelled the delivery to {delivery.target}", actor=actor,
+             delivery_id=delivery_id, now=now)
+    _move(session, delivery, S.CANCELLED, now, actor, f"{delivery.target}: cancelled",
+          settled_at=now, lease_owner=None, lease_until=None, next_wake_at=None)
+    refresh_statuses(session, [delivery.message_id], now, actor)
+    return ActionResult(True, "cancelled", [delivery_id])
+
+
+def cancel_message(session: Session, message_id: int, actor: str,
+                   now: datetime) -> ActionResult:
+    """Cancel every delivery of the message that is not final yet."""
+    message = _message(session, message_id)
+    open_ids = [d.id for d in message.deliveries if d.state in CANCELLABLE]
+    if not open_ids and message.status != MessageStatus.NOT_ROUTED:
+        raise ActionRefused(f"message {message_id} is {LABELS[message.status]}: "
+                            "nothing left to cancel")
+    add_line(session, message_id, "cancel_requested", f"{actor} cancelled the message",
+             actor=actor, now=now)
+    for delivery_id in open_ids:
+        delivery = session.get(Delivery, delivery_id)
+        _move(session, delivery, S.CANCELLED, now, actor, f"{delivery.target}: cancelled",
+              settled_at=now, lease_owner=None, lease_until=None, next_wake_at=None)
+    if not message.deliveries:
+        _set_message_status(session, message, MessageStatus.CANCELLED, now, actor)
+    refresh_statuses(session, [message_id], now, actor)
+    return ActionResult(True, "cancelled", open_ids)
+
+
+def redispatch(session: Session, message_id: int, actor: str, now: datetime) -> ActionResult:
+    """Match the routes again: create the deliveries the message lacks and re-queue its
+    stalled ones; existing deliveries are neither duplicated nor otherwise touched."""
+    message = _message(session, message_id)
+    if message.status in (MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR,
+                          MessageStatus.CANCELLED) and not message.deliveries:
+        raise ActionRefused(f"message {message_id} is {LABELS[message.status]}: "
+                            "it cannot be dispatched")
+    existing = list(message.deliveries)
+    targets = route_cache.table(session).targets(message.source, message.from_party,
+                                                  message.to_party)
+    new = create_deliveries(session, message, targets, now, actor, load_settings(session))
+    stalled = [d for d in existing if d.state == S.STALLED]
+    after_commit(session, [(d.id, d.target) for d in existing if d.state == S.QUEUED])
+    for delivery in stalled:
+        _wake_again(session, delivery, now, actor, "redispatch")
+    changed = bool(new or stalled)
+    text = _redispatch_text(new, stalled)
+    add_line(session, message_id, "redispatch_requested", f"{actor}: {text}", actor=actor,
+             now=now, data={"new": [d.target for d in new], "requeued": len(stalled)})
+    refresh_statuses(session, [message_id], now, actor)
+    return ActionResult(changed, text, [d.id for d in new] + [d.id for d in stalled])
+
+
+def _redispatch_text(new: list[Delivery], stalled: list[Delivery]) -> str:
+    if not new and not stalled:
+        return "redispatch: nothing is new"
+    parts = []
+    if new:
+        parts.append("new deliveries to " + ", ".join(d.target for d in new))
+    if stalled:
+        parts.append(f"{len(stalled)} stalled delivery(ies) queued again")
+    return "redispatch: " + "; ".join(parts)
+
+
+def _requeue(session: Session, delivery_id: int, actor: str, now: datetime,
+             allowed: set[str], line_type: str, verb: str) -> ActionResult:
+    delivery = _delivery(session, delivery_id)
+    if delivery.state not in allowed:
+        names = ", ".join(LABELS[s] for s in sorted(allowed))
+        raise ActionRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: "
+                            f"{verb} takes a delivery that is {names}")
+    add_line(session, delivery.message_id, line_type,
+             f"{actor} asked to {verb} the delivery to {delivery.target}", actor=actor,
+             delivery_id=delivery_id, now=now)
+    _wake_again(session, delivery, now, actor, verb, failures=0, failure_kind=None,
+                settled_at=None)
+    refresh_statuses(session, [delivery.message_id], now, actor)
+    return ActionResult(True, f"{verb}: queued", [delivery_id])
+
+
+def _wake_again(session: Session, delivery: Delivery, now: datetime, actor: str, why: str,
+                **values) -> None:
+    """Back to the queue, due now, woken after commit; the attempt number keeps growing."""
+    settings = load_settings(session)
+    _move(session, delivery, S.QUEUED, now, actor, f"{delivery.target}: queued ({why})",
+          due_at=now, wake_count=1,
+          next_wake_at=now + timedelta(seconds=settings.wake_delay(1)), **values)
+    resolve_alert(session, "delivery_stalled", f"delivery:{delivery.id}", now)
+    after_commit(session, [(delivery.id, delivery.target)])
+
+
+def _move(session: Session, delivery: Delivery, to: str, now: datetime, actor: str,
+          text: str, **values) -> None:
+    """One guarded transition: changes the row only if it is still in the state read."""
+    done = session.execute(update(Delivery).where(
+        Delivery.id == delivery.id, Delivery.state == delivery.state,
+    ).values(state=to, updated_at=now, **values)
+        .execution_options(synchronize_session=False)).rowcount
+    if done != 1:
+        raise ActionRefused(f"delivery {delivery.id} changed meanwhile; try again")
+    add_line(session, delivery.message_id, "delivery_changed", text, actor=actor,
+             delivery_id=delivery.id, now=now, data={"state": to, "from": delivery.state})
+    session.expire(delivery)
+
+
+def _set_message_status(session: Session, message: Message, status: str, now: datetime,
+                        actor: str) -> None:
+    old = message.status
+    message.status, message.updated_at = status, now
+    add_line(session, message.id, "status_changed", f"{LABELS[old]} → {LABELS[status]}",
+             actor=actor, now=now, data={"from": old, "to": status})
+    resolve_alert(session, "message_not_routed", f"message:{message.id}", now)
+
+
+def _delivery(session: Session, delivery_id: int) -> Delivery:
+    delivery = session.get(Delivery, delivery_id)
+    if delivery is None:
+        raise LookupError(f"no delivery {delivery_id}")
+    return delivery
+
+
+def _message(session: Session, message_id: int) -> Message:
+    message = session.scalar(select(Message).where(Message.id == message_id))
+    if message is None:
+        raise LookupError(f"no message {message_id}")
+    return message
+

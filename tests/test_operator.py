@@ -1,0 +1,175 @@
+"""Operator actions: each one a history line naming the operator, guarded by state."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from b2bhub.domain.outcome import Outcome
+from b2bhub.domain.retry import RetryPolicy
+from b2bhub.engine import machine, operator
+from b2bhub.models import Alert, Delivery, HistoryLine, Message, utcnow
+
+OWNER = "worker-a"
+
+
+@pytest.fixture
+def setup(hub, record_dir):
+    hub.parties()
+    hub.instance("inbox", "manual_source")
+    for name in ("writer_a", "writer_b"):
+        hub.instance(name, "recorder", config={"record_dir": str(record_dir)})
+    return hub
+
+
+def _lines(session, message_id, type_=None):
+    query = select(HistoryLine).where(HistoryLine.message_id == message_id)
+    if type_:
+        query = query.where(HistoryLine.type == type_)
+    return session.scalars(query.order_by(HistoryLine.id)).all()
+
+
+def _fail(session, message_id, target="writer_a"):
+    now = utcnow()
+    [claim] = machine.claim(session, target, OWNER, now, 1, 300)
+    machine.settle(session, claim, Outcome.failed("disk on fire"), RetryPolicy(), now)
+    session.commit()
+    return claim.delivery_id
+
+
+def test_redispatch_after_adding_a_route_creates_only_the_missing_delivery(setup, session,
+                                                                          wakeups):
+    message = setup.message()
+    assert message.status == "not_routed"
+    assert session.scalar(select(Alert.kind).where(Alert.resolved_at.is_(None))) == \
+        "message_not_routed"
+    setup.route("inbox", "*", "*", "writer_a")
+    wakeups.clear()
+
+    result = operator.redispatch(session, message.id, "alice", utcnow())
+    session.commit()
+
+    assert result.changed and "writer_a" in result.text
+    targets = session.scalars(select(Delivery.target).where(
+        Delivery.message_id == message.id)).all()
+    assert targets == ["writer_a"]
+    assert [t for _, t in wakeups] == ["writer_a"]
+    assert session.get(Message, message.id).status == "received"
+    [line] = _lines(session, message.id, "redispatch_requested")
+    assert line.actor == "alice"
+    assert session.scalar(select(Alert.id).where(Alert.kind == "message_not_routed",
+                                                 Alert.resolved_at.is_(None))) is None
+
+    again = operator.redispatch(session, message.id, "alice", utcnow())
+    session.commit()
+    assert not again.changed and "nothing is new" in again.text
+    assert session.scalars(select(Delivery.target).where(
+        Delivery.message_id == message.id)).all() == ["writer_a"]
+
+
+def test_redispatch_keeps_existing_deliveries_as_they_are(setup, session):
+    setup.route("inbox", "*", "*", "writer_a")
+    message = setup.message()
+    delivery_id = _fail(session, message.id)
+    setup.route("inbox", "acme", "*", "writer_b")
+
+    operator.redispatch(session, message.id, "alice", utcnow())
+    session.commit()
+
+    states = dict(session.execute(select(Delivery.target, Delivery.state).where(
+        Delivery.message_id == message.id)).all())
+    assert states == {"writer_a": "failed", "writer_b": "queued"}
+    assert session.get(Delivery, delivery_id).state == "failed"
+
+
+def test_redeliver_a_failed_delivery_queues_it_and_clears_the_failure(setup, session,
+                                                                     wakeups):
+    setup.route("inbox", "*", "*", "writer_a")
+    message = setup.message()
+    delivery_id = _fail(session, message.id)
+    assert session.get(Message, message.id).status == "error"
+    wakeups.clear()
+
+    operator.redeliver(session, delivery_id, "bob", utcnow())
+    session.commit()
+
+    delivery = session.get(Delivery, delivery_id)
+    assert (delivery.state, delivery.failures, delivery.failure_kind) == ("queued", 0, None)
+    assert delivery.attempt == 1  # the counter keeps growing with the next claim
+    assert wakeups == [(delivery_id, "writer_a")]
+    assert session.get(Message, message.id).status == "received"
+    assert _lines(session, message.id, "redeliver_requested")[0].actor == "bob"
+    assert session.scalar(select(Alert.id).where(Alert.kind == "message_failed",
+                                                 Alert.resolved_at.is_(None))) is None
+    [claim] = machine.claim(session, "writer_a", OWNER, utcnow(), 1, 300)
+    assert claim.attempt == 2
+
+
+def test_redeliver_refuses_a_delivered_delivery_and_changes_nothing(setup, session):
+    setup.route("inbox", "*", "*", "writer_a")
+    message = setup.message()
+    now = utcnow()
+    [claim] = machine.claim(session, "writer_a", OWNER, now, 1, 300)
+    machine.settle(session, claim, Outcome.delivered("ok"), RetryPolicy(), now)
+    session.commit()
+    before = len(_lines(session, message.id))
+
+    with pytest.raises(operator.ActionRefused, match="Delivered"):
+        operator.redeliver(session, claim.delivery_id, "bob", utcnow())
+    session.rollback()
+    assert len(_lines(session, message.id)) == before
+
+    operator.send_again(session, claim.delivery_id, "bob", utcnow())
+    session.commit()
+    assert session.get(Delivery, claim.delivery_id).state == "queued"
+    assert _lines(session, message.id, "send_again_requested")[0].actor == "bob"
+
+
+def test_cancel_in_progress_delivery_refuses_the_late_outcome(setup, session):
+    setup.route("inbox", "*", "*", "writer_a")
+    message = setup.message()
+    now = utcnow()
+    [claim] = machine.claim(session, "writer_a", OWNER, now, 1, 300)
+    session.commit()
+
+    operator.cancel_delivery(session, claim.delivery_id, "carol", now)
+    session.commit()
+    assert not machine.settle(session, claim, Outcome.delivered("late"), RetryPolicy(),
+                              now + timedelta(seconds=1))
+    session.commit()
+
+    assert session.get(Delivery, claim.delivery_id).state == "cancelled"
+    assert session.get(Message, message.id).status == "cancelled"
+    assert _lines(session, message.id, "cancel_requested")[0].actor == "carol"
+    assert len(_lines(session, message.id, "stale_outcome_ignored")) == 1
+
+
+def test_cancel_message_cancels_open_deliveries_and_keeps_delivered_ones(setup, session):
+    setup.route("inbox", "*", "*", "writer_a")
+    setup.route("inbox", "*", "*", "writer_b")
+    message = setup.message()
+    now = utcnow()
+    [claim] = machine.claim(session, "writer_a", OWNER, now, 1, 300)
+    machine.settle(session, claim, Outcome.delivered("ok"), RetryPolicy(), now)
+    session.commit()
+
+    operator.cancel_message(session, message.id, "carol", now)
+    session.commit()
+
+    states = dict(session.execute(select(Delivery.target, Delivery.state).where(
+        Delivery.message_id == message.id)).all())
+    assert states == {"writer_a": "delivered", "writer_b": "cancelled"}
+    with pytest.raises(operator.ActionRefused, match="nothing left to cancel"):
+        operator.cancel_message(session, message.id, "carol", now)
+
+
+def test_cancel_a_not_routed_message(setup, session):
+    message = setup.message()
+    operator.cancel_message(session, message.id, "carol", utcnow())
+    session.commit()
+    session.expire_all()
+    assert session.get(Message, message.id).status == "cancelled"
+    assert session.scalar(select(Alert.id).where(Alert.kind == "message_not_routed",
+                                                 Alert.resolved_at.is_(None))) is None
