@@ -69,7 +69,7 @@ class AttemptContext:
         self.now = now
         self.instance_name = instance.name
         self.wire = False
-        self.lines: list[str] = []
+        self.outcome: Outcome | None = None
 
     def wire_started(self) -> None:
         self.wire = True
@@ -132,26 +132,31 @@ class TargetRunner:
             context = AttemptContext(self.clock(), instance)
             try:
                 with self.stop.attempt():
-                    outcome = self._attempt(plugin, infos[claim.delivery_id], context)
+                    self._attempt(plugin, infos[claim.delivery_id], context)
             except AttemptCancelled:
-                self._interrupt(session, claim, context.wire, policy)
-                self._release(session, claims[index + 1:], "worker stopping before the attempt")
-                return
-            self._settle(session, claim, outcome, policy, report)
+                if context.outcome is None:  # cut short: put it back
+                    self._interrupt(session, claim, context.wire, policy)
+                    self._release(session, claims[index + 1:],
+                                  "worker stopping before the attempt")
+                    return
+            # an attempt that returned has an outcome, and it settles in full
+            self._settle(session, claim, context.outcome, policy, report)
 
     def _attempt(self, plugin, info: tuple[DeliveryInfo, StoredPayloads],
-                 context: AttemptContext) -> Outcome:
+                 context: AttemptContext) -> None:
+        """Run the plugin; its outcome is kept on the context the moment it returns."""
         delivery, payloads = info
         try:
-            outcome = plugin.deliver(delivery, payloads, context)
+            context.outcome = plugin.deliver(delivery, payloads, context)
         except AttemptCancelled:
             raise
         except Exception as exc:  # a plugin bug is a failed attempt, not a dead worker
             log.exception("%s: attempt raised", context.instance_name)
-            return Outcome.error(type(exc).__name__, f"{type(exc).__name__}: {exc}")
-        if not isinstance(outcome, Outcome):
-            return Outcome.failed(f"plugin returned {outcome!r} instead of an Outcome")
-        return outcome
+            context.outcome = Outcome.error(type(exc).__name__,
+                                            f"{type(exc).__name__}: {exc}")
+        if not isinstance(context.outcome, Outcome):
+            context.outcome = Outcome.failed(
+                f"plugin returned {context.outcome!r} instead of an Outcome")
 
     def _settle(self, session: Session, claim: Claim, outcome: Outcome, policy: RetryPolicy,
                 report: DrainReport) -> None:
