@@ -2,29 +2,53 @@
 
 from __future__ import annotations
 
-from flask import jsonify
+from flask import jsonify, request
+from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import HTTPException
 
 from b2bhub.api import bp
+from b2bhub.extensions import db
+from b2bhub.services.errors import ServiceError
 
 
 class ApiError(Exception):
+    """An HTTP-level refusal (bad JSON, a missing token) with the error shape's fields."""
+
     def __init__(self, status: int, code: str, message: str, details: dict | None = None):
         super().__init__(message)
         self.status, self.code, self.message, self.details = status, code, message, details
 
 
 def error_response(status: int, code: str, message: str, details: dict | None = None):
+    """The one way the API answers with an error."""
     body = {"error": {"code": code, "message": message, "details": details or {}}}
     return jsonify(body), status
 
 
 @bp.errorhandler(ApiError)
 def _api_error(exc: ApiError):
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+    body, status = error_response(exc.status, exc.code, exc.message, exc.details)
+    return body, status, headers
+
+
+@bp.errorhandler(ServiceError)
+def _service_error(exc: ServiceError):
+    db.session.rollback()
     return error_response(exc.status, exc.code, exc.message, exc.details)
 
 
-@bp.errorhandler(HTTPException)
+@bp.errorhandler(IntegrityError)
+def _integrity_error(exc: IntegrityError):
+    # Two requests racing to create the same name: the database's constraint decides.
+    db.session.rollback()
+    return error_response(409, "conflict", "the change conflicts with data saved meanwhile")
+
+
+@bp.app_errorhandler(HTTPException)
 def _http_error(exc: HTTPException):
+    # App-wide, because a URL that matches no rule never reaches the blueprint's handlers.
+    if not request.path.startswith(bp.url_prefix + "/") and request.path != bp.url_prefix:
+        return exc
     code = (exc.name or "error").lower().replace(" ", "_")
     return error_response(exc.code or 500, code, exc.description or exc.name)

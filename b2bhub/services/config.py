@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.config_schema import ConfigError, validate_config
@@ -13,6 +13,10 @@ from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
 from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
+from b2bhub.services.pages import Page, keyset_page
+
+#: how a stored secret is shown; sent back unchanged, it keeps the stored value
+SECRET_MASK = "********"
 
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
                    "retry_policy", "ordered", "queue", "probe_interval", "retention_days"}
@@ -35,6 +39,7 @@ def create_party(session: Session, kind: str, name: str, display_name: str = "")
     if kind not in (ORGANIZATION, PARTNER):
         raise ServiceError(f"party kind must be {ORGANIZATION} or {PARTNER}")
     _check_name(name, kind)
+    _check_display_name(display_name)
     if _name_taken(session, Party, name):
         raise Conflict(f"a party named '{name}' exists already")
     party = Party(name=name, kind=kind, display_name=display_name or name)
@@ -43,11 +48,49 @@ def create_party(session: Session, kind: str, name: str, display_name: str = "")
     return party
 
 
+def _check_display_name(display_name: object) -> None:
+    if not isinstance(display_name, str) or len(display_name) > 200:
+        raise ServiceError("display_name must be text of at most 200 characters",
+                           {"display_name": "not text or too long"})
+
+
 def get_party(session: Session, kind: str, name: str) -> Party:
     party = session.scalar(select(Party).where(Party.name == name, Party.kind == kind))
     if party is None:
         raise NotFound(f"no {kind} named '{name}'")
     return party
+
+
+def list_parties(session: Session, kind: str, limit: int, after: str | None = None) -> Page:
+    """Organizations or partners by name."""
+    return keyset_page(session, select(Party).where(Party.kind == kind), Party.name,
+                       limit, after)
+
+
+def update_party(session: Session, kind: str, name: str, display_name: str) -> Party:
+    """Change a party's display name; its name is what routes and messages refer to."""
+    _check_display_name(display_name)
+    party = get_party(session, kind, name)
+    party.display_name = display_name or name
+    session.flush()
+    return party
+
+
+def delete_party(session: Session, kind: str, name: str) -> None:
+    """Delete a party, refused while a route names it (the route would never match)."""
+    party = get_party(session, kind, name)
+    route = session.scalar(select(Route).where(
+        or_(Route.from_party == name, Route.to_party == name)).order_by(Route.id).limit(1))
+    if route is not None:
+        raise Conflict(f"{kind} '{name}' is named by {_describe(route)}",
+                       {"route": route.id}, code="in_use")
+    session.delete(party)
+    session.flush()
+
+
+def _describe(row: Route) -> str:
+    return routing.Route(row.id, row.source, row.from_party, row.to_party,
+                         row.target).describe()
 
 
 # --- plugin instances ---------------------------------------------------------------
@@ -59,15 +102,27 @@ def save_instance(session: Session, registry, data: dict,
     if unknown:
         raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
     name = _check_name(data.get("name", existing.name if existing else None), "instance")
+    if existing is not None and name != existing.name:
+        raise ServiceError(f"instance '{existing.name}' cannot be renamed to '{name}': "
+                           "routes and messages refer to it by name", {"name": "renamed"})
     type_name = data.get("type", existing.type if existing else None)
-    if type_name not in registry:
+    if existing is not None and type_name != existing.type:
+        # the stored config, deliveries and running plugin all belong to the old type
+        raise ServiceError(f"instance '{name}' is a {existing.type}; its type cannot "
+                           "change (create a new instance instead)", {"type": "changed"})
+    if not isinstance(type_name, str) or type_name not in registry:
         known = ", ".join(sorted(registry.types()))
         raise ServiceError(f"unknown plugin type {type_name!r} (known: {known})")
     plugin_cls = registry.get(type_name)
     if existing is None and _name_taken(session, PluginInstance, name):
         raise Conflict(f"an instance named '{name}' exists already")
+    given = data.get("config") or {}
+    if not isinstance(given, dict):
+        raise ServiceError("config must be an object", {"config": "not an object"})
+    if existing is not None:
+        given = _keep_secrets(plugin_cls.config_schema, given, existing.config or {})
     try:
-        config = validate_config(plugin_cls.config_schema, data.get("config") or {})
+        config = validate_config(plugin_cls.config_schema, given)
     except ConfigError as exc:
         raise ServiceError(f"invalid configuration: {exc}", {"config": exc.errors}) from exc
     row = existing or PluginInstance(name=name, type=type_name)
@@ -78,16 +133,41 @@ def save_instance(session: Session, registry, data: dict,
     return row
 
 
+def _keep_secrets(schema, given: dict, stored: dict) -> dict:
+    """A secret shown as :data:`SECRET_MASK` and sent back unchanged keeps its value."""
+    secrets = {f.name for f in schema if f.type == "secret"}
+    return {key: stored.get(key) if key in secrets and value == SECRET_MASK else value
+            for key, value in given.items()}
+
+
+def _check_types(data: dict) -> None:
+    """Refuse wrongly typed delivery fields before they reach a column."""
+    for key, kinds, words in (("enabled", (bool,), "true or false"),
+                              ("ordered", (bool,), "true or false"),
+                              ("probe_interval", (int,), "a whole number of seconds"),
+                              ("retention_days", (int, type(None)), "a whole number or null"),
+                              ("queue", (str, type(None)), "a queue name or null")):
+        value = data.get(key)
+        if key in data and (not isinstance(value, kinds) or
+                            (isinstance(value, bool) and bool not in kinds)):
+            raise ServiceError(f"{key} must be {words}", {key: f"must be {words}"})
+    if data.get("queue") is not None and routing.validate_name(data["queue"]):
+        raise ServiceError(f"queue: {routing.validate_name(data['queue'])}",
+                           {"queue": "invalid name"})
+
+
 def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:
+    _check_types(data)
     if "enabled" in data:
-        row.enabled = bool(data["enabled"])
+        row.enabled = data["enabled"]
     mcd = data.get("max_concurrent_deliveries", row.max_concurrent_deliveries or 4)
     if not isinstance(mcd, int) or isinstance(mcd, bool) or mcd < 1:
         raise ServiceError("max_concurrent_deliveries must be a whole number of at least 1")
     row.max_concurrent_deliveries = mcd
     if "retry_policy" in data:
         try:
-            RetryPolicy.from_dict(data["retry_policy"], plugin_cls.default_retry_policy)
+            RetryPolicy.from_dict(data["retry_policy"],
+                                  getattr(plugin_cls, "default_retry_policy", None))
         except ValueError as exc:
             raise ServiceError(f"invalid retry_policy: {exc}") from exc
         row.retry_policy = data["retry_policy"] or None
@@ -103,11 +183,29 @@ def get_instance(session: Session, name: str) -> PluginInstance:
     return row
 
 
+def list_instances(session: Session, limit: int, after: str | None = None) -> Page:
+    """Plugin instances by name."""
+    return keyset_page(session, select(PluginInstance), PluginInstance.name, limit, after)
+
+
+def delete_instance(session: Session, name: str) -> None:
+    """Delete an instance, refused while a route starts or ends at it."""
+    row = get_instance(session, name)
+    route = session.scalar(select(Route).where(
+        or_(Route.source == name, Route.target == name)).order_by(Route.id).limit(1))
+    if route is not None:
+        raise Conflict(f"instance '{name}' is used by {_describe(route)}",
+                       {"route": route.id}, code="in_use")
+    session.delete(row)
+    session.flush()
+
+
 # --- routes -------------------------------------------------------------------------
 
 def create_route(session: Session, registry, source: str, from_party: str, to_party: str,
                  target: str, actor: str = "") -> Route:
     """Validate and save a route; refuses one redundant with a route already there."""
+    _check_route_fields(source=source, **{"from": from_party, "to": to_party}, target=target)
     _check_route_end(session, registry, source, "source")
     _check_route_end(session, registry, target, "target")
     for field, name in (("from", from_party), ("to", to_party)):
@@ -126,6 +224,12 @@ def create_route(session: Session, registry, source: str, from_party: str, to_pa
     return row
 
 
+def _check_route_fields(**values: object) -> None:
+    for field, value in values.items():
+        if not isinstance(value, str) or not value:
+            raise ServiceError(f"{field} must be a name or '*'", {field: "missing or not text"})
+
+
 def _check_route_end(session: Session, registry, name: str, role: str) -> None:
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == name))
     if row is None:
@@ -138,6 +242,11 @@ def _check_route_end(session: Session, registry, name: str, role: str) -> None:
                            f"{'start' if role == 'source' else 'end'} a route")
 
 
+def list_routes(session: Session, limit: int, after: int | None = None) -> Page:
+    """Routes in the order they were made."""
+    return keyset_page(session, select(Route), Route.id, limit, after)
+
+
 def delete_route(session: Session, route_id: int) -> None:
     row = session.get(Route, route_id)
     if row is None:
@@ -148,6 +257,7 @@ def delete_route(session: Session, route_id: int) -> None:
 
 def test_route(session: Session, source: str, from_party: str, to_party: str) -> dict:
     """The route tester: which targets a message would reach, and why."""
+    _check_route_fields(source=source, **{"from": from_party, "to": to_party})
     table = route_cache.table(session)
     return {"targets": table.targets(source, from_party, to_party),
             "routes": table.explain(source, from_party, to_party)}

@@ -1,0 +1,69 @@
+"""Bearer tokens and roles for every API call (SPEC 15).
+
+Reads need ``viewer``; any other method needs ``admin`` unless the view says otherwise
+with :func:`requires`, so a new write endpoint is closed until it names its role.
+:func:`public` opens a view to callers without a token (health only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flask import current_app, g, request
+
+from b2bhub.api import bp
+from b2bhub.api.errors import ApiError
+from b2bhub.extensions import db
+from b2bhub.services import tokens
+
+RANK = {role: rank for rank, role in enumerate(tokens.ROLES)}
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def requires(role: str) -> Callable:
+    """Mark a view as needing at least ``role``."""
+    if role not in RANK:
+        raise ValueError(f"unknown role {role!r}")
+
+    def mark(view: Callable) -> Callable:
+        view.required_role = role
+        return view
+    return mark
+
+
+def public(view: Callable) -> Callable:
+    """Mark a view as open to callers without a token."""
+    view.public = True
+    return view
+
+
+def required_role(view: Callable) -> str:
+    default = "viewer" if request.method in READ_METHODS else "admin"
+    return getattr(view, "required_role", default)
+
+
+@bp.before_request
+def authenticate_request() -> None:
+    """Refuse a missing or unknown token (401) or a role too low (403); set ``g.actor``."""
+    view = current_app.view_functions.get(request.endpoint or "")
+    if view is None or getattr(view, "public", False):
+        return
+    token = _bearer_token()
+    row = tokens.authenticate(db.session, token) if token else None
+    if row is None:
+        raise ApiError(401, "unauthorized", "a valid bearer token is required "
+                       "(Authorization: Bearer <token>)" if token is None
+                       else "the bearer token is unknown or revoked")
+    db.session.commit()
+    needed = required_role(view)
+    if RANK.get(row.role, -1) < RANK[needed]:
+        raise ApiError(403, "forbidden", f"this call needs the {needed} role; "
+                       f"token '{row.name}' has the {row.role} role")
+    g.actor, g.role = row.name, row.role
+
+
+def _bearer_token() -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
