@@ -94,8 +94,9 @@ def wakeups():
 
 
 @pytest.fixture
-def app(backend, registry, wakeups):
+def app(backend, registry, wakeups, tmp_path):
     app = create_app(_config(backend, PLUGIN_REGISTRY=registry,
+                             PAYLOAD_DIR=str(tmp_path / "payloads"),
                              WAKEUP_PUBLISHER=lambda items: wakeups.extend(items)))
     with app.app_context():
         _empty_tables(app)

@@ -4,4 +4,13 @@ from flask import Blueprint
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
-from b2bhub.api import auth, errors, messages, parties, plugins, routes, routing  # noqa: E402,F401
+from b2bhub.api import (  # noqa: E402,F401
+    actions,
+    auth,
+    errors,
+    messages,
+    parties,
+    plugins,
+    routes,
+    routing,
+)

@@ -7,6 +7,7 @@ from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import HTTPException
 
 from b2bhub.api import bp
+from b2bhub.engine.operator import ActionRefused, UnknownObject
 from b2bhub.extensions import db
 from b2bhub.services.errors import ServiceError
 
@@ -36,6 +37,18 @@ def _api_error(exc: ApiError):
 def _service_error(exc: ServiceError):
     db.session.rollback()
     return error_response(exc.status, exc.code, exc.message, exc.details)
+
+
+@bp.errorhandler(ActionRefused)
+def _action_refused(exc: ActionRefused):
+    db.session.rollback()
+    return error_response(409, "action_refused", str(exc))
+
+
+@bp.errorhandler(UnknownObject)
+def _not_found(exc: UnknownObject):
+    db.session.rollback()
+    return error_response(404, "not_found", str(exc.args[0]) if exc.args else "not found")
 
 
 @bp.errorhandler(IntegrityError)

@@ -42,6 +42,10 @@ class ActionRefused(Exception):
     """The action does not apply to the current state; nothing was changed."""
 
 
+class UnknownObject(LookupError):
+    """No message or delivery with that id."""
+
+
 @dataclass
 class ActionResult:
     changed: bool
@@ -189,13 +193,13 @@ def _set_message_status(session: Session, message: Message, status: str, now: da
 def _delivery(session: Session, delivery_id: int) -> Delivery:
     delivery = session.get(Delivery, delivery_id)
     if delivery is None:
-        raise LookupError(f"no delivery {delivery_id}")
+        raise UnknownObject(f"no delivery {delivery_id}")
     return delivery
 
 
 def _message(session: Session, message_id: int) -> Message:
     message = session.scalar(select(Message).where(Message.id == message_id))
     if message is None:
-        raise LookupError(f"no message {message_id}")
+        raise UnknownObject(f"no message {message_id}")
     return message
 

@@ -1,0 +1,75 @@
+"""Send Message by hand (SPEC 12; seed "Sending a message by hand")."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import BinaryIO
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from b2bhub.engine.dispatch import NewMessage, route_cache, store_and_dispatch
+from b2bhub.models import ORGANIZATION, PARTNER, Message, Party
+from b2bhub.payloads import PayloadStore
+from b2bhub.services.config import get_instance
+from b2bhub.services.errors import ServiceError
+
+OPERATOR_SOURCE = "@operator"
+MAX_BYTES = 64 * 1024 * 1024
+
+
+def send_by_hand(session: Session, store: PayloadStore, registry, upload: BinaryIO,
+                 filename: str, from_party: str, to_party: str, target: str | None,
+                 actor: str, now: datetime) -> Message:
+    """Store an uploaded file as a new message from ``@operator`` and deliver it to one
+    target: the one given, or the one target the routes from sender to recipient name,
+    whatever their source."""
+    _check_parties(session, from_party, to_party)
+    target = target or _target_from_routes(session, from_party, to_party)
+    instance = get_instance(session, target)
+    if not instance.enabled or instance.type not in registry or \
+            "target" not in registry.get(instance.type).roles:
+        raise ServiceError(f"target: instance {target!r} is not an enabled target")
+    _check_size(upload)
+    stored = store.put(upload)
+    return store_and_dispatch(session, NewMessage(
+        source=OPERATOR_SOURCE, from_party=from_party, to_party=to_party,
+        stages={"unpacked": (stored.digest, stored.size)},
+        original_filename=_bare_name(filename), actor=actor, targets=[target]), now)
+
+
+def _check_size(upload: BinaryIO) -> None:
+    """Refuse an oversize upload before anything of it is stored."""
+    upload.seek(0, 2)
+    size = upload.tell()
+    upload.seek(0)
+    if size > MAX_BYTES:
+        raise ServiceError(f"the file holds {size} bytes; at most {MAX_BYTES} (64 MiB) "
+                           "can be sent by hand", code="too_large")
+
+
+def _check_parties(session: Session, from_party: str, to_party: str) -> None:
+    kinds = dict(session.execute(select(Party.name, Party.kind).where(
+        Party.name.in_([from_party, to_party]))).all())
+    for field, name in (("from", from_party), ("to", to_party)):
+        if name not in kinds:
+            raise ServiceError(f"{field}: no party named {name!r}", {field: "unknown party"})
+    if {kinds[from_party], kinds[to_party]} != {ORGANIZATION, PARTNER}:
+        raise ServiceError("one of from and to must be an organization and the other a "
+                           "partner (from an organization the message is outbound, from "
+                           "a partner inbound)")
+
+
+def _target_from_routes(session: Session, from_party: str, to_party: str) -> str:
+    targets = sorted({r.target for r in route_cache.table(session).routes
+                      if r.from_party in ("*", from_party) and r.to_party in ("*", to_party)})
+    if len(targets) != 1:
+        found = ", ".join(targets) if targets else "none"
+        raise ServiceError(f"choose a target: the routes from {from_party} to {to_party} "
+                           f"name {found}", {"target": "required"}, code="target_required")
+    return targets[0]
+
+
+def _bare_name(filename: str) -> str | None:
+    name = filename.replace("\\", "/").rsplit("/", 1)[-1].strip()
+    return name[:255] or None
