@@ -7,6 +7,7 @@ the delivery state, the message status, the history text and the alerts."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tracemalloc
 from datetime import timedelta
@@ -20,6 +21,7 @@ from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, utcnow
+from b2bhub.plugin_api import DeliveryInfo
 from b2bhub.registry import PluginRegistry
 from b2bhub.services.errors import ServiceError
 from plugins.file_writer import FileWriter
@@ -414,3 +416,46 @@ def test_file_writer_is_found_through_its_entry_point():
     assert found.get("file_writer") is FileWriter
     assert "file_writer" not in found.failures
     assert FileWriter.default_retry_policy.schedule == (30, 120, 600)
+
+
+class AppearsWhileWriting:
+    """A payload reader whose stream, once opened, lets another program create the
+    destination file: the race between the existence check and the rename."""
+
+    def __init__(self, body: bytes, destination: Path):
+        self.body, self.destination = body, destination
+
+    def stages(self):
+        return ("unpacked",)
+
+    def size(self, stage):
+        return len(self.body)
+
+    def digest(self, stage):
+        return hashlib.sha256(self.body).hexdigest()
+
+    def open(self, stage):
+        self.destination.write_bytes(b"written by someone else meanwhile")
+        return io.BytesIO(self.body)
+
+
+def test_overwrite_off_never_clobbers_a_file_that_appears_during_the_write(
+        message_info, out):
+    out.mkdir()
+    reader = AppearsWhileWriting(BODY, out / "order1.xml")
+    plugin = FileWriter("writer", {"base_directory": str(out)})
+    outcome = plugin.deliver(message_info, reader, None)
+
+    assert outcome.kind == "failed"
+    assert outcome.text == "order1.xml exists and overwrite is off"
+    assert (out / "order1.xml").read_bytes() == b"written by someone else meanwhile"
+    assert files_below(out) == ["order1.xml"]
+
+
+@pytest.fixture
+def message_info(clock):
+    return DeliveryInfo(
+        delivery_id=1, message_id=1, target="writer", attempt=1, source="inbox",
+        from_party="acme", to_party="mycompany", direction="inbound",
+        original_filename="order1.xml", external_id=None, correlation_id=None,
+        sequence_key=None, created_at=clock(), payload_stages=("unpacked",))
