@@ -55,6 +55,9 @@ class PayloadReader(Protocol):
 
     def size(self, stage: str) -> int: ...
 
+    def digest(self, stage: str) -> str:
+        """The stage's sha256 hex digest, as recorded: compare content without reading it."""
+
     def open(self, stage: str) -> IO[bytes]: ...
 
 

@@ -1,0 +1,305 @@
+"""The ``file_writer`` target: writes a message's payload stage to a file (SPEC 9).
+
+The file's path below ``base_directory`` comes from ``filename_pattern``
+(:mod:`b2bhub.domain.filename_pattern`). A write that cannot succeed fails the delivery
+at once: the message lacks the ``payload_stage``, the pattern gives no name for it, the
+file exists and ``overwrite`` is off, or the path would lead out of the base directory.
+Any other failure (permission, disk full, read-only file system...) is an error of class
+``storage`` that the retry policy retries: 30 s, 2 min and 10 min, then failed.
+
+The write is atomic and streamed: the payload is copied in chunks to a temporary file in
+the target directory, fsynced, then moved into place with ``os.replace`` (overwrite on)
+or ``os.link`` (overwrite off: the link fails if the name was taken meanwhile, so no
+file is ever clobbered), and the directory is fsynced. A re-attempt that finds the file
+already holding exactly the payload (same size, same sha256) counts as written, so an
+attempt cut short after the rename does not fail its retry.
+
+Directories are walked one element at a time with directory descriptors, and each one's
+resolved path must lie below the resolved base directory, so a symbolic link can never
+lead a write out of it.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from b2bhub.config_schema import Field
+from b2bhub.domain.filename_pattern import (
+    FilenamePattern,
+    PatternError,
+    parse,
+    placeholder_values,
+)
+from b2bhub.domain.retry import FILE_WRITER_DEFAULT
+from b2bhub.payloads import PayloadError
+from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader, Plugin, TargetContext
+
+DEFAULT_PATTERN = "{original_filename|message_id}"
+STAGES = ("raw", "unpacked", "sent")
+CHUNK = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# linkat errors meaning "this file system has no hard links", not "the name is taken"
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK}
+
+
+def _pattern_problem(value: str) -> str | None:
+    try:
+        parse(value)
+    except PatternError as exc:
+        return str(exc)
+    return None
+
+
+def _absolute_problem(value: str) -> str | None:
+    return None if os.path.isabs(value) else "must be an absolute path"
+
+
+class OutsideBase(Exception):
+    """The path would lead out of the base directory (through a symbolic link)."""
+
+
+class FileWriter(Plugin):
+    """Writes the chosen payload stage of each message to a file below a directory."""
+
+    type_name = "file_writer"
+    roles = frozenset({"target"})
+    description = "Writes each message to a file below a directory."
+    default_retry_policy = FILE_WRITER_DEFAULT
+    claim_batch = 8
+    config_schema = [
+        Field("base_directory", "path", required=True, validate=_absolute_problem,
+              help="absolute directory below which files are written; created if missing"),
+        Field("filename_pattern", "string", default=DEFAULT_PATTERN,
+              validate=_pattern_problem,
+              help="file name below the base directory, e.g. {to}/{original_filename}; "
+                   "{a|b} takes the first with a value; / makes subdirectories"),
+        Field("overwrite", "boolean", default=False,
+              help="replace a file of the same name; when off such a message fails"),
+        Field("payload_stage", "choice", default="unpacked", choices=STAGES,
+              help="which recorded stage of the message is written"),
+    ]
+
+    def __init__(self, instance_name: str, config: dict[str, Any]):
+        super().__init__(instance_name, config)
+        self.base = config["base_directory"]
+        self.overwrite = bool(config.get("overwrite"))
+        self.stage = config.get("payload_stage") or "unpacked"
+        try:
+            self.pattern: FilenamePattern | None = parse(
+                config.get("filename_pattern") or DEFAULT_PATTERN)
+            self.pattern_problem = ""
+        except PatternError as exc:  # saved before a rule existed: fail, do not crash
+            self.pattern, self.pattern_problem = None, str(exc)
+
+    def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
+                context: TargetContext) -> Outcome:
+        """Write the payload stage to its file; see the module docstring."""
+        if self.stage not in payload.stages():
+            return Outcome.failed(f"the message has no '{self.stage}' payload stage")
+        try:
+            relative = self._relative_path(delivery)
+        except PatternError as exc:
+            return Outcome.failed(f"the filename pattern fails: {exc}")
+        try:
+            return self._write(relative, payload, reattempt=delivery.attempt > 1)
+        except OutsideBase as exc:
+            return Outcome.failed(str(exc), file=relative)
+        except PayloadError as exc:
+            return Outcome.error("payload", f"could not read the payload: {exc}")
+        except OSError as exc:
+            return Outcome.error("storage", f"could not write {relative} below {self.base}: "
+                                 f"{_reason(exc)}",
+                                 file=relative)
+
+    def _relative_path(self, delivery: DeliveryInfo) -> str:
+        if self.pattern is None:
+            raise PatternError(self.pattern_problem)
+        return self.pattern.render(placeholder_values(
+            message_id=delivery.message_id, delivery_id=delivery.delivery_id,
+            from_party=delivery.from_party, to_party=delivery.to_party,
+            source=delivery.source, target=delivery.target,
+            original_filename=delivery.original_filename, external_id=delivery.external_id,
+            correlation_id=delivery.correlation_id, created_at=delivery.created_at,
+            attempt=delivery.attempt))
+
+    def _write(self, relative: str, payload: PayloadReader, reattempt: bool) -> Outcome:
+        *dirs, name = relative.split("/")
+        with _directory(self.base, dirs) as dir_fd:
+            found = _lstat(dir_fd, name)
+            if found is not None and not self.overwrite:
+                return self._taken(dir_fd, name, relative, payload, reattempt)
+            tmp, size = _write_temp(dir_fd, payload, self.stage)
+            try:
+                if not self._place(dir_fd, tmp, name):
+                    return self._taken(dir_fd, name, relative, payload, reattempt)
+            finally:
+                _unlink_quietly(dir_fd, tmp)
+            os.fsync(dir_fd)
+        return Outcome.delivered(f"wrote {relative} ({size} bytes)", file=relative, size=size)
+
+    def _place(self, dir_fd: int, tmp: str, name: str) -> bool:
+        """Move the written temp file to ``name``; False if overwrite is off and the
+        name is taken."""
+        if self.overwrite:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return True
+        try:
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS or _lstat(dir_fd, name) is not None:
+                raise
+            # No hard links here: check-then-rename, with a window only such file
+            # systems have.
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return True
+
+    def _taken(self, dir_fd: int, name: str, relative: str, payload: PayloadReader,
+               reattempt: bool) -> Outcome:
+        """The name exists and overwrite is off: written already, or failed."""
+        if reattempt and _holds(dir_fd, name, payload, self.stage):
+            size = payload.size(self.stage)
+            return Outcome.delivered(
+                f"{relative} already holds this payload ({size} bytes); counted as written",
+                file=relative, size=size)
+        return Outcome.failed(f"{relative} exists and overwrite is off", file=relative)
+
+
+@contextmanager
+def _directory(base: str, dirs: list[str]) -> Iterator[int]:
+    """A descriptor of ``base/dirs...``, each created if missing and checked to lie
+    below the resolved base directory."""
+    os.makedirs(base, exist_ok=True)
+    fd = os.open(base, _DIR_FLAGS)
+    try:
+        root = _resolved(fd, base)
+        for depth, name in enumerate(dirs, 1):
+            child = _open_child(fd, name, root, "/".join(dirs[:depth]))
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _open_child(parent: int, name: str, root: str, shown: str) -> int:
+    """Open directory ``name`` of ``parent``, creating it if needed; OutsideBase if it
+    resolves outside ``root``."""
+    try:
+        os.mkdir(name, dir_fd=parent)
+        os.fsync(parent)  # make the new entry durable
+    except FileExistsError:
+        pass
+    child = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    real = _resolved(child, os.path.join(root, shown))
+    if os.path.commonpath([root, real]) != root:
+        os.close(child)
+        raise OutsideBase(f"{shown} leads out of the base directory (to {real})")
+    return child
+
+
+def _resolved(fd: int, fallback: str) -> str:
+    """The real path of an open directory (what the descriptor is, not what a name
+    may point to by now); the resolved name where /proc is missing."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(fallback)
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _write_temp(dir_fd: int, payload: PayloadReader, stage: str) -> tuple[str, int]:
+    """Stream the stage into a new hidden temp file beside its destination, fsynced."""
+    tmp = f".b2bhub-{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o666, dir_fd=dir_fd)
+    try:
+        size = _copy(payload, stage, fd)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(dir_fd, tmp)
+        raise
+    os.close(fd)
+    return tmp, size
+
+
+def _copy(payload: PayloadReader, stage: str, fd: int) -> int:
+    """Copy the stage to ``fd`` through one reused buffer; the reader checks the
+    sha256 at its end."""
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    size = 0
+    with payload.open(stage) as stream:
+        while count := stream.readinto(buffer):
+            written = 0
+            while written < count:
+                written += os.write(fd, view[written:count])
+            size += count
+    return size
+
+
+def _holds(dir_fd: int, name: str, payload: PayloadReader, stage: str) -> bool:
+    """True if ``name`` is a regular file with exactly the stage's bytes (size first,
+    then sha256 read in chunks)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symbolic link, a socket
+            return False
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size != payload.size(stage):
+            return False
+        return _sha256(fd) == _digest(payload, stage)
+    finally:
+        os.close(fd)
+
+
+def _sha256(fd: int) -> str:
+    digest = hashlib.sha256()
+    buffer = bytearray(CHUNK)
+    view = memoryview(buffer)
+    while count := os.readv(fd, [buffer]):
+        digest.update(view[:count])
+    return digest.hexdigest()
+
+
+def _digest(payload: PayloadReader, stage: str) -> str:
+    """The stage's recorded sha256, or one computed by reading it (a reader without
+    ``digest``)."""
+    recorded = getattr(payload, "digest", None)
+    if recorded is not None:
+        return recorded(stage)
+    digest = hashlib.sha256()
+    with payload.open(stage) as stream:
+        while chunk := stream.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _unlink_quietly(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)

@@ -1,0 +1,461 @@
+"""The file_writer target through the engine: dispatch, claim, attempt, settle.
+
+Each test stores a message from a manual source routed to a file_writer instance and
+drains the writer with the TargetRunner, then checks what a user sees: the file's bytes,
+the delivery state, the message status, the history text and the alerts."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tracemalloc
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from b2bhub.engine import machine
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+from b2bhub.engine.runner import TargetRunner
+from b2bhub.hub import new_session
+from b2bhub.models import Alert, Delivery, HistoryLine, Message, utcnow
+from b2bhub.plugin_api import DeliveryInfo
+from b2bhub.registry import PluginRegistry
+from b2bhub.services.errors import ServiceError
+from plugins.file_writer import FileWriter
+
+BODY = b"<order id='1'>\x00\xffbinary too</order>\n"
+
+
+@pytest.fixture(autouse=True)
+def _file_writer(registry):
+    registry.register(FileWriter)
+
+
+class Clock:
+    """The runner's clock, moved by the test instead of waiting."""
+
+    def __init__(self):
+        self.now = utcnow()
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def out(tmp_path) -> Path:
+    return tmp_path / "out"
+
+
+@pytest.fixture
+def writer(hub, out):
+    """Parties, a manual source and a writer routed from it; returns a setter that
+    (re)configures the writer."""
+    hub.parties()
+    hub.instance("inbox", "manual_source")
+
+    def configure(**config):
+        row = hub.instance("writer", "file_writer",
+                           config={"base_directory": str(out), **config})
+        hub.route("inbox", "*", "*", "writer")
+        return row
+    return configure
+
+
+def drain(hub, registry, clock) -> None:
+    TargetRunner(new_session, registry, hub.store, "test-worker", clock=clock).drain(
+        "writer", budget=30)
+
+
+def state(session, message) -> tuple[str, str, int]:
+    """(delivery state, message status, attempts) as a user sees them."""
+    session.expire_all()
+    delivery = session.scalar(select(Delivery).where(Delivery.message_id == message.id))
+    return delivery.state, session.get(Message, message.id).status, delivery.attempt
+
+
+def history(session, message) -> list[str]:
+    return session.scalars(select(HistoryLine.text).where(
+        HistoryLine.message_id == message.id, HistoryLine.type == "delivery_changed")
+        .order_by(HistoryLine.id)).all()
+
+
+def open_alerts(session, message) -> list[str]:
+    return session.scalars(select(Alert.kind).where(
+        Alert.message_id == message.id, Alert.resolved_at.is_(None))).all()
+
+
+def files_below(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir())
+
+
+# --- writing --------------------------------------------------------------------------
+
+def test_writes_the_payload_byte_for_byte_and_says_which_file(hub, session, registry,
+                                                               clock, writer, out):
+    writer()
+    message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
+    drain(hub, registry, clock)
+
+    assert (out / "order1.xml").read_bytes() == BODY
+    assert files_below(out) == ["order1.xml"]  # no temporary file left behind
+    assert state(session, message) == ("delivered", "delivered", 1)
+    assert history(session, message)[-1] == (
+        f"writer: attempt 1 delivered: wrote order1.xml ({len(BODY)} bytes)")
+
+
+def test_falls_back_to_the_message_id_and_makes_subdirectories(hub, session, registry,
+                                                                clock, writer, out):
+    writer(filename_pattern="{from}/{date}/{original_filename|message_id}")
+    message = hub.message(source="inbox", body=BODY, filename=None, now=clock())
+    drain(hub, registry, clock)
+
+    relative = f"acme/{clock.now:%Y%m%d}/{message.id}"
+    assert (out / relative).read_bytes() == BODY
+    assert history(session, message)[-1].endswith(f"wrote {relative} ({len(BODY)} bytes)")
+
+
+def test_a_hostile_original_filename_stays_below_the_base_directory(hub, session, registry,
+                                                                     clock, writer, out):
+    writer(filename_pattern="{to}/{original_filename}")
+    message = hub.message(source="inbox", body=BODY, filename="../../../escaped:\x1b.xml",
+                          now=clock())
+    drain(hub, registry, clock)
+
+    assert files_below(out.parent) == ["out/mycompany/.._.._.._escaped__.xml"]
+    assert state(session, message)[0] == "delivered"
+
+
+def test_the_chosen_payload_stage_is_written(hub, session, registry, clock, writer, out):
+    writer(payload_stage="raw")
+    raw, unpacked = hub.store.put(b"raw on the wire"), hub.store.put(b"the document")
+    message = store_and_dispatch(session, NewMessage(
+        source="inbox", from_party="acme", to_party="mycompany", original_filename="in.edi",
+        stages={"raw": (raw.digest, raw.size), "unpacked": (unpacked.digest, unpacked.size)}),
+        clock())
+    session.commit()
+    drain(hub, registry, clock)
+
+    assert (out / "in.edi").read_bytes() == b"raw on the wire"
+    assert state(session, message)[0] == "delivered"
+
+
+# --- failures at once -----------------------------------------------------------------
+
+def test_an_existing_different_file_fails_at_once_when_overwrite_is_off(
+        hub, session, registry, clock, writer, out):
+    writer()
+    out.mkdir()
+    (out / "order1.xml").write_bytes(b"somebody else's file")
+    message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
+    drain(hub, registry, clock)
+
+    assert (out / "order1.xml").read_bytes() == b"somebody else's file"
+    assert files_below(out) == ["order1.xml"]
+    assert state(session, message) == ("failed", "error", 1)
+    assert history(session, message)[-1] == (
+        "writer: attempt 1 failed: order1.xml exists and overwrite is off")
+    assert open_alerts(session, message) == ["message_failed"]
+
+
+def test_overwrite_on_replaces_an_existing_file(hub, session, registry, clock, writer, out):
+    writer(overwrite=True)
+    out.mkdir()
+    (out / "order1.xml").write_bytes(b"yesterday's order, longer than today's" * 3)
+    message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
+    drain(hub, registry, clock)
+
+    assert (out / "order1.xml").read_bytes() == BODY
+    assert files_below(out) == ["order1.xml"]
+    assert state(session, message)[0] == "delivered"
+
+
+def test_a_missing_stage_fails_at_once_with_the_reason_in_the_history(
+        hub, session, registry, clock, writer, out):
+    writer(payload_stage="sent")
+    message = hub.message(source="inbox", body=BODY, now=clock())  # unpacked only
+    drain(hub, registry, clock)
+
+    assert state(session, message) == ("failed", "error", 1)
+    assert history(session, message)[-1] == (
+        "writer: attempt 1 failed: the message has no 'sent' payload stage")
+    assert open_alerts(session, message) == ["message_failed"]
+    assert not out.exists() or files_below(out) == []
+
+
+def test_a_placeholder_without_a_value_fails_at_once(hub, session, registry, clock, writer,
+                                                      out):
+    writer(filename_pattern="report_{external_id}.dat")
+    message = hub.message(source="inbox", body=BODY, now=clock())
+    drain(hub, registry, clock)
+
+    assert state(session, message) == ("failed", "error", 1)
+    assert "placeholder {external_id} has no value" in history(session, message)[-1]
+
+
+def test_a_symbolic_link_out_of_the_base_directory_is_never_followed(
+        hub, session, registry, clock, writer, out, tmp_path):
+    writer(filename_pattern="{to}/{original_filename}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out.mkdir()
+    (out / "mycompany").symlink_to(elsewhere)
+    message = hub.message(source="inbox", body=BODY, filename="x.xml", now=clock())
+    drain(hub, registry, clock)
+
+    assert list(elsewhere.iterdir()) == []
+    assert state(session, message) == ("failed", "error", 1)
+    assert "mycompany leads out of the base directory" in history(session, message)[-1]
+
+
+def test_a_symbolic_link_inside_the_base_directory_is_followed(
+        hub, session, registry, clock, writer, out):
+    writer(filename_pattern="{to}/{original_filename}")
+    (out / "shared").mkdir(parents=True)
+    (out / "mycompany").symlink_to(out / "shared")
+    hub.message(source="inbox", body=BODY, filename="x.xml", now=clock())
+    drain(hub, registry, clock)
+
+    assert (out / "shared" / "x.xml").read_bytes() == BODY
+
+
+# --- the re-attempt that finds its file -----------------------------------------------
+
+def test_a_reattempt_finding_exactly_the_payload_counts_as_written(
+        hub, session, registry, clock, writer, out):
+    """Attempt 1 wrote the file, then its worker died before settling; the lease expires
+    and attempt 2 finds the file holding the payload."""
+    writer()
+    message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
+    claims = machine.claim(session, "writer", "dead-worker", clock(), 1, 300)
+    session.commit()
+    out.mkdir()
+    (out / "order1.xml").write_bytes(BODY)
+    clock.advance(301)
+    assert machine.expire_leases(session, clock(), 10) == 1
+    session.commit()
+    drain(hub, registry, clock)
+
+    assert [c.attempt for c in claims] == [1]
+    assert state(session, message) == ("delivered", "delivered", 2)
+    assert history(session, message)[-1] == (
+        f"writer: attempt 2 delivered: order1.xml already holds this payload "
+        f"({len(BODY)} bytes); counted as written")
+    assert files_below(out) == ["order1.xml"]
+
+
+def test_a_reattempt_finding_other_content_of_the_same_size_fails(
+        hub, session, registry, clock, writer, out):
+    writer()
+    message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
+    machine.claim(session, "writer", "dead-worker", clock(), 1, 300)
+    session.commit()
+    out.mkdir()
+    (out / "order1.xml").write_bytes(BODY.upper())  # same size, other bytes
+    clock.advance(301)
+    machine.expire_leases(session, clock(), 10)
+    session.commit()
+    drain(hub, registry, clock)
+
+    assert state(session, message) == ("failed", "error", 2)
+    assert (out / "order1.xml").read_bytes() == BODY.upper()
+
+
+def test_a_first_attempt_finding_identical_content_fails_as_the_seed_says(
+        hub, session, registry, clock, writer, out):
+    """Only a re-attempt may count a file it finds as its own."""
+    writer()
+    out.mkdir()
+    (out / "order1.xml").write_bytes(BODY)
+    message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
+    drain(hub, registry, clock)
+
+    assert state(session, message) == ("failed", "error", 1)
+
+
+# --- failures that are retried --------------------------------------------------------
+
+def test_a_storage_failure_is_retried_after_30s_2min_10min_then_fails(
+        hub, session, registry, clock, writer, tmp_path):
+    """The base directory cannot be made: its parent is a regular file (ENOTDIR). Tests
+    run as root, which permission bits do not stop; a file in the way stops root too, as
+    a share that is not mounted over its mount point would."""
+    blocker = tmp_path / "blocker"
+    blocker.write_bytes(b"not a directory")
+    writer(base_directory=str(blocker / "out"))
+    message = hub.message(source="inbox", body=BODY, now=clock())
+
+    for attempt, delay in enumerate((30, 120, 600), 1):
+        drain(hub, registry, clock)
+        assert state(session, message) == ("retrying", "retrying", attempt)
+        assert _due(session, message) == clock.now + timedelta(seconds=delay)
+        clock.advance(delay - 1)
+        drain(hub, registry, clock)  # not due yet: nothing is attempted
+        assert state(session, message)[2] == attempt
+        clock.advance(1)
+    drain(hub, registry, clock)
+
+    assert state(session, message) == ("failed", "error", 4)
+    lines = history(session, message)
+    failures = [line for line in lines if " failed: " in line]
+    assert len(failures) == 4
+    assert all(f"could not write order.edi below {blocker / 'out'}: Not a directory" in line
+               for line in failures)
+    assert lines[-1].endswith("(attempts used up (4))")
+    assert open_alerts(session, message) == ["message_failed"]
+
+
+def _due(session, message):
+    return session.scalar(select(Delivery.due_at).where(Delivery.message_id == message.id))
+
+
+def test_a_payload_that_fails_its_checksum_is_retried_and_leaves_no_file(
+        hub, session, registry, clock, writer, out):
+    writer()
+    message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
+    digest = hashlib.sha256(BODY).hexdigest()
+    hub.store.path(digest).write_bytes(BODY.upper())  # rotted on disk
+    drain(hub, registry, clock)
+
+    assert state(session, message) == ("retrying", "retrying", 1)
+    assert "could not read the payload" in history(session, message)[-1]
+    assert files_below(out) == []
+
+
+# --- large payloads -------------------------------------------------------------------
+
+class Generated:
+    """A stream of ``size`` pseudo-random bytes, made as it is read."""
+
+    def __init__(self, size: int):
+        self.left, self.counter = size, 0
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        out = bytearray()
+        while len(out) < n:
+            self.counter += 1
+            out += hashlib.sha512(self.counter.to_bytes(8, "big")).digest() * 64
+        self.left -= n
+        return bytes(out[:n])
+
+
+def test_a_100_mb_payload_is_streamed_with_little_memory(hub, session, registry, clock,
+                                                         writer, out):
+    writer()
+    size = 100 * 1024 * 1024
+    stored = hub.store.put(Generated(size))
+    message = store_and_dispatch(session, NewMessage(
+        source="inbox", from_party="acme", to_party="mycompany", original_filename="big.bin",
+        stages={"unpacked": (stored.digest, stored.size)}), clock())
+    session.commit()
+
+    tracemalloc.start()
+    try:
+        drain(hub, registry, clock)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+    assert state(session, message)[0] == "delivered"
+    assert peak < 10 * 1024 * 1024, f"peak {peak / 2**20:.1f} MiB"
+    assert os.path.getsize(out / "big.bin") == size
+    assert _sha256_file(out / "big.bin") == stored.digest
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- configuration --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("pattern", "reason"), [
+    ("{to}/{nope}", "unknown placeholder {nope}"),
+    ("/srv/{message_id}", "absolute"),
+    ("../{message_id}", "'..' element"),
+    ("a//{message_id}", "empty element"),
+])
+def test_a_bad_pattern_is_refused_when_the_configuration_is_saved(hub, out, pattern,
+                                                                  reason):
+    with pytest.raises(ServiceError) as caught:
+        hub.instance("writer", "file_writer", config={"base_directory": str(out),
+                                                      "filename_pattern": pattern})
+    assert reason in caught.value.details["config"]["filename_pattern"]
+
+
+def test_the_configuration_defaults_and_the_relative_base_refused(hub, out):
+    row = hub.instance("writer", "file_writer", config={"base_directory": str(out)})
+    assert row.config == {"base_directory": str(out),
+                          "filename_pattern": "{original_filename|message_id}",
+                          "overwrite": False, "payload_stage": "unpacked"}
+    with pytest.raises(ServiceError) as caught:
+        hub.instance("writer2", "file_writer", config={"base_directory": "out"})
+    assert caught.value.details["config"]["base_directory"] == "must be an absolute path"
+    with pytest.raises(ServiceError):
+        hub.instance("writer3", "file_writer", config={"base_directory": str(out),
+                                                       "payload_stage": "receipt"})
+
+
+def test_file_writer_is_found_through_its_entry_point():
+    found = PluginRegistry()
+    found.load()
+    assert found.get("file_writer") is FileWriter
+    assert "file_writer" not in found.failures
+    assert FileWriter.default_retry_policy.schedule == (30, 120, 600)
+
+
+class AppearsWhileWriting:
+    """A payload reader whose stream, once opened, lets another program create the
+    destination file: the race between the existence check and the rename."""
+
+    def __init__(self, body: bytes, destination: Path):
+        self.body, self.destination = body, destination
+
+    def stages(self):
+        return ("unpacked",)
+
+    def size(self, stage):
+        return len(self.body)
+
+    def digest(self, stage):
+        return hashlib.sha256(self.body).hexdigest()
+
+    def open(self, stage):
+        self.destination.write_bytes(b"written by someone else meanwhile")
+        return io.BytesIO(self.body)
+
+
+def test_overwrite_off_never_clobbers_a_file_that_appears_during_the_write(
+        message_info, out):
+    out.mkdir()
+    reader = AppearsWhileWriting(BODY, out / "order1.xml")
+    plugin = FileWriter("writer", {"base_directory": str(out)})
+    outcome = plugin.deliver(message_info, reader, None)
+
+    assert outcome.kind == "failed"
+    assert outcome.text == "order1.xml exists and overwrite is off"
+    assert (out / "order1.xml").read_bytes() == b"written by someone else meanwhile"
+    assert files_below(out) == ["order1.xml"]
+
+
+@pytest.fixture
+def message_info(clock):
+    return DeliveryInfo(
+        delivery_id=1, message_id=1, target="writer", attempt=1, source="inbox",
+        from_party="acme", to_party="mycompany", direction="inbound",
+        original_filename="order1.xml", external_id=None, correlation_id=None,
+        sequence_key=None, created_at=clock(), payload_stages=("unpacked",))
