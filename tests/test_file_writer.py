@@ -96,7 +96,9 @@ def open_alerts(session, message) -> list[str]:
 
 
 def files_below(path: Path) -> list[str]:
-    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if not p.is_dir())
+    """Every file below ``path`` but the test's payload store."""
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*")
+                  if not p.is_dir() and "payloads" not in p.relative_to(path).parts[:1])
 
 
 # --- writing --------------------------------------------------------------------------
