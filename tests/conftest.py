@@ -156,3 +156,13 @@ def hub(session, registry, app, tmp_path):
     """Factories for parties, instances, routes and messages."""
     from tests.factories import Hub
     return Hub(session, registry, app)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test that started real processes (``procs`` fixture) shows their logs."""
+    report = yield
+    procs = getattr(item, "funcargs", {}).get("procs")
+    if report.failed and procs is not None and getattr(procs, "procs", None):
+        report.sections.append(("process logs", procs.logs()))
+    return report

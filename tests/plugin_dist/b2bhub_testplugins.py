@@ -9,6 +9,8 @@ import os
 import time
 from typing import Any
 
+from celery import shared_task
+
 from b2bhub.config_schema import Field
 from b2bhub.domain.outcome import Outcome
 
@@ -41,11 +43,14 @@ class Recorder:
         Field("fail_attempts", "integer", default=0,
               help="the first N attempts of each delivery fail with error_class"),
         Field("error_class", "string", default="connection"),
+        Field("claim_batch", "integer", default=1,
+              help="deliveries a worker claims at once for this instance"),
     ]
 
     def __init__(self, instance_name: str, config: dict[str, Any]):
         self.instance_name = instance_name
         self.config = config
+        self.claim_batch = int(config.get("claim_batch") or 1)
 
     def deliver(self, delivery: Any, payload: Any, context: Any) -> Any:
         start = time.time()
@@ -89,3 +94,22 @@ class ManualSource:
     def __init__(self, instance_name: str, config: dict[str, Any]):
         self.instance_name = instance_name
         self.config = config
+
+
+@shared_task(name="tests.dispatch", ignore_result=True)
+def dispatch(source: str, from_party: str, to_party: str, body: str,
+             external_id: str) -> int:
+    """Store and dispatch a message inside a worker process (workers load this module
+    with ``--include b2bhub_testplugins``), so tests see which routes a worker applies."""
+    from b2bhub import hub
+    from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+    from b2bhub.models import utcnow
+
+    stored = hub.store().put(body.encode())
+    with hub.new_session() as session:
+        message = store_and_dispatch(session, NewMessage(
+            source=source, from_party=from_party, to_party=to_party,
+            stages={"unpacked": (stored.digest, stored.size)}, external_id=external_id,
+            actor="tests.dispatch"), utcnow())
+        session.commit()
+        return message.id
