@@ -17,11 +17,10 @@ def celery_init_app(app: Flask) -> Celery:
     celery_app.conf.broker_url = app.config["BROKER_URL"]
     celery_app.conf.beat_schedule_filename = app.config["DATA_DIR"] + "/celerybeat-schedule"
     if app.config["BROKER_URL"].startswith("sqla+"):
-        # the socket/visibility options are Redis's: the SQLAlchemy transport hands its
-        # transport options to create_engine(), which refuses them
-        celery_app.conf.broker_transport_options = {}
         _tune_sqlalchemy_transport()
     elif app.config["BROKER_URL"].startswith(("redis://", "rediss://")):
+        # Redis only: the SQLAlchemy transport hands its transport options to
+        # create_engine(), which refuses these
         from celeryconfig import redis_transport_options
         celery_app.conf.broker_transport_options = dict(redis_transport_options)
     celery_app.set_default()
