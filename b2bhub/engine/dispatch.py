@@ -156,9 +156,10 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
             for t in new]
     session.add_all(rows)
     session.flush()
+    rewake = _first_rewake(session, now) if rows else None
     for row in rows:
         # the first wake-up is the one published after commit; the sweep re-wakes later
-        row.next_wake_at = _first_rewake(now)
+        row.next_wake_at = rewake
         row.sequence_no = row.id
     add_lines(session, [{"message_id": message.id, "delivery_id": r.id,
                          "type": "delivery_changed", "actor": actor,
@@ -168,8 +169,9 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
     return rows
 
 
-def _first_rewake(now: datetime) -> datetime:
+def _first_rewake(session: Session, now: datetime) -> datetime:
+    """When the sweep first re-wakes a new delivery, by the stored wake delays."""
     from datetime import timedelta
 
-    from b2bhub.engine.settings import DeliverySettings
-    return now + timedelta(seconds=DeliverySettings().wake_delay(1))
+    from b2bhub.engine.settings import load_settings
+    return now + timedelta(seconds=load_settings(session).wake_delay(1))
