@@ -87,7 +87,9 @@ def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:
     row.max_concurrent_deliveries = mcd
     if "retry_policy" in data:
         try:
-            RetryPolicy.from_dict(data["retry_policy"], plugin_cls.default_retry_policy)
+            # optional on a plugin type, as for the runner that applies the policy
+            RetryPolicy.from_dict(data["retry_policy"],
+                                  getattr(plugin_cls, "default_retry_policy", None))
         except ValueError as exc:
             raise ServiceError(f"invalid retry_policy: {exc}") from exc
         row.retry_policy = data["retry_policy"] or None
