@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -120,7 +121,10 @@ def test_racing_claimants_together_respect_max_concurrent_deliveries(hub, sessio
     assert _in_progress(session) == 3
 
 
-def test_a_late_outcome_of_an_expired_attempt_is_fenced_off(hub, session):
+@pytest.mark.parametrize("second_owner", ["worker-b", "worker-a"])
+def test_a_late_outcome_of_an_expired_attempt_is_fenced_off(hub, session, second_owner):
+    """Also when the same process claims it again: then only the attempt number tells
+    the two attempts apart."""
     standard_hub(hub)
     hub.route("inbox", "*", "*", "writer_a")
     [message_id] = _messages(hub, 1)
@@ -129,14 +133,14 @@ def test_a_late_outcome_of_an_expired_attempt_is_fenced_off(hub, session):
     assert run_sweep(session, at(300), "sweeper").leases_expired == 0  # not yet past
     assert run_sweep(session, at(301), "sweeper").leases_expired == 1
     assert "writer_a: attempt 1 interrupted: lease expired" in texts(session, message_id)
-    second = claim_one(session, "writer_a", "worker-b", at(302))
+    second = claim_one(session, "writer_a", second_owner, at(302))
     assert (first.attempt, second.attempt) == (1, 2)
 
     assert machine.settle(session, first, Outcome.delivered("late"), RetryPolicy(),
                           at(303)) is False
     session.commit()
     row = delivery(session, second.delivery_id)
-    assert (row.state, row.attempt, row.lease_owner) == ("in_progress", 2, "worker-b")
+    assert (row.state, row.attempt, row.lease_owner) == ("in_progress", 2, second_owner)
     [stale] = lines(session, message_id, "stale_outcome_ignored")
     assert stale.data == {"attempt": 1, "current_attempt": 2, "outcome": "delivered"}
     assert "attempt 1 arrived after the delivery moved on" in stale.text
