@@ -29,9 +29,11 @@ worker_send_task_events = False
 broker_connection_retry_on_startup = True
 broker_connection_timeout = 3
 # Redis only (b2bhub/celery_app.py); kombu's SQLAlchemy transport hands its options to
-# create_engine, which refuses these.
+# create_engine, which refuses these. max_retries 0: a publish to a broker that is down
+# fails at once instead of retrying the connection for seconds inside the intake that
+# published (the sweep re-wakes later).
 redis_transport_options = {"socket_connect_timeout": 3, "socket_timeout": 10,
-                           "visibility_timeout": 3600}
+                           "visibility_timeout": 3600, "max_retries": 0}
 timezone = "UTC"
 enable_utc = True
 

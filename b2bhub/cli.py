@@ -39,11 +39,20 @@ def fixtures_group() -> None:
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @with_appcontext
 def fixtures_load(path: str) -> None:
+    """Load a fixtures file; a bad item is named and nothing is created."""
     from b2bhub.extensions import db
+    from b2bhub.services.errors import ServiceError
     from b2bhub.services.fixtures import load_fixtures
     with open(path, encoding="utf-8") as fh:
-        data = json.load(fh)
-    counts = load_fixtures(db.session, data, actor="fixtures")
+        try:
+            data = json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise click.ClickException(f"{path} is not valid JSON: {exc}") from exc
+    try:
+        counts = load_fixtures(db.session, data, actor="fixtures")
+    except ServiceError as exc:
+        db.session.rollback()
+        raise click.ClickException(f"{path}: {exc.message}; nothing was loaded") from exc
     db.session.commit()
     click.echo(", ".join(f"{n} {k}" for k, n in counts.items()))
 

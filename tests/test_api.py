@@ -197,7 +197,8 @@ def test_instance_create_get_update_list(api, record_dir):
     assert response.status_code == 201, response.get_json()
     created = response.get_json()
     assert created["config"] == {"record_dir": str(record_dir), "sleep": 0.0,
-                                 "fail_attempts": 0, "error_class": "connection"}
+                                 "fail_attempts": 0, "error_class": "connection",
+                                 "claim_batch": 1}
     assert (created["enabled"], created["max_concurrent_deliveries"]) == (True, 3)
     assert created["retry_policy"]["max_attempts"] == 2
     assert api.get("/api/v1/plugins/configs/writer").get_json() == created

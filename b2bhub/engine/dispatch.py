@@ -1,13 +1,17 @@
 """Storing a message and dispatching it to its targets in one transaction (SPEC 4).
 
-Routes are read from a per-process cache keyed by the routes version, a counter every
-route save or delete bumps in its own transaction: a route saved in the web process
-applies to the very next dispatch in any worker, with no broadcast to lose.
+Routes are read from a per-process cache keyed by the routes version, a value every
+route save or delete replaces in its own transaction: a route saved in the web process
+applies to the very next dispatch in any worker, with no broadcast to lose. The version
+is a fresh random token, never a counter: a table read inside a transaction that then
+rolled back is cached under a token no commit will ever store, so it can never pass for
+the routes of a later commit (a counter would reach the same number again).
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -63,12 +67,12 @@ route_cache = RouteCache()
 
 def bump_routes_version(session: Session) -> None:
     """Call in the transaction that saves or deletes a route."""
-    row = session.get(Setting, ROUTES_VERSION_KEY)
-    if row is None:
-        session.add(Setting(key=ROUTES_VERSION_KEY, value=1))
-    else:
-        session.execute(update(Setting).where(Setting.key == ROUTES_VERSION_KEY)
-                        .values(value=int(row.value or 0) + 1))
+    token = uuid.uuid4().hex
+    changed = session.execute(update(Setting).where(Setting.key == ROUTES_VERSION_KEY)
+                              .values(value=token)
+                              .execution_options(synchronize_session=False)).rowcount
+    if not changed:
+        session.add(Setting(key=ROUTES_VERSION_KEY, value=token))
     route_cache.clear()
 
 

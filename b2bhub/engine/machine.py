@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import DateTime, bindparam, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -116,11 +116,18 @@ def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
         params["n"] = min(limit, max_concurrent - _live_leases(session, target))
         if params["n"] <= 0:
             return []
-    rows = session.execute(text(sql.format(ordered=_ORDERED if ordered else "")),
-                           params).all()
+    rows = session.execute(_claim_statement(sql, ordered), params).all()
     claims = [Claim(r[0], r[1], target, r[2], r[3], owner) for r in rows]
     _record_claims(session, claims, now)
     return claims
+
+
+def _claim_statement(sql: str, ordered: bool):
+    """The claim as text with typed time parameters: SQLite stores times as text, and
+    only the column type writes them the way the stored ones are written (a raw
+    datetime of a whole second would lose its ``.000000`` and compare as earlier)."""
+    return text(sql.format(ordered=_ORDERED if ordered else "")).bindparams(
+        bindparam("now", type_=DateTime()), bindparam("until", type_=DateTime()))
 
 
 def _lock_instance(session: Session, target: str) -> PluginInstance | None:
@@ -342,7 +349,7 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
     table = Delivery.__table__
     session.connection().execute(
         update(table).where(table.c.id == bindparam("_id"),
-                            table.c.state.in_([S.QUEUED, S.RETRYING]))
+                            or_(table.c.state == S.QUEUED, table.c.state == S.RETRYING))
         .values(wake_count=bindparam("_wc"), next_wake_at=bindparam("_next")), params)
     return _wakeups_per_target(session, rows)
 

@@ -166,6 +166,7 @@ def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:
     row.max_concurrent_deliveries = mcd
     if "retry_policy" in data:
         try:
+            # optional on a plugin type, as for the runner that applies the policy
             RetryPolicy.from_dict(data["retry_policy"],
                                   getattr(plugin_cls, "default_retry_policy", None))
         except ValueError as exc:

@@ -2,27 +2,49 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy.orm import Session
 
 from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.services import config as svc
+from b2bhub.services.errors import ServiceError
+
+SECTIONS = ("organizations", "partners", "plugins", "routes")
 
 
 def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
                   registry=None) -> dict[str, int]:
+    """Create what ``data`` describes in the caller's transaction; a ServiceError names
+    the first bad item (the caller rolls back, so nothing is created)."""
     if registry is None:
         from b2bhub.hub import registry as current_registry
         registry = current_registry()
-    counts = {"organizations": 0, "partners": 0, "plugins": 0, "routes": 0}
+    sections = _sections(data)
     for kind, key in ((ORGANIZATION, "organizations"), (PARTNER, "partners")):
-        for party in data.get(key, []):
-            svc.create_party(session, kind, party["name"], party.get("display_name", ""))
-            counts[key] += 1
-    for instance in data.get("plugins", []):
+        for n, party in enumerate(sections[key], 1):
+            svc.create_party(session, kind, _field(party, "name", key, n),
+                             party.get("display_name", ""))
+    for instance in sections["plugins"]:
         svc.save_instance(session, registry, instance)
-        counts["plugins"] += 1
-    for route in data.get("routes", []):
-        svc.create_route(session, registry, route["source"], route.get("from", "*"),
-                         route.get("to", "*"), route["target"], actor)
-        counts["routes"] += 1
-    return counts
+    for n, route in enumerate(sections["routes"], 1):
+        source, target = (_field(route, k, "routes", n) for k in ("source", "target"))
+        svc.create_route(session, registry, source, route.get("from", "*"),
+                         route.get("to", "*"), target, actor)
+    return {key: len(sections[key]) for key in SECTIONS}
+
+
+def _sections(data: Any) -> dict[str, list[dict]]:
+    if not isinstance(data, dict):
+        raise ServiceError("a fixtures file holds one JSON object")
+    sections = {key: data.get(key) or [] for key in SECTIONS}
+    for key, items in sections.items():
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise ServiceError(f"{key} must be a list of objects")
+    return sections
+
+
+def _field(item: dict, key: str, section: str, n: int) -> Any:
+    if key not in item:
+        raise ServiceError(f"{section[:-1]} {n}: missing '{key}'")
+    return item[key]
