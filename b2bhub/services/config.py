@@ -68,6 +68,9 @@ def save_instance(session: Session, registry, data: dict,
         raise Conflict(f"an instance named '{name}' exists already")
     try:
         config = validate_config(plugin_cls.config_schema, data.get("config") or {})
+        problems = _config_problems(plugin_cls, config)
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as exc:
         raise ServiceError(f"invalid configuration: {exc}", {"config": exc.errors}) from exc
     row = existing or PluginInstance(name=name, type=type_name)
@@ -76,6 +79,12 @@ def save_instance(session: Session, registry, data: dict,
     session.add(row)
     session.flush()
     return row
+
+
+def _config_problems(plugin_cls, config: dict) -> dict[str, str]:
+    """The plugin's own checks across fields (e.g. a poller's pattern and its to)."""
+    check = getattr(plugin_cls, "config_problems", None)
+    return check(config) if callable(check) else {}
 
 
 def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:
