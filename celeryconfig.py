@@ -40,6 +40,8 @@ enable_utc = True
 beat_schedule = {
     "sweep": {"task": "b2bhub.sweep", "schedule": 5.0,
               "options": {"expires": 5.0}},
+    "source-scheduler": {"task": "b2bhub.schedule_sources", "schedule": 1.0,
+                         "options": {"expires": 2.0}},
     "broker-cleanup": {"task": "b2bhub.broker_cleanup", "schedule": 300.0,
                        "options": {"expires": 60.0}},
 }

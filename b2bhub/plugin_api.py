@@ -8,7 +8,15 @@ are generated), and implements:
 * a target: ``deliver(delivery, payload, context) -> Outcome`` and optionally
   ``probe() -> bool``;
 * a source: it is given a :class:`SourceContext` whose ``store_and_dispatch`` stores a
-  message; scheduled sources implement ``poll(context)``.
+  message; scheduled sources implement ``poll(context)`` and take a ``polling_interval``
+  (seconds) in their configuration. A file source hands its files to the context as
+  :class:`PickedFile` s (``take_file``): the core stores them in batches and removes each
+  file only after the transaction that recorded it committed.
+
+Any plugin may implement ``start()`` (called once per process before anything else;
+raising :class:`PluginStartError` puts the instance in state Error) and the class method
+``config_problems(config)`` (checks that span several fields, run when an instance is
+saved).
 
 A plugin gets plain values and narrow contexts, never the app or a database session,
 and never sets a status: the core derives it.
@@ -16,7 +24,7 @@ and never sets a status: the core derives it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any, ClassVar, Protocol
@@ -24,8 +32,16 @@ from typing import IO, Any, ClassVar, Protocol
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 
-__all__ = ["DeliveryInfo", "Outcome", "PayloadReader", "Plugin", "SourceContext",
-           "TargetContext"]
+__all__ = ["DeliveryInfo", "FileChanged", "Outcome", "PayloadReader", "PickedFile", "Plugin",
+           "PluginStartError", "SourceContext", "TargetContext"]
+
+
+class PluginStartError(Exception):
+    """An instance cannot start; the message is the reason shown with state Error."""
+
+
+class FileChanged(OSError):
+    """A picked file is no longer the one that was looked at (size, mtime or type)."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +89,54 @@ class TargetContext(Protocol):
     def log(self, text: str) -> None: ...
 
 
+class PickedFile(Protocol):
+    """A file a file source offers its context; the source owns the filesystem."""
+
+    #: the path relative to the source's directory, as recorded (valid text, no NUL)
+    relative: str
+    size: int
+    mtime_ns: int
+
+    def open(self) -> IO[bytes]:
+        """Open for reading, never through a symbolic link; :class:`FileChanged` if it is
+        no longer the file of ``size`` and ``mtime_ns``."""
+
+    def unchanged(self) -> bool:
+        """True while the same regular file (size, mtime) stands at the place."""
+
+    def remove(self) -> bool:
+        """Remove the file if it is unchanged: True when it is gone from the place, False
+        when a different file stands there now (left alone); OSError if removal failed."""
+
+
 class SourceContext(Protocol):
+    """The narrow view of the core a source gets. Party kinds are ``"organization"``
+    and ``"partner"``."""
+
+    instance_name: str
+
     def store_and_dispatch(self, payload: IO[bytes] | bytes, from_party: str, to_party: str,
                            filename: str | None = None, **kw: Any) -> int: ...
+
+    def party_kind(self, name: str) -> str | None:
+        """The kind of the party of that name, None if there is none."""
+
+    def organizations(self) -> list[str]:
+        """The names of the organizations, looked up now."""
+
+    def take_file(self, file: PickedFile, from_party: str, to_party: str,
+                  filename: str) -> bool:
+        """Store a complete file as a message in the current batch; False if it changed
+        while being read. The file is removed once its batch committed."""
+
+    def flush(self) -> list[int]:
+        """Commit the current batch now; the ids of the messages made."""
+
+    def recover_files(self, find: Callable[[str], PickedFile | None]) -> int:
+        """Finish what a process that died after a commit left: remove each file stored
+        but not removed (``find`` looks one up by its relative path). Returns how many."""
+
+    def log(self, text: str) -> None: ...
 
 
 class Plugin:
@@ -97,6 +158,15 @@ class Plugin:
     def __init__(self, instance_name: str, config: dict[str, Any]):
         self.instance_name = instance_name
         self.config = config
+
+    def start(self) -> None:
+        """Prepare the instance in this process; raise :class:`PluginStartError` with
+        the reason when it cannot run."""
+
+    @classmethod
+    def config_problems(cls, config: dict[str, Any]) -> dict[str, str]:
+        """Problems spanning several fields of a validated configuration, by field."""
+        return {}
 
     # target side -------------------------------------------------------------
     def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,

@@ -11,12 +11,14 @@ from flask import current_app
 from b2bhub import hub
 from b2bhub.engine import wakeups
 from b2bhub.engine.runner import TargetRunner
+from b2bhub.engine.scans import SourceRunner, due_scans
 from b2bhub.engine.stopping import stop_control
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.models import utcnow
 
 log = logging.getLogger(__name__)
 _runner: TargetRunner | None = None
+_sources: SourceRunner | None = None
 
 
 def runner() -> TargetRunner:
@@ -25,6 +27,14 @@ def runner() -> TargetRunner:
         _runner = TargetRunner(hub.new_session, hub.registry(), hub.store(),
                                hub.process_owner())
     return _runner
+
+
+def sources() -> SourceRunner:
+    global _sources
+    if _sources is None:
+        _sources = SourceRunner(hub.new_session, hub.registry(), hub.store(),
+                                hub.process_owner(), should_stop=stop_control.requested.is_set)
+    return _sources
 
 
 @shared_task(name="b2bhub.deliver", ignore_result=True)
@@ -41,6 +51,23 @@ def sweep() -> dict:
     with hub.new_session() as session:
         report = run_sweep(session, utcnow(), hub.process_owner())
     return report.__dict__
+
+
+@shared_task(name="b2bhub.scan_source", ignore_result=True)
+def scan_source(instance: str) -> dict:
+    """One scan of a scheduled source, unless another process is scanning it."""
+    report = sources().scan(instance)
+    return {"ran": report.ran, "reason": report.reason, "messages": len(report.messages)}
+
+
+@shared_task(name="b2bhub.schedule_sources", ignore_result=True)
+def schedule_sources() -> int:
+    """Publish a scan of each scheduled source whose polling interval has elapsed."""
+    with hub.new_session() as session:
+        due = due_scans(session, hub.registry(), utcnow())
+    for instance, interval in due:
+        scan_source.apply_async(args=[instance], expires=max(interval, 5.0), retry=False)
+    return len(due)
 
 
 @shared_task(name="b2bhub.broker_cleanup", ignore_result=True)
@@ -67,6 +94,14 @@ def _take_up_due_work(sender=None, **kwargs) -> None:
     from b2bhub.worker import flask_app
     with flask_app.app_context(), hub.new_session() as session:
         wakeups.publish_now(hub.due_targets(session))
+
+
+@worker_ready.connect
+def _start_sources(sender=None, **kwargs) -> None:
+    """A worker that starts starts the scheduled sources (a poller's base_directory)."""
+    from b2bhub.worker import flask_app
+    with flask_app.app_context():
+        sources().start_all()
 
 
 @worker_shutting_down.connect

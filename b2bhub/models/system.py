@@ -51,11 +51,12 @@ class Process(Base):
 
 
 class Lock(Base):
-    """A named lease (the sweep's guard on SQLite, where there are no advisory locks)."""
+    """A named lease: the sweep's guard on SQLite (where there are no advisory locks), and
+    ``scan:<instance>`` for each scheduled source (see ``b2bhub.engine.scans``)."""
 
     __tablename__ = "locks"
 
-    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
     owner: Mapped[str | None] = mapped_column(String(128), default=None)
     until: Mapped[datetime | None] = mapped_column(default=None)
 

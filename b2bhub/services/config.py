@@ -123,6 +123,9 @@ def save_instance(session: Session, registry, data: dict,
         given = _keep_secrets(plugin_cls.config_schema, given, existing.config or {})
     try:
         config = validate_config(plugin_cls.config_schema, given)
+        problems = _config_problems(plugin_cls, config)
+        if problems:
+            raise ConfigError(problems)
     except ConfigError as exc:
         raise ServiceError(f"invalid configuration: {exc}", {"config": exc.errors}) from exc
     row = existing or PluginInstance(name=name, type=type_name)
@@ -154,6 +157,12 @@ def _check_types(data: dict) -> None:
     if data.get("queue") is not None and routing.validate_name(data["queue"]):
         raise ServiceError(f"queue: {routing.validate_name(data['queue'])}",
                            {"queue": "invalid name"})
+
+
+def _config_problems(plugin_cls, config: dict) -> dict[str, str]:
+    """The plugin's own checks across fields (e.g. a poller's pattern and its to)."""
+    check = getattr(plugin_cls, "config_problems", None)
+    return check(config) if callable(check) else {}
 
 
 def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:

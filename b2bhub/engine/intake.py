@@ -1,0 +1,252 @@
+"""The context a source instance stores messages through (DESIGN "Sources").
+
+Payload stages go to the payload store first; then one transaction inserts the messages
+of a batch of files, their deliveries and history, and a ``poller_pickups`` row per file
+(path, size, mtime, sha256). Files are removed only after that commit, and their rows
+deleted after the removal. A process that dies in between leaves rows behind: the next
+scan removes each file that still matches its row instead of storing it again. The scan
+is therefore safe to kill at any point: a file is stored once and never lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import IO, Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+from b2bhub.models import Party, PollerPickup, utcnow
+from b2bhub.payloads import PayloadStore, StoredPayload
+from b2bhub.plugin_api import PickedFile
+
+log = logging.getLogger(__name__)
+BATCH_SIZE = 100
+
+
+class ScanStopped(Exception):
+    """The process is stopping; what was committed stands, the rest waits."""
+
+
+class Fence:
+    """What a batch commit is fenced by (the scan lease); the default fences nothing."""
+
+    def check(self, session: Session, now: datetime) -> None:
+        """Renew inside the batch's transaction; raise if the scan may no longer commit."""
+
+    def keep_alive(self) -> None:
+        """Renew in a transaction of its own, when due (long reads)."""
+
+
+@dataclass
+class _Staged:
+    file: PickedFile
+    from_party: str
+    to_party: str
+    filename: str
+    stored: StoredPayload
+
+
+class SourceIntake:
+    """The :class:`b2bhub.plugin_api.SourceContext` of one source instance for one scan."""
+
+    def __init__(self, session: Session, store: PayloadStore, instance_name: str, *,
+                 fence: Fence | None = None, clock: Callable[[], datetime] = utcnow,
+                 should_stop: Callable[[], bool] = lambda: False,
+                 batch_size: int = BATCH_SIZE):
+        self.session, self.store, self.instance_name = session, store, instance_name
+        self.fence, self.clock, self.should_stop = fence or Fence(), clock, should_stop
+        self.batch_size = batch_size
+        self.made: list[int] = []
+        self._staged: list[_Staged] = []
+        self._parties: dict[str, str] | None = None
+
+    # parties -----------------------------------------------------------------
+    def party_kind(self, name: str) -> str | None:
+        return self._party_kinds().get(name)
+
+    def organizations(self) -> list[str]:
+        return sorted(n for n, kind in self._party_kinds().items() if kind == "organization")
+
+    def _party_kinds(self) -> dict[str, str]:
+        """All parties, read once per scan (a scan is one pickup time)."""
+        if self._parties is None:
+            self._parties = dict(self.session.execute(select(Party.name, Party.kind)).all())
+            self.session.commit()
+        return self._parties
+
+    def log(self, text: str) -> None:
+        log.info("%s: %s", self.instance_name, text)
+
+    # one message -------------------------------------------------------------
+    def store_and_dispatch(self, payload: IO[bytes] | bytes, from_party: str, to_party: str,
+                           filename: str | None = None, **kw: Any) -> int:
+        """Store one message in a transaction of its own; returns its id."""
+        stored = self.store.put(payload)
+        now = self.clock()
+        try:
+            self.fence.check(self.session, now)
+            message = store_and_dispatch(self.session, NewMessage(
+                source=self.instance_name, from_party=from_party, to_party=to_party,
+                stages={"unpacked": (stored.digest, stored.size)},
+                original_filename=filename, **kw), now)
+            self.session.commit()
+        except BaseException:
+            self.session.rollback()
+            raise
+        self.made.append(message.id)
+        return message.id
+
+    # files -------------------------------------------------------------------
+    def take_file(self, file: PickedFile, from_party: str, to_party: str,
+                  filename: str) -> bool:
+        """Stage a complete file into the batch; False (and nothing kept) if it changed."""
+        if self.should_stop():
+            self.flush()
+            raise ScanStopped(f"{self.instance_name}: stopping; the scan ends here")
+        stored = self._stage(file)
+        if stored is None:
+            return False
+        self._staged.append(_Staged(file, from_party, to_party, filename, stored))
+        if len(self._staged) >= self.batch_size:
+            self.flush()
+        return True
+
+    def _stage(self, file: PickedFile) -> StoredPayload | None:
+        try:
+            with file.open() as stream:
+                stored = self.store.put(_KeepAlive(stream, self.fence))
+            if stored.size == file.size and file.unchanged():
+                return stored
+            reason = "it changed while being read"
+        except OSError as exc:
+            reason = f"it could not be read: {exc}"
+        log.info("%s: %s not taken: %s; it is looked at again", self.instance_name,
+                 file.relative, reason)
+        return None
+
+    def flush(self) -> list[int]:
+        """Commit the staged files as messages with their pickups, then remove them."""
+        batch, self._staged = self._staged, []
+        if not batch:
+            return []
+        pickups, made = self._commit(batch)
+        self._remove(batch, pickups)
+        self.made.extend(made)
+        return made
+
+    def _commit(self, batch: list[_Staged]) -> tuple[list[PollerPickup], list[int]]:
+        now = self.clock()
+        try:
+            self.fence.check(self.session, now)
+            known = self._known_pickups([s.file for s in batch])
+            pickups, made = [], []
+            for staged in batch:
+                row = known.get(_key(staged.file, staged.stored.digest))
+                if row is None:
+                    row = self._insert(staged, now)
+                    made.append(row.message_id)
+                pickups.append(row)
+            self.session.commit()
+        except BaseException:
+            self.session.rollback()
+            raise
+        return pickups, made
+
+    def _insert(self, staged: _Staged, now: datetime) -> PollerPickup:
+        message = store_and_dispatch(self.session, NewMessage(
+            source=self.instance_name, from_party=staged.from_party,
+            to_party=staged.to_party, original_filename=staged.filename,
+            stages={"unpacked": (staged.stored.digest, staged.stored.size)}), now)
+        row = PollerPickup(instance=self.instance_name, path=staged.file.relative,
+                           size=staged.file.size, mtime_ns=staged.file.mtime_ns,
+                           sha256=staged.stored.digest, message_id=message.id,
+                           created_at=now)
+        self.session.add(row)
+        self.session.flush()
+        return row
+
+    def _known_pickups(self, files: list[PickedFile]) -> dict[tuple, PollerPickup]:
+        """Pickup rows already recorded for these files (left by a process that died)."""
+        rows = self.session.scalars(select(PollerPickup).where(
+            PollerPickup.instance == self.instance_name,
+            PollerPickup.path.in_({f.relative for f in files}))).all()
+        return {(r.path, r.size, r.mtime_ns, r.sha256): r for r in rows}
+
+    def _remove(self, batch: list[_Staged], pickups: list[PollerPickup]) -> None:
+        """After the commit: remove each file, then forget the pickups of those gone."""
+        done = [row.id for staged, row in zip(batch, pickups, strict=True)
+                if _removed(staged.file, self.instance_name)]
+        self._forget(done)
+
+    def _forget(self, ids: list[int]) -> None:
+        if ids:
+            self.session.execute(delete(PollerPickup).where(PollerPickup.id.in_(ids)))
+            self.session.commit()
+
+    # after a crash -----------------------------------------------------------
+    def recover_files(self, find: Callable[[str], PickedFile | None]) -> int:
+        """Remove the files a dead process stored but did not remove; forget the rows."""
+        rows = self.session.scalars(select(PollerPickup).where(
+            PollerPickup.instance == self.instance_name).order_by(PollerPickup.id)).all()
+        self.session.commit()
+        removed, done = 0, []
+        for row in rows:
+            file = find(row.path)
+            if file is not None and _same_file(file, row):
+                if not _removed(file, self.instance_name):
+                    continue
+                removed += 1
+                log.info("%s: %s was stored as message %s before a restart; removed",
+                         self.instance_name, row.path, row.message_id)
+            done.append(row.id)
+        self._forget(done)
+        return removed
+
+
+class _KeepAlive:
+    """A binary stream that keeps the scan's lease alive while a long file is read."""
+
+    def __init__(self, stream: IO[bytes], fence: Fence):
+        self._stream, self._fence, self._last = stream, fence, time.monotonic()
+
+    def read(self, size: int = -1) -> bytes:
+        if time.monotonic() - self._last > 5:
+            self._fence.keep_alive()
+            self._last = time.monotonic()
+        return self._stream.read(size)
+
+
+def _key(file: PickedFile, digest: str) -> tuple:
+    return (file.relative, file.size, file.mtime_ns, digest)
+
+
+def _same_file(file: PickedFile, row: PollerPickup) -> bool:
+    """The file still is the one recorded: same size, mtime and content."""
+    if (file.size, file.mtime_ns) != (row.size, row.mtime_ns):
+        return False
+    try:
+        with file.open() as stream:
+            return hashlib.file_digest(stream, "sha256").hexdigest() == row.sha256
+    except OSError:
+        return False
+
+
+def _removed(file: PickedFile, instance: str) -> bool:
+    """Remove a stored file; True once it is gone or replaced, False if it must stay
+    recorded (the removal failed, so the next scan tries again rather than store it)."""
+    try:
+        if not file.remove():
+            log.info("%s: %s changed after it was stored; left for the next scan",
+                     instance, file.relative)
+        return True
+    except OSError as exc:
+        log.warning("%s: %s was stored but could not be removed: %s", instance,
+                    file.relative, exc)
+        return False

@@ -1,0 +1,237 @@
+"""Scheduled sources: which scans are due, the lease that guards a scan, and the scan.
+
+Each scheduled source instance has a row ``scan:<instance>`` in ``locks``. While nobody
+scans (``owner`` is NULL) its ``until`` is when the next scan is due; while a scan runs,
+``owner`` names the scanner and ``until`` is when its lease runs out. Both the scheduler
+and the scanner change the row only by a conditional UPDATE, so one instance is never
+scanned by two processes at once, and every batch a scan commits renews the lease in the
+same transaction: a scanner that lost its lease cannot commit anything. A lease left by
+a process that died runs out and the scheduler hands the instance on.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from b2bhub.engine.instances import mark_instance_error, mark_running
+from b2bhub.engine.intake import Fence, ScanStopped, SourceIntake
+from b2bhub.models import InstanceState, Lock, PluginInstance, utcnow
+from b2bhub.payloads import PayloadStore
+from b2bhub.plugin_api import Plugin, PluginStartError
+
+log = logging.getLogger(__name__)
+DEFAULT_INTERVAL = 10.0
+LEASE_SECONDS = 30.0
+
+
+class LeaseLost(Exception):
+    """The scan's lease ran out and was handed on; this scanner must stop."""
+
+
+def lease_name(instance: str) -> str:
+    return f"scan:{instance}"
+
+
+def is_scheduled_source(cls: type) -> bool:
+    """A source type that collects on a schedule: it implements ``poll``."""
+    poll = getattr(cls, "poll", None)
+    return "source" in getattr(cls, "roles", ()) and callable(poll) and poll is not Plugin.poll
+
+
+def polling_interval(config: dict) -> float:
+    return float(config.get("polling_interval") or DEFAULT_INTERVAL)
+
+
+def ensure_lease_rows(session: Session, names: list[str]) -> None:
+    """Create the missing ``locks`` rows (an insert that ignores rows already there)."""
+    if not names:
+        return
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    session.execute(insert(Lock).values([{"name": n} for n in names])
+                    .on_conflict_do_nothing(index_elements=["name"]))
+
+
+# --- the scheduler ------------------------------------------------------------------
+
+def due_scans(session: Session, registry, now: datetime) -> list[tuple[str, float]]:
+    """The enabled scheduled sources whose interval has elapsed, each with its interval;
+    each is marked as published (its next scan due one interval later) before the
+    commit, so a second scheduler run publishes it again only then."""
+    intervals = _scheduled(session, registry)
+    ensure_lease_rows(session, [lease_name(n) for n in intervals])
+    due = [(name, interval) for name, interval in intervals.items()
+           if _publish(session, name, interval, now)]
+    session.commit()
+    return due
+
+
+def _scheduled(session: Session, registry) -> dict[str, float]:
+    rows = session.execute(select(PluginInstance.name, PluginInstance.type,
+                                  PluginInstance.config).where(
+        PluginInstance.enabled.is_(True),
+        PluginInstance.state != InstanceState.ERROR).order_by(PluginInstance.name)).all()
+    return {name: polling_interval(config or {}) for name, type_name, config in rows
+            if type_name in registry and is_scheduled_source(registry.get(type_name))}
+
+
+def _publish(session: Session, name: str, interval: float, now: datetime) -> bool:
+    """Idle and due, or held by a lease that ran out: due one interval later."""
+    idle_due = and_(Lock.owner.is_(None), or_(Lock.until.is_(None), Lock.until <= now))
+    expired = and_(Lock.owner.is_not(None), Lock.until < now)
+    return session.execute(update(Lock).where(
+        Lock.name == lease_name(name), or_(idle_due, expired),
+    ).values(owner=None, until=now + timedelta(seconds=interval))).rowcount == 1
+
+
+# --- the lease ----------------------------------------------------------------------
+
+class ScanLease(Fence):
+    """The guard of one scan of one instance; see the module docstring."""
+
+    def __init__(self, session: Session, instance: str, owner: str,
+                 seconds: float = LEASE_SECONDS, clock: Callable[[], datetime] = utcnow):
+        self.session, self.name, self.owner = session, lease_name(instance), owner
+        self.seconds, self.clock = timedelta(seconds=seconds), clock
+
+    def take(self, now: datetime) -> bool:
+        """Take the lease unless another scanner holds one that has not run out."""
+        ensure_lease_rows(self.session, [self.name])
+        taken = self.session.execute(update(Lock).where(
+            Lock.name == self.name, or_(Lock.owner.is_(None), Lock.until < now),
+        ).values(owner=self.owner, until=now + self.seconds)).rowcount == 1
+        self.session.commit()
+        return taken
+
+    def check(self, session: Session, now: datetime) -> None:
+        """Renew in the caller's transaction; LeaseLost if it is no longer ours."""
+        renewed = session.execute(update(Lock).where(
+            Lock.name == self.name, Lock.owner == self.owner,
+        ).values(until=now + self.seconds)).rowcount
+        if renewed != 1:
+            raise LeaseLost(f"{self.name}: the lease was handed on; the scan stops")
+
+    def keep_alive(self) -> None:
+        try:
+            self.check(self.session, self.clock())
+            self.session.commit()
+        except BaseException:
+            self.session.rollback()
+            raise
+
+    def release(self, next_due: datetime) -> None:
+        """Give the lease up; the scheduler publishes the next scan at ``next_due``."""
+        self.session.rollback()
+        self.session.execute(update(Lock).where(
+            Lock.name == self.name, Lock.owner == self.owner,
+        ).values(owner=None, until=next_due))
+        self.session.commit()
+
+
+# --- the scan -----------------------------------------------------------------------
+
+@dataclass
+class ScanReport:
+    ran: bool = False
+    reason: str = ""
+    messages: list[int] = field(default_factory=list)
+
+
+class SourceRunner:
+    """Starts and scans the scheduled sources of this process. A plugin object lives as
+    long as the process and its configuration; a changed configuration starts anew."""
+
+    def __init__(self, session_factory: Callable[[], Session], registry,
+                 store: PayloadStore, owner: str, *, clock: Callable[[], datetime] = utcnow,
+                 should_stop: Callable[[], bool] = lambda: False,
+                 lease_seconds: float = LEASE_SECONDS, batch_size: int = 100):
+        self.session_factory, self.registry, self.store = session_factory, registry, store
+        self.owner, self.clock, self.should_stop = owner, clock, should_stop
+        self.lease_seconds, self.batch_size = lease_seconds, batch_size
+        self._plugins: dict[str, tuple[dict, Any]] = {}
+
+    def scan(self, instance: str) -> ScanReport:
+        """One scan of ``instance`` under its lease; nothing if another process scans."""
+        with self.session_factory() as session:
+            row = self._instance(session, instance)
+            if row is None:
+                return ScanReport(reason=f"{instance} is not an enabled scheduled source")
+            started = self.clock()
+            lease = ScanLease(session, instance, f"{self.owner}:{uuid.uuid4().hex[:8]}",
+                              self.lease_seconds, self.clock)
+            if not lease.take(started):
+                return ScanReport(reason=f"{instance} is being scanned elsewhere")
+            try:
+                return self._scan(session, row, lease)
+            finally:
+                lease.release(started + timedelta(seconds=polling_interval(row.config)))
+
+    def _scan(self, session: Session, row: PluginInstance, lease: ScanLease) -> ScanReport:
+        plugin = self.start(session, row)
+        if plugin is None:
+            return ScanReport(reason=f"{row.name} could not start")
+        intake = SourceIntake(session, self.store, row.name, fence=lease, clock=self.clock,
+                              should_stop=self.should_stop, batch_size=self.batch_size)
+        report = ScanReport(ran=True)
+        try:
+            plugin.poll(intake)
+            intake.flush()
+        except (ScanStopped, LeaseLost) as exc:
+            report.reason = str(exc)
+        except Exception as exc:
+            log.exception("%s: the scan failed", row.name)
+            report.reason = f"the scan failed: {exc}"
+        report.messages = intake.made
+        return report
+
+    def _instance(self, session: Session, name: str) -> PluginInstance | None:
+        row = session.scalar(select(PluginInstance).where(
+            PluginInstance.name == name, PluginInstance.enabled.is_(True)))
+        session.commit()
+        if row is None or row.type not in self.registry:
+            return None
+        return row if is_scheduled_source(self.registry.get(row.type)) else None
+
+    def start(self, session: Session, row: PluginInstance):
+        """The started plugin of ``row`` in this process, starting it if need be; None
+        (and the instance in state Error with ``plugin_failed``) if it cannot start."""
+        cached = self._plugins.get(row.name)
+        if cached is not None and cached[0] == row.config:
+            return cached[1]
+        self._plugins.pop(row.name, None)
+        now = self.clock()
+        try:
+            plugin = self.registry.get(row.type)(row.name, dict(row.config))
+            plugin.start()
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, PluginStartError) else repr(exc)
+            log.error("%s cannot start: %s", row.name, reason)
+            mark_instance_error(session, row.name, reason, now)
+            session.commit()
+            return None
+        mark_running(session, row.name, now)
+        session.commit()
+        self._plugins[row.name] = (dict(row.config), plugin)
+        return plugin
+
+    def start_all(self) -> dict[str, bool]:
+        """Start every enabled scheduled source (process start); name -> started."""
+        with self.session_factory() as session:
+            names = sorted(_scheduled_enabled(session, self.registry))
+            return {name: self.start(session, self._instance(session, name)) is not None
+                    for name in names}
+
+
+def _scheduled_enabled(session: Session, registry) -> list[str]:
+    rows = session.execute(select(PluginInstance.name, PluginInstance.type).where(
+        PluginInstance.enabled.is_(True))).all()
+    return [n for n, t in rows if t in registry and is_scheduled_source(registry.get(t))]

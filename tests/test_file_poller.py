@@ -1,0 +1,493 @@
+"""The file poller in one process with the engine: pickup, completeness, unroutable
+files, undescribed places, symbolic links, the scan lease, the scheduler and a death
+between the commit and the removal."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import event, func, select
+from sqlalchemy.orm import Session
+
+from b2bhub.engine import scans
+from b2bhub.engine.scans import ScanLease, SourceRunner, due_scans
+from b2bhub.hub import new_session
+from b2bhub.models import (
+    Alert,
+    Delivery,
+    HistoryLine,
+    Lock,
+    Message,
+    PluginInstance,
+    PollerPickup,
+)
+from b2bhub.registry import PluginRegistry
+from b2bhub.services.errors import ServiceError
+from plugins import file_poller
+from plugins.file_poller import FilePoller
+
+T0 = datetime(2030, 1, 1, 12, 0, 0)
+
+
+class Clock:
+    def __init__(self, now: datetime = T0):
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def registry(registry):
+    registry.register(FilePoller)
+    return registry
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def base(tmp_path) -> Path:
+    return tmp_path / "in"
+
+
+@pytest.fixture
+def poller(hub, base):
+    """Make the poller instance ``poller`` with the given configuration."""
+    def make(**config):
+        hub.parties(organizations=config.pop("organizations", ("mycompany",)),
+                    partners=config.pop("partners", ("acme", "globex")))
+        config.setdefault("path_pattern", "{to}/{filename}")
+        return hub.instance("poller", "file_poller",
+                            config={"base_directory": str(base), **config})
+    return make
+
+
+@pytest.fixture
+def runner(registry, hub, clock):
+    return SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock)
+
+
+def put(base: Path, relative: str, body: bytes = b"<order/>") -> Path:
+    path = base / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(body)
+    return path
+
+
+def messages(session) -> list[tuple]:
+    session.expire_all()
+    return session.execute(select(
+        Message.source, Message.from_party, Message.to_party, Message.original_filename,
+        Message.direction, Message.sha256).order_by(Message.id)).all()
+
+
+def count(session, model) -> int:
+    session.expire_all()
+    return session.scalar(select(func.count()).select_from(model))
+
+
+@pytest.fixture
+def lease(clock):
+    """Leases held as other processes would hold them, on sessions closed afterwards."""
+    sessions = []
+
+    def make(owner: str) -> ScanLease:
+        sessions.append(new_session())
+        return ScanLease(sessions[-1], "poller", owner, seconds=30, clock=clock)
+    yield make
+    for s in sessions:
+        s.rollback()
+        s.close()
+
+
+def scan(runner, clock, times: int = 1):
+    report = None
+    for _ in range(times):
+        report = runner.scan("poller")
+        clock.advance(10)
+    return report
+
+
+# --- pickup ---------------------------------------------------------------------------
+
+def test_files_under_to_become_messages_and_are_removed(poller, runner, clock, base, hub,
+                                                        session, wakeups, record_dir):
+    poller()
+    hub.instance("writer", "recorder", config={"record_dir": str(record_dir)})
+    hub.route("poller", "*", "acme", "writer")
+    first = put(base, "acme/order1.xml", b"<order>1</order>")
+    second = put(base, "globex/inv 2.txt", b"invoice")
+
+    report = scan(runner, clock)
+    assert report.ran and report.messages == []  # a first sighting is not taken
+    assert first.exists() and second.exists() and count(session, Message) == 0
+
+    report = scan(runner, clock)
+    assert len(report.messages) == 2
+    rows = messages(session)
+    assert [r[:5] for r in rows] == [
+        ("poller", "mycompany", "acme", "order1.xml", "outbound"),
+        ("poller", "mycompany", "globex", "inv 2.txt", "outbound")]
+    assert hub.store.open(rows[0].sha256).read() == b"<order>1</order>"
+    assert hub.store.open(rows[1].sha256).read() == b"invoice"
+    assert not first.exists() and not second.exists()
+    assert count(session, PollerPickup) == 0
+    # routed and woken like any message; the other one is Not routed
+    assert session.scalars(select(Delivery.target)).all() == ["writer"]
+    assert [t for _, t in wakeups] == ["writer"]
+    assert session.scalars(select(Message.status).order_by(Message.id)).all() == [
+        "received", "not_routed"]
+    assert "order1.xml received from mycompany for acme by poller" in session.scalars(
+        select(HistoryLine.text)).all()
+
+
+def test_captured_from_and_to(poller, runner, clock, base, session):
+    poller(path_pattern="outbox/{from}/{to}/{filename}", organizations=("hq", "branch"))
+    put(base, "outbox/branch/acme/order1.xml")
+    scan(runner, clock, 2)
+    assert [r[1:4] for r in messages(session)] == [("branch", "acme", "order1.xml")]
+
+
+def test_fixed_from_and_to_with_a_file_pattern(poller, runner, clock, base, session):
+    poller(path_pattern="{filename}", to="acme", **{"from": "mycompany"},
+           file_pattern="*.xml")
+    put(base, "a.xml")
+    put(base, "b.txt")
+    scan(runner, clock, 2)
+    assert [r[1:4] for r in messages(session)] == [("mycompany", "acme", "a.xml")]
+    assert (base / "b.txt").exists()  # not matching the file pattern: not touched
+
+
+def test_a_file_changing_between_scans_is_not_taken(poller, runner, clock, base, session):
+    poller()
+    path = put(base, "acme/big.xml", b"part one")
+    scan(runner, clock)
+    with path.open("ab") as out:
+        out.write(b", part two")
+    os.utime(path, ns=(1, path.stat().st_mtime_ns + 1_000_000))
+    scan(runner, clock)
+    assert path.exists() and count(session, Message) == 0
+    scan(runner, clock)
+    rows = messages(session)
+    assert len(rows) == 1 and not path.exists()
+    assert runner.store.open(rows[0].sha256).read() == b"part one, part two"
+
+
+def test_many_files_are_stored_in_few_transactions(poller, registry, hub, clock, base,
+                                                   session):
+    poller()
+    runner = SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock,
+                          batch_size=100)
+    for i in range(250):
+        put(base, f"acme/f{i:03}.xml", b"x%d" % i)
+    scan(runner, clock)
+    commits = []
+    listener = lambda s: commits.append(s)  # noqa: E731
+    event.listen(Session, "after_commit", listener)
+    try:
+        report = scan(runner, clock)
+    finally:
+        event.remove(Session, "after_commit", listener)
+    assert len(report.messages) == 250 and count(session, Message) == 250
+    assert not any((base / "acme").iterdir())
+    # 3 batches (each followed by forgetting its pickups) plus a handful per scan
+    assert len(commits) <= 12
+
+
+# --- unroutable and undescribed files ---------------------------------------------------
+
+def test_unknown_partner_is_moved_aside_with_its_reason(poller, runner, clock, base,
+                                                        session):
+    poller()
+    put(base, "nobody/order1.xml", b"first")
+    scan(runner, clock, 2)
+    moved = base / "unroutable" / "nobody" / "order1.xml"
+    assert moved.read_bytes() == b"first"
+    reason = (base / "unroutable" / "nobody" / "order1.xml.reason.txt").read_text()
+    assert "'nobody'" in reason and "not a business partner" in reason
+    assert not (base / "nobody" / "order1.xml").exists()
+
+    put(base, "nobody/order1.xml", b"second")
+    scan(runner, clock, 2)
+    assert moved.read_bytes() == b"first"  # not replaced: the new one has a suffix
+    assert (base / "unroutable" / "nobody" / "order1.xml.1").read_bytes() == b"second"
+    assert (base / "unroutable" / "nobody" / "order1.xml.1.reason.txt").exists()
+    assert count(session, Message) == 0
+    scan(runner, clock, 2)  # the unroutable folder itself is never scanned
+    assert sorted(p.name for p in (base / "unroutable" / "nobody").iterdir()) == [
+        "order1.xml", "order1.xml.1", "order1.xml.1.reason.txt", "order1.xml.reason.txt"]
+
+
+def test_a_captured_from_must_be_an_organization(poller, runner, clock, base, session):
+    poller(path_pattern="{from}/{to}/{filename}")
+    put(base, "globex/acme/x.xml")
+    scan(runner, clock, 2)
+    reason = (base / "unroutable/globex/acme/x.xml.reason.txt").read_text()
+    assert "'globex' (captured by {from}) is not an organization" in reason
+    assert count(session, Message) == 0
+
+
+@pytest.mark.parametrize("organizations,words", [
+    ((), "there is no organization"),
+    (("hq", "branch"), "2 organizations (branch, hq)"),
+])
+def test_without_from_the_single_organization_is_needed(poller, runner, clock, base,
+                                                        session, organizations, words):
+    poller(organizations=organizations)
+    put(base, "acme/x.xml")
+    scan(runner, clock, 2)
+    assert words in (base / "unroutable/acme/x.xml.reason.txt").read_text()
+    assert count(session, Message) == 0
+
+
+def test_the_organization_is_looked_up_at_pickup_time(poller, runner, clock, base, hub,
+                                                      session):
+    poller(organizations=())
+    put(base, "acme/late.xml")
+    scan(runner, clock)
+    hub.parties(organizations=("hq",), partners=())
+    scan(runner, clock)
+    assert [r[1:4] for r in messages(session)] == [("hq", "acme", "late.xml")]
+
+
+def test_wrong_depth_is_left_alone_and_logged_once(poller, runner, clock, base, session,
+                                                   caplog):
+    poller()
+    stray = put(base, "stray.xml")
+    deep = put(base, "acme/sub/deep.xml")
+    caplog.set_level(logging.WARNING, logger="plugins.file_poller")
+    scan(runner, clock, 3)
+    assert stray.exists() and deep.exists() and count(session, Message) == 0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert sum("stray.xml" in w for w in warnings) == 1
+    assert sum("acme/sub " in w for w in warnings) == 1
+    assert all("left alone" in w for w in warnings)
+
+
+def test_symbolic_links_are_never_followed(poller, runner, clock, base, tmp_path, session):
+    poller(partners=("acme", "evil"))
+    outside = tmp_path / "outside"
+    secret = put(outside, "secret.xml", b"secret")
+    put(base, "acme/real.xml", b"real")
+    (base / "acme" / "link.xml").symlink_to(secret)
+    (base / "evil").symlink_to(outside, target_is_directory=True)
+    scan(runner, clock, 2)
+    assert [r[3] for r in messages(session)] == ["real.xml"]
+    assert secret.read_bytes() == b"secret"
+    assert (base / "acme" / "link.xml").is_symlink() and (base / "evil").is_symlink()
+
+
+def test_hostile_names_stay_below_the_base_directory(poller, runner, clock, base, tmp_path,
+                                                     session):
+    poller()
+    os.makedirs(os.fsencode(base / "acme"))
+    odd = os.path.join(os.fsencode(base / "acme"), b"bad\xff\x1b:.xml")
+    Path(os.fsdecode(odd)).write_bytes(b"odd")
+    hostile_dir = base / "..\\x:\x07"
+    put(hostile_dir, "f.xml", b"hostile")
+    scan(runner, clock, 2)
+    rows = messages(session)
+    assert [r[3] for r in rows] == ["bad\\xff\x1b:.xml"]
+    assert not os.path.exists(odd)
+    moved = base / "unroutable" / "..\\x:\x07" / "f.xml"
+    assert moved.read_bytes() == b"hostile"
+    # nothing appeared beside the base directory but the test's own payload store
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "payloads"]
+
+
+# --- start, lease, schedule -------------------------------------------------------------
+
+def test_a_base_directory_that_cannot_be_created_puts_the_instance_in_error(
+        hub, registry, runner, clock, tmp_path, session):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where a directory should be")
+    hub.parties()
+    hub.instance("poller", "file_poller", config={
+        "base_directory": str(blocker / "in"), "path_pattern": "{to}/{filename}"})
+
+    report = runner.scan("poller")
+    assert not report.ran
+    session.expire_all()
+    row = session.scalar(select(PluginInstance).where(PluginInstance.name == "poller"))
+    assert row.state == "error" and "cannot create base_directory" in row.state_reason
+    alert = session.scalar(select(Alert))
+    assert (alert.kind, alert.subject, alert.resolved_at) == (
+        "plugin_failed", "instance:poller", None)
+    assert due_scans(session, registry, clock()) == []  # an instance in Error is not scanned
+
+    blocker.unlink()  # fixed; the process restarts and starts its sources
+    restarted = SourceRunner(new_session, registry, hub.store, "proc-b", clock=clock)
+    assert restarted.start_all() == {"poller": True}
+    session.expire_all()
+    assert session.scalar(select(PluginInstance.state)) == "running"
+    assert session.scalar(select(Alert.resolved_at)) is not None
+    assert (blocker / "in").is_dir()
+
+
+def test_the_scan_guard_refuses_a_second_concurrent_scan(poller, runner, clock, base,
+                                                         session, lease):
+    poller()
+    put(base, "acme/x.xml")
+    other = lease("proc-b:1")
+    assert other.take(clock())
+    for _ in range(3):
+        report = runner.scan("poller")
+        assert not report.ran and "scanned elsewhere" in report.reason
+    assert count(session, Message) == 0 and (base / "acme/x.xml").exists()
+    other.release(clock())
+    scan(runner, clock, 2)
+    assert count(session, Message) == 1
+
+
+def test_a_scanner_whose_lease_was_handed_on_cannot_commit(poller, clock, session, lease):
+    poller()
+    first = lease("proc-a:1")
+    assert first.take(clock())
+    clock.advance(31)  # it stopped renewing: the lease ran out
+    second = lease("proc-b:1")
+    assert second.take(clock())
+    with pytest.raises(scans.LeaseLost):
+        first.check(first.session, clock())
+
+
+def test_the_scheduler_publishes_each_interval(poller, hub, registry, clock, session):
+    poller(polling_interval=10)
+    hub.instance("manual", "manual_source")
+    hub.instance("off", "file_poller", enabled=False,
+                 config={"base_directory": "/nonexistent", "to": "acme"})
+    assert due_scans(session, registry, clock()) == [("poller", 10.0)]
+    assert due_scans(session, registry, clock() + timedelta(seconds=9)) == []
+    assert due_scans(session, registry, clock() + timedelta(seconds=10)) == [("poller", 10.0)]
+
+
+def test_the_scheduler_hands_on_a_lease_left_by_a_dead_scanner(poller, registry, clock,
+                                                               session, lease):
+    poller(polling_interval=10)
+    dead = lease("dead:1")
+    assert dead.take(clock())
+    assert due_scans(session, registry, clock() + timedelta(seconds=29)) == []
+    assert due_scans(session, registry, clock() + timedelta(seconds=31)) == [
+        ("poller", 10.0)]
+
+
+def test_celery_config_schedules_the_source_scheduler_every_second():
+    import celeryconfig
+    entry = celeryconfig.beat_schedule["source-scheduler"]
+    assert (entry["task"], entry["schedule"]) == ("b2bhub.schedule_sources", 1.0)
+
+
+# --- crash safety -----------------------------------------------------------------------
+
+class Death(BaseException):
+    """The process dies here (nothing after it runs, not even except Exception)."""
+
+
+def test_death_between_commit_and_removal_stores_nothing_twice(
+        poller, registry, hub, clock, base, session, monkeypatch):
+    poller()
+    files = [put(base, f"acme/o{i}.xml", b"o%d" % i) for i in range(3)]
+    runner = SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock)
+    scan(runner, clock)
+
+    def die(self):
+        raise Death()
+    monkeypatch.setattr(file_poller.LocalFile, "remove", die)
+    with pytest.raises(Death):
+        runner.scan("poller")
+    monkeypatch.undo()
+    assert count(session, Message) == 3 and count(session, PollerPickup) == 3
+    assert all(f.exists() for f in files)
+    # as a kill -9 leaves it: the lease still held by the dead process
+    with new_session() as s:
+        s.execute(Lock.__table__.update().where(Lock.name == "scan:poller").values(
+            owner="proc-a:dead", until=clock() + timedelta(seconds=30)))
+        s.commit()
+
+    restarted = SourceRunner(new_session, registry, hub.store, "proc-b", clock=clock)
+    assert "scanned elsewhere" in restarted.scan("poller").reason
+    clock.advance(31)
+    assert due_scans(session, registry, clock()) == [("poller", 10.0)]
+    report = restarted.scan("poller")  # first scan of the new process: recovery only
+    assert report.ran and report.messages == []
+    assert not any(f.exists() for f in files)
+    assert count(session, Message) == 3 and count(session, PollerPickup) == 0
+
+
+def test_a_failed_removal_is_retried_not_stored_again(poller, runner, clock, base, session,
+                                                      monkeypatch):
+    poller()
+    path = put(base, "acme/o.xml")
+    scan(runner, clock)
+    real_remove, failures = file_poller.LocalFile.remove, []
+
+    def remove_fails_once(self):
+        if not failures:
+            failures.append(self.relative)
+            raise PermissionError(13, "Permission denied")
+        return real_remove(self)
+    monkeypatch.setattr(file_poller.LocalFile, "remove", remove_fails_once)
+    scan(runner, clock)
+    assert failures == ["acme/o.xml"]
+    assert path.exists() and count(session, PollerPickup) == 1
+    scan(runner, clock, 2)
+    assert not path.exists()
+    assert count(session, Message) == 1 and count(session, PollerPickup) == 0
+
+
+def test_a_file_replaced_after_the_commit_is_not_removed(poller, runner, clock, base,
+                                                         session, monkeypatch):
+    poller()
+    path = put(base, "acme/o.xml", b"old")
+    scan(runner, clock)
+    real_remove = file_poller.LocalFile.remove
+
+    def replace_then_remove(self):
+        path.write_bytes(b"new and longer")
+        return real_remove(self)
+    monkeypatch.setattr(file_poller.LocalFile, "remove", replace_then_remove)
+    scan(runner, clock)
+    monkeypatch.undo()
+    assert path.read_bytes() == b"new and longer" and count(session, Message) == 1
+    scan(runner, clock, 2)
+    bodies = [runner.store.open(r.sha256).read() for r in messages(session)]
+    assert bodies == [b"old", b"new and longer"] and not path.exists()
+
+
+# --- configuration and registration -----------------------------------------------------
+
+@pytest.mark.parametrize("config,words", [
+    ({"path_pattern": "{to}/{filename}", "to": "acme"}, "keep one"),
+    ({"path_pattern": "{filename}"}, "neither"),
+    ({"path_pattern": "order_{to}/{filename}"}, "whole path element"),
+    ({"path_pattern": "/abs/{to}/{filename}"}, "absolute"),
+    ({"path_pattern": "{to}/{filename}", "from": "Bad Name"}, "must be 1-64"),
+    ({"path_pattern": "{to}/{filename}", "file_pattern": "a/*.xml"}, "file name alone"),
+    ({"path_pattern": "{to}/{filename}", "polling_interval": 0}, "at least 1"),
+])
+def test_a_bad_configuration_is_refused_when_saved(hub, base, config, words):
+    with pytest.raises(ServiceError) as refused:
+        hub.instance("poller", "file_poller", config={"base_directory": str(base), **config})
+    assert words in str(refused.value)
+
+
+def test_defaults(poller):
+    row = poller()
+    assert {k: row.config[k] for k in ("polling_interval", "file_pattern", "from")} == {
+        "polling_interval": 10, "file_pattern": "*", "from": None}
+
+
+def test_registered_through_its_entry_point_like_any_package():
+    found = PluginRegistry()
+    found.load()
+    assert found.get("file_poller") is FilePoller and FilePoller.is_source()
+    assert scans.is_scheduled_source(FilePoller)
