@@ -79,13 +79,17 @@ def update_party(session: Session, kind: str, name: str, display_name: str) -> P
 def delete_party(session: Session, kind: str, name: str) -> None:
     """Delete a party, refused while a route names it (the route would never match)."""
     party = get_party(session, kind, name)
-    route = session.scalar(select(Route).where(
-        or_(Route.from_party == name, Route.to_party == name)).order_by(Route.id).limit(1))
-    if route is not None:
-        raise Conflict(f"{kind} '{name}' is named by {_describe(route)}",
-                       {"route": route.id}, code="in_use")
+    _refuse_while_routed(session, or_(Route.from_party == name, Route.to_party == name),
+                         f"{kind} '{name}' is named by")
     session.delete(party)
     session.flush()
+
+
+def _refuse_while_routed(session: Session, condition, what: str) -> None:
+    """Refuse a delete while a route depends on the thing, naming the first such route."""
+    route = session.scalar(select(Route).where(condition).order_by(Route.id).limit(1))
+    if route is not None:
+        raise Conflict(f"{what} {_describe(route)}", {"route": route.id}, code="in_use")
 
 
 def _describe(row: Route) -> str:
@@ -201,11 +205,8 @@ def list_instances(session: Session, limit: int, after: str | None = None) -> Pa
 def delete_instance(session: Session, name: str) -> None:
     """Delete an instance, refused while a route starts or ends at it."""
     row = get_instance(session, name)
-    route = session.scalar(select(Route).where(
-        or_(Route.source == name, Route.target == name)).order_by(Route.id).limit(1))
-    if route is not None:
-        raise Conflict(f"instance '{name}' is used by {_describe(route)}",
-                       {"route": route.id}, code="in_use")
+    _refuse_while_routed(session, or_(Route.source == name, Route.target == name),
+                         f"instance '{name}' is used by")
     session.delete(row)
     session.flush()
 
