@@ -23,6 +23,11 @@ _READ = (select(_messages.c.id, _messages.c.status, _deliveries.c.state,
          .select_from(_messages.outerjoin(_deliveries,
                                           _deliveries.c.message_id == _messages.c.id))
          .where(_messages.c.id.in_(bindparam("ids", expanding=True))))
+_LOCK = (select(_messages.c.id, _messages.c.status)
+         .where(_messages.c.id.in_(bindparam("ids", expanding=True)))
+         .order_by(_messages.c.id).with_for_update())
+_STATES = (select(_deliveries.c.message_id, _deliveries.c.state, _deliveries.c.failure_kind)
+           .where(_deliveries.c.message_id.in_(bindparam("ids", expanding=True))))
 _WRITE = (update(_messages).where(_messages.c.id.in_(bindparam("ids", expanding=True)))
           .values(status=bindparam("status"), updated_at=bindparam("now")))
 
@@ -53,13 +58,28 @@ def refresh_statuses(session: Session, message_ids: Iterable[int], now: datetime
 
 def _read_statuses(session: Session, ids: list[int]
                    ) -> tuple[dict[int, str], dict[int, list[tuple[str, str | None]]]]:
-    """Each message's stored status and its deliveries' states, in one query per chunk."""
+    """Each message's stored status and its deliveries' states.
+
+    On PostgreSQL the message rows are locked first (in id order) and the states read by
+    a later statement: two workers settling two deliveries of one message at once would
+    otherwise each read the other's delivery as it was, and the later commit would store
+    a status derived from a view that was already stale. SQLite has one writer at a time
+    and every transition writes before it reads, so one joined query is exact there.
+    """
     current: dict[int, str] = {}
     states: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
     conn = connection(session)
+    postgres = conn.dialect.name == "postgresql"
     for chunk in _chunks(ids, 500):
-        for message_id, status, state, kind in conn.execute(_READ, {"ids": chunk}):
-            current[message_id] = status
+        if postgres:
+            current.update(conn.execute(_LOCK, {"ids": chunk}).all())
+            rows = conn.execute(_STATES, {"ids": chunk})
+        else:
+            rows = conn.execute(_READ, {"ids": chunk})
+        for row in rows:
+            message_id, state, kind = row[0], row[-2], row[-1]
+            if not postgres:
+                current[message_id] = row[1]
             if state is not None:
                 states[message_id].append((state, kind))
     return current, states
