@@ -23,6 +23,7 @@ Elapsed time runs from the start signal to the last ``settled_at`` written.
 from __future__ import annotations
 
 import argparse
+import ast
 import cProfile
 import io
 import multiprocessing
@@ -173,6 +174,14 @@ class Workers:
         self.logs = [Path(backend.data_dir) / f"worker{i}-{count}.log" for i in range(count)]
 
     def __enter__(self) -> Workers:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self) -> None:
         celery = str(Path(sys.executable).parent / "celery")
         for i, log in enumerate(self.logs):
             log.unlink(missing_ok=True)
@@ -184,7 +193,6 @@ class Workers:
                                                    env=self.backend.env(), stdout=out,
                                                    stderr=subprocess.STDOUT))
         self._wait_ready()
-        return self
 
     def _wait_ready(self, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
@@ -207,13 +215,23 @@ class Workers:
                 out.append(f"--- {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:]))
         return "\n".join(out)
 
+    def drains(self) -> list[tuple[int, int]]:
+        """(wake-ups run, deliveries claimed) of each worker, from its log."""
+        out = []
+        for log in self.logs:
+            reports = [ast.literal_eval(line[line.index("{"):])
+                       for line in log.read_text().splitlines()
+                       if "b2bhub.deliver" in line and "succeeded in" in line]
+            out.append((len(reports), sum(r.get("claimed", 0) for r in reports)))
+        return out
+
     def __exit__(self, *exc) -> None:
         for p in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for p in self.procs:
             try:
-                p.wait(20)
+                p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
@@ -254,6 +272,10 @@ def run_engine(backend: Backend, workers: int, n: int) -> float:
         reset(backend, n)  # after the workers are ready: none may start early
         start = publish_wakeups(backend, workers)
         _wait_all_delivered(backend, n, procs)
+        time.sleep(0.5)  # let the last drain log its report
+        drains = procs.drains()
+    print(f"[{backend.name}] {workers} processes: per worker (wake-ups run, claimed): "
+          f"{drains}", flush=True)
     return _finish(backend, n, start)
 
 
