@@ -42,7 +42,7 @@ from benchlib import TARGET, Backend
 from sqlalchemy import text
 
 BATCH = 16  # the noop target's claim_batch
-DEFAULT_COUNTS = {"postgres": 20_000, "embedded": 10_000}
+DEFAULT_COUNTS = {"postgres": 10_000, "embedded": 10_000}
 STUCK_SECONDS = 60.0
 
 
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                         default=["embedded"])
     parser.add_argument("--workers", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--count", type=int, default=None,
-                        help="deliveries per run (default 20,000 PostgreSQL, 10,000 SQLite)")
+                        help="deliveries per run (default 10,000)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead: cProfile one in-process drain of N deliveries")
     args = parser.parse_args(argv)
