@@ -17,6 +17,9 @@ def celery_init_app(app: Flask) -> Celery:
     celery_app.conf.broker_url = app.config["BROKER_URL"]
     celery_app.conf.beat_schedule_filename = app.config["DATA_DIR"] + "/celerybeat-schedule"
     if app.config["BROKER_URL"].startswith("sqla+"):
+        # this transport hands its options to create_engine(), which refuses the Redis
+        # socket options of celeryconfig: the worker would not start
+        celery_app.conf.broker_transport_options = {}
         _tune_sqlalchemy_transport()
     elif app.config["BROKER_URL"].startswith(("redis://", "rediss://")):
         # Redis only: the SQLAlchemy transport hands its transport options to

@@ -6,13 +6,30 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from b2bhub.domain.states import LABELS, MessageStatus
 from b2bhub.domain.status import ALERTING_STATUSES, derive_status
-from b2bhub.engine.history import add_lines, raise_alert, resolve_alert
+from b2bhub.engine.history import add_lines, connection, raise_alert, resolve_alert
 from b2bhub.models import Delivery, Message
+
+_messages, _deliveries = Message.__table__, Delivery.__table__
+# built once: claim and settle run these for every delivery
+_READ = (select(_messages.c.id, _messages.c.status, _deliveries.c.state,
+                _deliveries.c.failure_kind)
+         .select_from(_messages.outerjoin(_deliveries,
+                                          _deliveries.c.message_id == _messages.c.id))
+         .where(_messages.c.id.in_(bindparam("ids", expanding=True))))
+_LOCK = (select(_messages.c.id, _messages.c.status)
+         .where(_messages.c.id.in_(bindparam("ids", expanding=True)))
+         .order_by(_messages.c.id).with_for_update())
+_STATES = (select(_deliveries.c.message_id, _deliveries.c.state, _deliveries.c.failure_kind)
+           .where(_deliveries.c.message_id.in_(bindparam("ids", expanding=True))))
+_WRITE = (update(_messages).where(_messages.c.id.in_(bindparam("ids", expanding=True)))
+          .values(status=bindparam("status"), updated_at=bindparam("now")))
 
 #: statuses set outside the deliveries (at intake, or an operator cancelling a message
 #: that had none); not re-derived while the message has no deliveries
@@ -21,23 +38,15 @@ INTAKE_STATUSES = {MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR,
 
 
 def refresh_statuses(session: Session, message_ids: Iterable[int], now: datetime,
-                     actor: str = "") -> dict[int, str]:
+                     actor: str = "", lines: list[dict] | None = None) -> dict[int, str]:
     """Re-derive the status of these messages; write what changed with a history line.
 
+    ``lines`` are the history lines of the change that caused the refresh; they go into
+    the same INSERT as the status lines, ahead of them (one statement per transition).
     Returns {message id: new status} for the messages whose status changed.
     """
     ids = sorted(set(message_ids))
-    if not ids:
-        return {}
-    _lock_messages(session, ids)
-    states: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
-    for chunk in _chunks(ids, 500):
-        rows = session.execute(select(Delivery.message_id, Delivery.state,
-                                      Delivery.failure_kind)
-                               .where(Delivery.message_id.in_(chunk)))
-        for message_id, state, kind in rows:
-            states[message_id].append((state, kind))
-    current = _current_statuses(session, ids)
+    current, states = _read_statuses(session, ids)
     changed = {}
     for message_id, old in current.items():
         if old in INTAKE_STATUSES and not states[message_id]:
@@ -45,48 +54,62 @@ def refresh_statuses(session: Session, message_ids: Iterable[int], now: datetime
         new = derive_status(states[message_id]).value
         if new != old:
             changed[message_id] = new
-    _write_changes(session, changed, current, now, actor)
+    _write_changes(session, changed, current, now, actor, list(lines or []))
     return changed
 
 
-def _lock_messages(session: Session, ids: list[int]) -> None:
-    """Serialise status derivation per message (PostgreSQL, READ COMMITTED).
+def _read_statuses(session: Session, ids: list[int]
+                   ) -> tuple[dict[int, str], dict[int, list[tuple[str, str | None]]]]:
+    """Each message's stored status and its deliveries' states.
 
-    Two settlements of one message's deliveries would otherwise each read the other's
-    delivery as it was before, and store a status derived from half the picture. Rows
-    are locked in id order (after the delivery rows the caller changed: deliveries
-    first, then messages, everywhere), so concurrent batches cannot deadlock. SQLite
-    needs nothing: one writer at a time.
+    On PostgreSQL the message rows are locked first (in id order) and the states read by
+    a later statement: two workers settling two deliveries of one message at once would
+    otherwise each read the other's delivery as it was, and the later commit would store
+    a status derived from a view that was already stale. SQLite has one writer at a time
+    and every transition writes before it reads, so one joined query is exact there.
     """
-    if session.get_bind().dialect.name != "postgresql":
-        return
+    current: dict[int, str] = {}
+    states: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
+    conn = connection(session)
+    postgres = conn.dialect.name == "postgresql"
     for chunk in _chunks(ids, 500):
-        session.execute(select(Message.id).where(Message.id.in_(chunk))
-                        .order_by(Message.id).with_for_update())
-
-
-def _current_statuses(session: Session, ids: list[int]) -> dict[int, str]:
-    out = {}
-    for chunk in _chunks(ids, 500):
-        out.update(session.execute(select(Message.id, Message.status)
-                                   .where(Message.id.in_(chunk))).all())
-    return out
+        if postgres:
+            current.update(conn.execute(_LOCK, {"ids": chunk}).all())
+            rows = conn.execute(_STATES, {"ids": chunk})
+        else:
+            rows = conn.execute(_READ, {"ids": chunk})
+        for row in rows:
+            message_id, state, kind = row[0], row[-2], row[-1]
+            if not postgres:
+                current[message_id] = row[1]
+            if state is not None:
+                states[message_id].append((state, kind))
+    return current, states
 
 
 def _write_changes(session: Session, changed: dict[int, str], old: dict[int, str],
-                   now: datetime, actor: str) -> None:
+                   now: datetime, actor: str, lines: list[dict]) -> None:
     by_status: dict[str, list[int]] = defaultdict(list)
     for message_id, status in changed.items():
         by_status[status].append(message_id)
     for status, ids in by_status.items():
-        session.execute(update(Message).where(Message.id.in_(ids))
-                        .values(status=status, updated_at=now))
-    add_lines(session, [
+        connection(session).execute(_WRITE, {"ids": ids, "status": status, "now": now})
+        _sync_loaded(session, ids, status, now)
+    add_lines(session, lines + [
         {"message_id": mid, "type": "status_changed", "actor": actor,
          "text": f"{LABELS[old[mid]]} → {LABELS[new]}", "data": {"from": old[mid], "to": new}}
         for mid, new in changed.items()], now)
     for mid, new in changed.items():
         _message_alerts(session, mid, old[mid], new, now)
+
+
+def _sync_loaded(session: Session, ids: list[int], status: str, now: datetime) -> None:
+    """Keep Message objects this session holds in step with the Core UPDATE."""
+    for message_id in ids:
+        loaded = session.identity_map.get(identity_key(Message, message_id))
+        if loaded is not None:
+            set_committed_value(loaded, "status", status)
+            set_committed_value(loaded, "updated_at", now)
 
 
 def _message_alerts(session: Session, message_id: int, old: str, new: str,

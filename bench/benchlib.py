@@ -1,0 +1,269 @@
+"""What both benchmarks share: a fresh database with the migrated schema, bulk loading,
+the environment they ran in, and a plain table printer.
+
+A run never touches an existing database: the embedded backend gets a SQLite file in a
+temporary directory, PostgreSQL a database ``b2bhub_bench_<pid>`` that is dropped at the
+end (also after Ctrl-C). The schema comes from the migrations, as in production.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import sqlite3
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGIN_DIST = ROOT / "tests" / "plugin_dist"
+for _path in (str(ROOT), str(PLUGIN_DIST)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from sqlalchemy import DateTime, bindparam, create_engine, text  # noqa: E402
+from sqlalchemy.engine import Connection, Engine, make_url  # noqa: E402
+
+PG_ADMIN_URL = os.environ.get("B2BHUB_BENCH_PG_URL",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("B2BHUB_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
+BACKENDS = ("embedded", "postgres")
+TARGET = "noop"
+
+
+@dataclass
+class Backend:
+    """The URLs of one fresh benchmark database and its broker."""
+
+    name: str
+    database_url: str
+    broker_url: str
+    data_dir: str
+
+    @property
+    def postgres(self) -> bool:
+        return self.name == "postgres"
+
+    def engine(self) -> Engine:
+        """A plain SQLAlchemy engine with the app's SQLite pragmas."""
+        from b2bhub import dbsetup
+        dbsetup.install()
+        args = {"connect_args": {"timeout": 30}} if not self.postgres else {}
+        return create_engine(self.database_url, **args)
+
+    def env(self) -> dict[str, str]:
+        """The environment a worker process of this backend runs with."""
+        path = os.pathsep.join([str(PLUGIN_DIST), str(ROOT), os.environ.get("PYTHONPATH", "")])
+        return {**os.environ, "B2BHUB_DATABASE_URL": self.database_url,
+                "B2BHUB_BROKER_URL": self.broker_url, "B2BHUB_DATA_DIR": self.data_dir,
+                "B2BHUB_PAYLOAD_DIR": str(Path(self.data_dir) / "payloads"),
+                "B2BHUB_SECRET_KEY": "bench", "B2BHUB_LOG_LEVEL": "warning",
+                "PYTHONPATH": path.rstrip(os.pathsep)}
+
+
+@contextmanager
+def fresh_backend(name: str) -> Iterator[Backend]:
+    """A new, migrated database (and an empty broker), removed afterwards."""
+    data_dir = tempfile.mkdtemp(prefix=f"b2bhub-bench-{name}-")
+    db_name = f"b2bhub_bench_{os.getpid()}"
+    admin = None
+    try:
+        if name == "postgres":
+            admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+                conn.execute(text(f'CREATE DATABASE "{db_name}"'))
+            url = make_url(PG_ADMIN_URL).set(database=db_name)
+            backend = Backend(name, url.render_as_string(hide_password=False), REDIS_URL,
+                              data_dir)
+            _flush_redis(REDIS_URL)
+        else:
+            backend = Backend(name, f"sqlite:///{data_dir}/b2bhub.sqlite",
+                              f"sqla+sqlite:///{data_dir}/broker.sqlite", data_dir)
+        migrate(backend)
+        yield backend
+    finally:
+        if admin is not None:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)'))
+            admin.dispose()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _flush_redis(url: str) -> None:
+    """Empty the benchmark's own Redis database, so no old wake-up wakes a worker."""
+    import redis
+    client = redis.Redis.from_url(url, socket_connect_timeout=3)
+    client.flushdb()
+    client.close()
+
+
+def make_app(backend: Backend):
+    """The Flask app on this backend; wake-ups after commit are dropped (the benchmarks
+    publish the ones they want themselves)."""
+    import b2bhub_testplugins as testplugins
+
+    from b2bhub import create_app
+    from b2bhub.registry import PluginRegistry
+    registry = PluginRegistry()
+    registry.register(testplugins.Noop)
+    return create_app({"DATA_DIR": backend.data_dir,
+                       "SQLALCHEMY_DATABASE_URI": backend.database_url,
+                       "BROKER_URL": backend.broker_url, "SECRET_KEY": "bench",
+                       "PAYLOAD_DIR": str(Path(backend.data_dir) / "payloads"),
+                       "LOG_LEVEL": "WARNING", "PLUGIN_REGISTRY": registry,
+                       "WAKEUP_PUBLISHER": lambda items: None})
+
+
+def migrate(backend: Backend) -> None:
+    """Apply the Alembic migrations, exactly as ``b2bhub run`` does."""
+    from flask_migrate import upgrade
+    app = make_app(backend)
+    with app.app_context():
+        upgrade()
+        app.extensions["sqlalchemy"].engines[None].dispose()
+
+
+def create_target(backend: Backend, max_concurrent: int) -> None:
+    """The no-op target, its parties, a source and a route, through the services."""
+    from b2bhub.extensions import db
+    from b2bhub.services import config as svc
+    app = make_app(backend)
+    with app.app_context():
+        registry = app.extensions["b2bhub.registry"]
+        svc.create_party(db.session, "organization", "mycompany")
+        svc.create_party(db.session, "partner", "acme")
+        svc.save_instance(db.session, registry, {
+            "name": TARGET, "type": "noop", "max_concurrent_deliveries": max_concurrent})
+        db.session.commit()
+        app.extensions["sqlalchemy"].engines[None].dispose()
+
+
+# --- bulk loading ---------------------------------------------------------------------
+
+def _numbers(conn: Connection) -> str:
+    """A row source of i = 1..:n: generate_series on PostgreSQL, a recursive CTE on
+    SQLite. Used as ``WITH {numbers} INSERT ... SELECT ... FROM s``."""
+    if conn.dialect.name == "postgresql":
+        return "s AS (SELECT i FROM generate_series(1, :n) AS g(i))"
+    return "RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < :n)"
+
+
+def bulk_messages(conn: Connection, n: int, now: datetime, status: str,
+                  payloads: bool = True) -> int:
+    """Insert ``n`` messages (with one payload row each); returns the first new id."""
+    first = (conn.execute(text("SELECT max(id) FROM messages")).scalar() or 0) + 1
+    if n <= 0:
+        return first
+    sql = f"""WITH {_numbers(conn)}
+        INSERT INTO messages (id, source, from_party, to_party, direction,
+                              original_filename, sequence_key, size, sha256, status,
+                              status_text, created_at, updated_at)
+        SELECT :first + i - 1, 'inbox', 'acme', 'mycompany', 'inbound', 'order.edi',
+               'acme>mycompany', 11, :digest, :status, '', :now, :now FROM s"""
+    digest = "0" * 64
+    conn.execute(_timed(sql), {"n": n, "first": first, "now": now, "status": status,
+                               "digest": digest})
+    if conn.dialect.name == "postgresql":  # explicit ids: move the sequence past them
+        conn.execute(text("SELECT setval(pg_get_serial_sequence('messages', 'id'), "
+                          "(SELECT max(id) FROM messages))"))
+    if not payloads:
+        return first
+    conn.execute(_timed("""INSERT INTO payloads (message_id, stage, digest, size, created_at)
+        SELECT id, 'unpacked', :digest, 11, :now FROM messages WHERE id >= :first"""),
+                 {"first": first, "now": now, "digest": digest})
+    return first
+
+
+def bulk_deliveries(conn: Connection, first_message: int, state: str, now: datetime,
+                    due_at: datetime | None, next_wake_at: datetime | None,
+                    settled_at: datetime | None = None, attempt: int = 0) -> None:
+    """One delivery to the no-op target for every message from ``first_message`` on."""
+    conn.execute(_timed("""INSERT INTO deliveries (message_id, target, state, attempt,
+            failures, due_at, next_wake_at, wake_count, sequence_key, sequence_no,
+            last_result, created_at, updated_at, settled_at)
+        SELECT id, :target, :state, :attempt, 0, :due, :wake, 1, 'acme>mycompany', id,
+               '', :now, :now, :settled FROM messages WHERE id >= :first"""),
+                 {"target": TARGET, "state": state, "attempt": attempt, "due": due_at,
+                  "wake": next_wake_at, "now": now, "settled": settled_at,
+                  "first": first_message})
+
+
+def _timed(sql: str):
+    """``text()`` with every time parameter bound as a DateTime, so SQLite stores it in
+    the same text form as the ORM (string comparisons of times stay correct)."""
+    names = ("now", "due", "wake", "settled", "past", "until")
+    clause = text(sql)
+    present = [name for name in names if f":{name}" in sql]
+    return clause.bindparams(*(bindparam(name, type_=DateTime) for name in present))
+
+
+def analyze(engine: Engine) -> None:
+    """Fresh planner statistics; on PostgreSQL also VACUUM, so that autovacuum does not
+    start on the freshly loaded rows while the benchmark times something else."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text("VACUUM ANALYZE"))
+        return
+    with engine.begin() as conn:
+        conn.execute(text("ANALYZE"))
+
+
+# --- reporting ------------------------------------------------------------------------
+
+def environment(backend_names: list[str]) -> list[tuple[str, str]]:
+    """What the figures depend on: machine, load, versions."""
+    import celery
+    import sqlalchemy
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    rows = [("run at (UTC)", datetime.utcnow().strftime("%Y-%m-%d %H:%M:%S")),
+            ("cpu count", str(os.cpu_count())),
+            ("load average (1, 5, 15 min)", load),
+            ("platform", platform.platform()),
+            ("python", platform.python_version()),
+            ("sqlalchemy / celery", f"{sqlalchemy.__version__} / {celery.__version__}"),
+            ("backends", ", ".join(backend_names))]
+    if "embedded" in backend_names:
+        rows.append(("sqlite", sqlite3.sqlite_version))
+    if "postgres" in backend_names:
+        rows.append(("postgresql", _pg_version()))
+    return rows
+
+
+def _pg_version() -> str:
+    engine = create_engine(PG_ADMIN_URL)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SHOW server_version")).scalar()
+    except Exception as exc:  # the figures still print without it
+        return f"unknown ({type(exc).__name__})"
+    finally:
+        engine.dispose()
+
+
+def print_table(title: str, header: list[str], rows: list[list[object]]) -> None:
+    """A plain fixed-width table, right-aligned numbers."""
+    cells = [[str(c) for c in header]] + [[_cell(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    print(f"\n{title}")
+    line = "  ".join("-" * w for w in widths)
+    print(line)
+    for index, row in enumerate(cells):
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                        for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if index == 0:
+            print(line)
+    print(line, flush=True)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.1f}" if value >= 10 else f"{value:.2f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)

@@ -1,0 +1,382 @@
+"""Claim + settle throughput of the engine beside the bare floor, measured in one run.
+
+    python bench/claim_settle.py --backend postgres --workers 2 4
+    python bench/claim_settle.py --backend embedded --workers 2 4
+
+For every worker count K, on a fresh database with the migrated schema:
+
+* floor: K processes (multiprocessing) loop over raw SQL without Celery or the ORM: the
+  claim statement of ``b2bhub/engine/machine.py`` (PostgreSQL ``WITH c AS (SELECT ...
+  FOR UPDATE SKIP LOCKED LIMIT 16) UPDATE ... FROM c RETURNING``, SQLite ``UPDATE ...
+  WHERE id IN (SELECT ... LIMIT 16) RETURNING``), then one fenced UPDATE per settled
+  delivery, each in its own transaction, until nothing is due.
+* engine: K real worker processes (``celery -A b2bhub.worker worker --pool solo``), one
+  ``b2bhub.deliver`` wake-up per worker published through the real broker (Redis, or
+  kombu's SQLAlchemy transport on SQLite); timed from the first publish until the last
+  delivery was settled.
+
+Both start from the same N queued deliveries to the ``noop`` target of
+``tests/plugin_dist`` (claim_batch 16), and both end when all N are ``delivered``.
+Elapsed time runs from the start signal to the last ``settled_at`` written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import cProfile
+import io
+import multiprocessing
+import os
+import pstats
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import benchlib
+from benchlib import TARGET, Backend
+from sqlalchemy import text
+
+BATCH = 16  # the noop target's claim_batch
+DEFAULT_COUNTS = {"postgres": 10_000, "embedded": 10_000}
+STUCK_SECONDS = 60.0
+
+
+@dataclass
+class Result:
+    backend: str
+    workers: int
+    deliveries: int
+    floor_rate: float
+    engine_rate: float
+    floor_seconds: float
+    engine_seconds: float
+
+
+def utcnow() -> datetime:
+    from b2bhub.models import utcnow as now
+    return now()
+
+
+# --- the load -------------------------------------------------------------------------
+
+def reset(backend: Backend, n: int) -> None:
+    """Empty the message tables, then load ``n`` queued deliveries, due now."""
+    engine = backend.engine()
+    tables = ["history", "alerts", "deliveries", "payloads", "messages"]
+    now = utcnow()
+    with engine.begin() as conn:
+        if backend.postgres:
+            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+        else:
+            for table in tables:
+                conn.execute(text(f"DELETE FROM {table}"))
+        first = benchlib.bulk_messages(conn, n, now, "received")
+        benchlib.bulk_deliveries(conn, first, "queued", now, due_at=now - timedelta(seconds=1),
+                                 next_wake_at=now + timedelta(hours=1))
+    benchlib.analyze(engine)
+    engine.dispose()
+
+
+def delivered(engine) -> tuple[int, datetime | None]:
+    """How many deliveries are delivered, and when the last one was settled."""
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT count(*), max(settled_at) FROM deliveries "
+                                "WHERE state = 'delivered'")).one()
+    last = row[1]
+    if isinstance(last, str):  # SQLite returns text for an aggregate
+        last = datetime.fromisoformat(last)
+    return row[0], last
+
+
+# --- the floor ------------------------------------------------------------------------
+
+_SETTLE = """
+UPDATE deliveries
+   SET state = 'delivered', lease_owner = NULL, lease_until = NULL, settled_at = :now,
+       updated_at = :now, failure_kind = NULL, last_result = 'ok'
+ WHERE id = :id AND attempt = :attempt AND lease_owner = :owner AND state = 'in_progress'"""
+
+
+def _claim_sql(postgres: bool) -> str:
+    """The claim statement of the engine itself (not a copy that could drift)."""
+    from b2bhub.engine import machine
+    return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(ordered="")
+
+
+def floor_process(backend: Backend, owner: str, ready, go) -> None:
+    """Claim 16, settle each with one UPDATE + commit, until nothing is due."""
+    engine = backend.engine()
+    claim_sql = benchlib._timed(_claim_sql(backend.postgres))
+    settle_sql = benchlib._timed(_SETTLE)
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1")).all()
+        conn.rollback()
+        ready.release()
+        go.wait()
+        while True:
+            now = utcnow()
+            rows = conn.execute(claim_sql, {
+                "target": TARGET, "now": now, "owner": owner, "n": BATCH,
+                "until": now + timedelta(seconds=300), "max_concurrent": 1_000_000}).all()
+            conn.commit()
+            if not rows:
+                break
+            for delivery_id, _message_id, attempt, _failures in rows:
+                conn.execute(settle_sql, {"now": utcnow(), "id": delivery_id,
+                                          "attempt": attempt, "owner": owner})
+                conn.commit()
+    engine.dispose()
+
+
+def run_floor(backend: Backend, workers: int, n: int) -> float:
+    """Seconds the bare loop in ``workers`` processes takes for ``n`` deliveries."""
+    reset(backend, n)
+    ctx = multiprocessing.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    procs = [ctx.Process(target=floor_process, args=(backend, f"floor-{i}", ready, go))
+             for i in range(workers)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        if not ready.acquire(timeout=60):
+            raise RuntimeError("a floor process did not start")
+    start = utcnow()
+    go.set()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"a floor process exited with {p.exitcode}")
+    return _finish(backend, n, start)
+
+
+def _finish(backend: Backend, n: int, start: datetime) -> float:
+    engine = backend.engine()
+    count, last = delivered(engine)
+    engine.dispose()
+    if count != n or last is None:
+        raise RuntimeError(f"{count} of {n} deliveries delivered")
+    return (last - start).total_seconds()
+
+
+# --- the engine -----------------------------------------------------------------------
+
+class Workers:
+    """K real Celery worker processes, as ``b2bhub run`` starts them."""
+
+    def __init__(self, backend: Backend, count: int):
+        self.backend, self.count = backend, count
+        self.procs: list[subprocess.Popen] = []
+        self.logs = [Path(backend.data_dir) / f"worker{i}-{count}.log" for i in range(count)]
+
+    def __enter__(self) -> Workers:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _start(self) -> None:
+        celery = str(Path(sys.executable).parent / "celery")
+        for i, log in enumerate(self.logs):
+            log.unlink(missing_ok=True)
+            cmd = [celery, "-A", "b2bhub.worker", "worker", "--pool", "solo",
+                   "-Q", "deliveries,default", "-n", f"bench{i}-{os.getpid()}@%h",
+                   "--loglevel", "INFO"]
+            with open(log, "w") as out:
+                self.procs.append(subprocess.Popen(cmd, cwd=benchlib.ROOT,
+                                                   env=self.backend.env(), stdout=out,
+                                                   stderr=subprocess.STDOUT))
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if all(log.exists() and " ready." in log.read_text() for log in self.logs):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("workers not ready in time:\n" + self.tail())
+
+    def check_alive(self) -> None:
+        dead = [p for p in self.procs if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"a worker exited with {dead[0].returncode}:\n" + self.tail())
+
+    def tail(self) -> str:
+        out = []
+        for log in self.logs:
+            if log.exists():
+                out.append(f"--- {log.name}\n" + "\n".join(log.read_text().splitlines()[-15:]))
+        return "\n".join(out)
+
+    def drains(self) -> list[tuple[int, int]]:
+        """(wake-ups run, deliveries claimed) of each worker, from its log."""
+        out = []
+        for log in self.logs:
+            reports = [ast.literal_eval(line[line.index("{"):])
+                       for line in log.read_text().splitlines()
+                       if "b2bhub.deliver" in line and "succeeded in" in line]
+            out.append((len(reports), sum(r.get("claimed", 0) for r in reports)))
+        return out
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def publish_wakeups(backend: Backend, count: int) -> datetime:
+    """One wake-up per worker through the real broker; returns when the first went out."""
+    from b2bhub.tasks import deliver
+    from celeryconfig import delivery_queue
+    app = benchlib.make_app(backend)
+    with app.app_context():
+        celery_app = app.extensions["celery"]
+        with celery_app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=3)
+            ids = _first_ids(backend, count)
+            start = utcnow()
+            for delivery_id in ids:
+                deliver.apply_async(args=[TARGET, delivery_id], connection=conn,
+                                    routing_key=f"delivery.{TARGET}",
+                                    queue=delivery_queue("deliveries"), retry=False)
+        app.extensions["sqlalchemy"].engines[None].dispose()
+    return start
+
+
+def _first_ids(backend: Backend, count: int) -> list[int]:
+    engine = backend.engine()
+    with engine.connect() as conn:
+        ids = conn.execute(text("SELECT id FROM deliveries ORDER BY id LIMIT :k"),
+                           {"k": count}).scalars().all()
+    engine.dispose()
+    return list(ids)
+
+
+def run_engine(backend: Backend, workers: int, n: int) -> float:
+    """Seconds ``workers`` real worker processes take to deliver ``n`` deliveries."""
+    reset(backend, 0)
+    with Workers(backend, workers) as procs:
+        reset(backend, n)  # after the workers are ready: none may start early
+        start = publish_wakeups(backend, workers)
+        _wait_all_delivered(backend, n, procs)
+        time.sleep(0.5)  # let the last drain log its report
+        drains = procs.drains()
+    print(f"[{backend.name}] {workers} processes: per worker (wake-ups run, claimed): "
+          f"{drains}", flush=True)
+    return _finish(backend, n, start)
+
+
+def _wait_all_delivered(backend: Backend, n: int, procs: Workers) -> None:
+    engine = backend.engine()
+    last_count, last_move = -1, time.monotonic()
+    try:
+        while True:
+            count, _ = delivered(engine)
+            if count >= n:
+                return
+            if count != last_count:
+                last_count, last_move = count, time.monotonic()
+            elif time.monotonic() - last_move > STUCK_SECONDS:
+                raise RuntimeError(f"stuck at {count} of {n} delivered:\n" + procs.tail())
+            procs.check_alive()
+            time.sleep(0.25)
+    finally:
+        engine.dispose()
+
+
+# --- profile --------------------------------------------------------------------------
+
+def profile_drain(backend: Backend, n: int) -> None:
+    """cProfile of TargetRunner.drain in this process: where a settle's time goes."""
+    from b2bhub import hub
+    from b2bhub.engine.runner import TargetRunner
+    reset(backend, n)
+    app = benchlib.make_app(backend)
+    with app.app_context():
+        runner = TargetRunner(hub.new_session, hub.registry(), hub.store(), "profile")
+        profiler = cProfile.Profile()
+        began = time.perf_counter()
+        profiler.enable()
+        report = runner.drain(TARGET, budget=600)
+        profiler.disable()
+        took = time.perf_counter() - began
+    print(f"\nprofile: one process drained {report.settled} in {took:.2f} s "
+          f"({report.settled / took:,.0f}/s, under cProfile)")
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+    print(out.getvalue())
+
+
+# --- main -----------------------------------------------------------------------------
+
+def measure(backend_name: str, workers: list[int], n: int) -> list[Result]:
+    results = []
+    with benchlib.fresh_backend(backend_name) as backend:
+        benchlib.create_target(backend, max_concurrent=BATCH * max(workers))
+        for k in workers:
+            print(f"[{backend_name}] {k} processes, {n:,} deliveries: floor ...", flush=True)
+            floor = run_floor(backend, k, n)
+            print(f"[{backend_name}] {k} processes: floor {n / floor:,.0f}/s; engine ...",
+                  flush=True)
+            engine = run_engine(backend, k, n)
+            print(f"[{backend_name}] {k} processes: engine {n / engine:,.0f}/s", flush=True)
+            results.append(Result(backend_name, k, n, n / floor, n / engine, floor, engine))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", nargs="+", choices=benchlib.BACKENDS,
+                        default=["embedded"])
+    parser.add_argument("--workers", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--count", type=int, default=None,
+                        help="deliveries per run (default 10,000)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="instead: cProfile one in-process drain of N deliveries")
+    args = parser.parse_args(argv)
+    _print_environment(args.backend)
+    if args.profile:
+        for name in args.backend:
+            with benchlib.fresh_backend(name) as backend:
+                benchlib.create_target(backend, max_concurrent=BATCH)
+                profile_drain(backend, args.profile)
+        return 0
+    results = []
+    for name in args.backend:
+        results += measure(name, args.workers, args.count or DEFAULT_COUNTS[name])
+    _print_results(results)
+    return 0
+
+
+def _print_environment(backends: list[str]) -> None:
+    rows = benchlib.environment(backends)
+    benchlib.print_table("environment", ["item", "value"], [list(r) for r in rows])
+
+
+def _print_results(results: list[Result]) -> None:
+    rows = [[r.backend, r.workers, r.deliveries, r.floor_rate, r.engine_rate,
+             f"{100 * r.engine_rate / r.floor_rate:.0f}%", r.floor_seconds, r.engine_seconds]
+            for r in results]
+    benchlib.print_table(
+        "claim + settle, no-op target (claim batch 16), deliveries per second",
+        ["backend", "processes", "deliveries", "floor/s", "engine/s", "engine/floor",
+         "floor s", "engine s"], rows)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load average after the run: {load}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
