@@ -165,16 +165,32 @@ def _record_claims(session: Session, claims: list[Claim], now: datetime) -> None
 def settle(session: Session, claim: Claim, outcome: Outcome, policy: RetryPolicy,
            now: datetime) -> bool:
     """Record the outcome of one attempt, fenced by its claim. False if it was stale."""
-    values, line = _settlement(claim, outcome, policy, now)
-    if not _fenced_update(session, claim, values):
-        _record_stale(session, claim, outcome.kind.value, now)
-        return False
-    refresh_statuses(session, [claim.message_id], now, lines=[{
-        "message_id": claim.message_id, "delivery_id": claim.delivery_id,
-        "type": "delivery_changed", "actor": claim.owner, "text": line,
-        "data": {"state": values["state"], "attempt": claim.attempt, "target": claim.target,
-                 **_json_safe(outcome.data)}}])
-    return True
+    return settle_many(session, [(claim, outcome)], policy, now)[0]
+
+
+def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
+                policy: RetryPolicy, now: datetime) -> list[bool]:
+    """Record several outcomes in the caller's one transaction (group commit).
+
+    Each is fenced by its own claim exactly as :func:`settle` does; the history lines of
+    all of them go in one insert and the statuses of their messages are derived once.
+    Returns, per outcome, whether it was written (False: stale, recorded as such).
+    """
+    written, lines = [], []
+    for claim, outcome in outcomes:
+        values, line = _settlement(claim, outcome, policy, now)
+        ok = _fenced_update(session, claim, values)
+        written.append(ok)
+        if not ok:
+            _record_stale(session, claim, outcome.kind.value, now)
+            continue
+        lines.append({"message_id": claim.message_id, "delivery_id": claim.delivery_id,
+                      "type": "delivery_changed", "actor": claim.owner, "text": line,
+                      "data": {"state": values["state"], "attempt": claim.attempt,
+                               "target": claim.target, **_json_safe(outcome.data)}})
+    if lines:
+        refresh_statuses(session, [line["message_id"] for line in lines], now, lines=lines)
+    return written
 
 
 def _settlement(claim: Claim, outcome: Outcome, policy: RetryPolicy,

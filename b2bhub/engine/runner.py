@@ -78,7 +78,40 @@ class AttemptContext:
         log.info("%s: %s", self.instance_name, text)
 
 
+class PendingOutcomes:
+    """Outcomes waiting for their settlement (group commit).
+
+    A target that claims one delivery at a time settles each outcome at once. One that
+    claims a batch (cheap local work) settles the outcomes gathered so far together when
+    the batch is done, or when the oldest has waited ``window`` seconds: one commit for
+    many, while an outcome never waits longer than the window. A worker killed in that
+    window loses outcomes that were never recorded; their deliveries come back when the
+    lease expires and are attempted again, which such targets take as written (the file
+    writer finds its file already holding the payload).
+    """
+
+    def __init__(self, window: float):
+        self.window = window
+        self._items: list[tuple[Claim, Outcome]] = []
+        self._since = 0.0
+
+    def add(self, claim: Claim, outcome: Outcome) -> None:
+        if not self._items:
+            self._since = time.monotonic()
+        self._items.append((claim, outcome))
+
+    def due(self) -> bool:
+        return bool(self._items) and time.monotonic() - self._since >= self.window
+
+    def take(self) -> list[tuple[Claim, Outcome]]:
+        items, self._items = self._items, []
+        return items
+
+
 class TargetRunner:
+    #: longest an outcome of a batch waits for its settlement, in seconds
+    settle_window = 0.2
+
     def __init__(self, session_factory: Callable[[], Session], registry, store: PayloadStore,
                  owner: str, stop: StopControl = stop_control,
                  clock: Callable[[], datetime] = utcnow):
@@ -124,9 +157,12 @@ class TargetRunner:
 
     def _run_claims(self, session: Session, instance: PluginInstance, plugin,
                     policy: RetryPolicy, claims: list[Claim], report: DrainReport) -> None:
+        """Attempt each claim in turn; settle the outcomes by group commit."""
         infos = _delivery_infos(session, claims, self.store)
+        pending = PendingOutcomes(self.settle_window)
         for index, claim in enumerate(claims):
             if self.stop.requested.is_set():
+                self._settle(session, pending.take(), policy, report)
                 self._release(session, claims[index:], "worker stopping before the attempt")
                 return
             context = AttemptContext(self.clock(), instance)
@@ -135,12 +171,16 @@ class TargetRunner:
                     self._attempt(plugin, infos[claim.delivery_id], context)
             except AttemptCancelled:
                 if context.outcome is None:  # cut short: put it back
+                    self._settle(session, pending.take(), policy, report)
                     self._interrupt(session, claim, context.wire, policy)
                     self._release(session, claims[index + 1:],
                                   "worker stopping before the attempt")
                     return
             # an attempt that returned has an outcome, and it settles in full
-            self._settle(session, claim, context.outcome, policy, report)
+            pending.add(claim, context.outcome)
+            if pending.due():
+                self._settle(session, pending.take(), policy, report)
+        self._settle(session, pending.take(), policy, report)
 
     def _attempt(self, plugin, info: tuple[DeliveryInfo, StoredPayloads],
                  context: AttemptContext) -> None:
@@ -158,13 +198,16 @@ class TargetRunner:
             context.outcome = Outcome.failed(
                 f"plugin returned {context.outcome!r} instead of an Outcome")
 
-    def _settle(self, session: Session, claim: Claim, outcome: Outcome, policy: RetryPolicy,
-                report: DrainReport) -> None:
+    def _settle(self, session: Session, outcomes: list[tuple[Claim, Outcome]],
+                policy: RetryPolicy, report: DrainReport) -> None:
+        """One transaction for the outcomes gathered, each fenced by its own claim."""
+        if not outcomes:
+            return
         with self.stop.settling():
-            ok = machine.settle(session, claim, outcome, policy, self.clock())
+            written = machine.settle_many(session, outcomes, policy, self.clock())
             session.commit()
-        report.settled += ok
-        report.stale += not ok
+        report.settled += sum(written)
+        report.stale += len(written) - sum(written)
 
     def _interrupt(self, session: Session, claim: Claim, wire: bool,
                    policy: RetryPolicy) -> None:

@@ -1,0 +1,91 @@
+"""Group commit: outcomes of a claimed batch settle together, each fenced on its own."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from b2bhub.domain.outcome import Outcome
+from b2bhub.domain.retry import RetryPolicy
+from b2bhub.engine import machine
+from b2bhub.engine.runner import TargetRunner
+from b2bhub.hub import new_session
+from b2bhub.models import Message, PluginInstance
+from tests.enginekit import at, deliveries, lines, standard_hub
+
+
+def test_one_stale_outcome_leaves_the_others_of_the_batch_written(hub, session):
+    standard_hub(hub, max_concurrent_deliveries=10)
+    hub.route("inbox", "*", "*", "writer_a")
+    ids = [hub.message(now=at()).id for _ in range(3)]
+    claims = machine.claim(session, "writer_a", "worker-a", at(1), 3, 60)
+    session.commit()
+    # the middle one's lease expires and another worker takes it over
+    machine.expire_leases(session, at(120), limit=10)  # all three expire...
+    session.commit()
+    again = machine.claim(session, "writer_a", "worker-b", at(121), 3, 60)
+    session.commit()
+    assert len(again) == 3
+    # ...worker-b settles the first and last, worker-a's whole batch arrives late
+    machine.settle_many(session, [(again[0], Outcome.delivered("b1")),
+                                  (again[2], Outcome.delivered("b3"))], RetryPolicy(), at(122))
+    session.commit()
+    written = machine.settle_many(session, [(c, Outcome.delivered("late")) for c in claims],
+                                  RetryPolicy(), at(123))
+    session.commit()
+
+    assert written == [False, False, False]
+    states = [deliveries(session, i)[0].state for i in ids]
+    assert states == ["delivered", "in_progress", "delivered"]
+    assert [len(lines(session, i, "stale_outcome_ignored")) for i in ids] == [1, 1, 1]
+    written = machine.settle_many(session, [(again[1], Outcome.delivered("b2"))],
+                                  RetryPolicy(), at(124))
+    session.commit()
+    assert written == [True]
+    assert deliveries(session, ids[1])[0].state == "delivered"
+
+
+def test_a_batch_mixing_outcomes_settles_each_as_its_own(hub, session):
+    standard_hub(hub, max_concurrent_deliveries=10)
+    hub.route("inbox", "*", "*", "writer_a")
+    ids = [hub.message(now=at()).id for _ in range(3)]
+    claims = machine.claim(session, "writer_a", "w", at(1), 3, 60)
+    written = machine.settle_many(session, [
+        (claims[0], Outcome.delivered("ok")),
+        (claims[1], Outcome.error("connection", "refused")),
+        (claims[2], Outcome.failed("no such stage"))], RetryPolicy(), at(2))
+    session.commit()
+    assert written == [True, True, True]
+    assert [deliveries(session, i)[0].state for i in ids] == ["delivered", "retrying",
+                                                              "failed"]
+    assert [session.get(Message, i).status for i in ids] == ["delivered", "retrying",
+                                                             "error"]
+
+
+def test_a_stop_mid_batch_settles_the_outcomes_already_gathered(hub, session, registry):
+    standard_hub(hub, max_concurrent_deliveries=16)
+    hub.route("inbox", "*", "*", "writer_a")
+    ids = [hub.message().id for _ in range(5)]
+    runner = TargetRunner(new_session, registry, hub.store, "w")
+    runner.settle_window = 3600  # nothing would settle before the batch ends
+
+    class StopAfterTwo:
+        calls = 0
+
+        def __call__(self, delivery, payload, context):
+            self.calls += 1
+            if self.calls == 2:
+                runner.stop.requested.set()
+            return Outcome.delivered("ok")
+
+    plugin = runner._plugin(session.scalar(select(PluginInstance).where(
+        PluginInstance.name == "writer_a")))
+    plugin.deliver = StopAfterTwo()
+    assert runner._plugin(session.scalar(select(PluginInstance).where(
+        PluginInstance.name == "writer_a"))) is plugin
+    try:
+        report = runner.drain("writer_a", budget=10)
+    finally:
+        runner.stop.requested.clear()
+    assert (report.claimed, report.settled) == (5, 2)
+    states = [deliveries(session, i)[0].state for i in ids]
+    assert states == ["delivered", "delivered", "queued", "queued", "queued"]
