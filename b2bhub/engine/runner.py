@@ -26,6 +26,7 @@ from b2bhub.engine import machine
 from b2bhub.engine.machine import Claim
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.stopping import AttemptCancelled, StopControl, stop_control
+from b2bhub.engine.writelock import serialized_writes
 from b2bhub.models import Delivery, Message, Payload, PluginInstance, utcnow
 from b2bhub.payloads import PayloadStore
 from b2bhub.plugin_api import DeliveryInfo
@@ -143,9 +144,10 @@ class TargetRunner:
         if plugin is None:
             return False
         limit = max(1, min(getattr(plugin, "claim_batch", 1), settings.claim_batch_max))
-        claims = machine.claim(session, target, self.owner, self.clock(), limit,
-                               settings.lease_seconds)
-        session.commit()
+        with serialized_writes(session):
+            claims = machine.claim(session, target, self.owner, self.clock(), limit,
+                                   settings.lease_seconds)
+            session.commit()
         if not claims:
             return False
         report.claimed += len(claims)
@@ -203,7 +205,7 @@ class TargetRunner:
         """One transaction for the outcomes gathered, each fenced by its own claim."""
         if not outcomes:
             return
-        with self.stop.settling():
+        with self.stop.settling(), serialized_writes(session):
             written = machine.settle_many(session, outcomes, policy, self.clock())
             session.commit()
         report.settled += sum(written)
