@@ -106,7 +106,8 @@ class Processes:
             "B2BHUB_DATABASE_URL": self.backend["database_url"],
             "B2BHUB_BROKER_URL": self.backend["broker_url"],
             "B2BHUB_DATA_DIR": self.backend["data_dir"],
-            "B2BHUB_PAYLOAD_DIR": str(Path(self.backend["data_dir"]) / "payloads"),
+            "B2BHUB_PAYLOAD_DIR": self.backend.get("payload_dir")
+                                  or str(Path(self.backend["data_dir"]) / "payloads"),
             "B2BHUB_LOG_LEVEL": "info",
             "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIST), str(ROOT)]),
             "PYTHONUNBUFFERED": "1",

@@ -35,7 +35,8 @@ def procs(backend, app, tmp_path):
     """Processes on the test backend, every one stopped at the end of the test; the
     broker's queues start empty, so only what a test publishes wakes a worker."""
     app.extensions["celery"].control.purge()
-    processes = Processes(backend, tmp_path)
+    # the workers read payloads from the store the test's app wrote them to
+    processes = Processes({**backend, "payload_dir": app.config["PAYLOAD_DIR"]}, tmp_path)
     yield processes
     processes.stop_all()
 

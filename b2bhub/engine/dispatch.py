@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain import routing
@@ -30,6 +30,7 @@ from b2bhub.models import (
     Message,
     Party,
     Payload,
+    PluginInstance,
     Route,
     Setting,
 )
@@ -97,6 +98,10 @@ def direction(session: Session, from_party: str, to_party: str) -> str:
     """Inbound from a partner, outbound to one, internal between our organizations."""
     kinds = dict(session.execute(select(Party.name, Party.kind).where(
         Party.name.in_([from_party, to_party]))).all())
+    return _direction(kinds, from_party, to_party)
+
+
+def _direction(kinds: dict[str, str], from_party: str, to_party: str) -> str:
     if kinds.get(from_party) == PARTNER:
         return "inbound"
     return "outbound" if kinds.get(to_party) == PARTNER else "internal"
@@ -110,16 +115,20 @@ def store_and_dispatch(session: Session, new: NewMessage, now: datetime) -> Mess
     deliveries = create_deliveries(session, message, targets, now, new.actor,
                                    load_settings(session))
     if not deliveries:
-        add_line(session, message.id, "not_routed",
-                 f"no route from {new.source} matches {new.from_party} → {new.to_party}",
+        add_line(session, message.id, "not_routed", _not_routed_text(new),
                  actor=new.actor, now=now)
     refresh_statuses(session, [message.id], now, actor=new.actor)
     return message
 
 
-def _insert_message(session: Session, new: NewMessage, now: datetime) -> Message:
-    main = new.stages.get("unpacked") or new.stages.get("raw") or next(
+def _main_stage(new: NewMessage) -> tuple[str | None, int]:
+    """The stage a message's sha256 and size describe: unpacked, else raw, else any."""
+    return new.stages.get("unpacked") or new.stages.get("raw") or next(
         iter(new.stages.values()), (None, 0))
+
+
+def _insert_message(session: Session, new: NewMessage, now: datetime) -> Message:
+    main = _main_stage(new)
     message = Message(
         source=new.source, from_party=new.from_party, to_party=new.to_party,
         direction=direction(session, new.from_party, new.to_party),
@@ -132,11 +141,18 @@ def _insert_message(session: Session, new: NewMessage, now: datetime) -> Message
     for stage, (digest, size) in new.stages.items():
         session.add(Payload(message_id=message.id, stage=stage, digest=digest, size=size,
                             created_at=now))
-    name = new.original_filename or "a message"
-    add_line(session, message.id, "received",
-             f"{name} received from {new.from_party} for {new.to_party} by {new.source}",
-             actor=new.actor, now=now, data={"size": message.size, "sha256": message.sha256})
+    add_line(session, message.id, "received", _received_text(new), actor=new.actor,
+             now=now, data={"size": message.size, "sha256": message.sha256})
     return message
+
+
+def _received_text(new: NewMessage) -> str:
+    name = new.original_filename or "a message"
+    return f"{name} received from {new.from_party} for {new.to_party} by {new.source}"
+
+
+def _not_routed_text(new: NewMessage) -> str:
+    return f"no route from {new.source} matches {new.from_party} → {new.to_party}"
 
 
 def _route_targets(session: Session, new: NewMessage) -> list[str]:
@@ -167,3 +183,123 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
     after_commit(session, [(r.id, r.target) for r in rows])
     return rows
 
+
+
+# --- a batch of messages in a handful of statements ---------------------------------
+
+def store_and_dispatch_many(session: Session, batch: list[NewMessage],
+                            now: datetime) -> list[int]:
+    """:func:`store_and_dispatch` for a batch, in the caller's transaction, with one
+    statement per kind of row instead of several per message: the same messages,
+    payload rows, deliveries, history lines, statuses and alerts. Returns the message
+    ids in the order of ``batch``.
+
+    Wake-ups (hints: a woken worker drains its target) go out after the commit as the
+    sweep sends them: per target, as many as it may run at once, not one per delivery.
+    """
+    if not batch:
+        return []
+    ids = _insert_messages(session, batch, now)
+    targets = _targets_of(session, batch)
+    made = _insert_deliveries(session, batch, ids, targets, now, load_settings(session))
+    add_lines(session, _intake_lines(batch, ids, targets, made), now)
+    for actor, members in _by_actor(batch, ids).items():
+        refresh_statuses(session, members, now, actor=actor)
+    after_commit(session, _wakeups(session, made))
+    return ids
+
+
+def _insert_messages(session: Session, batch: list[NewMessage], now: datetime
+                     ) -> list[int]:
+    names = {name for new in batch for name in (new.from_party, new.to_party)}
+    kinds = dict(session.execute(select(Party.name, Party.kind).where(
+        Party.name.in_(names))).all())
+    rows = [_message_row(new, kinds, now) for new in batch]
+    ids = list(session.scalars(insert(Message).returning(
+        Message.id, sort_by_parameter_order=True), rows))
+    payloads = [{"message_id": mid, "stage": stage, "digest": digest, "size": size,
+                 "created_at": now}
+                for mid, new in zip(ids, batch, strict=True)
+                for stage, (digest, size) in new.stages.items()]
+    if payloads:
+        session.execute(insert(Payload), payloads)
+    return ids
+
+
+def _message_row(new: NewMessage, kinds: dict[str, str], now: datetime) -> dict:
+    digest, size = _main_stage(new)
+    return {"source": new.source, "from_party": new.from_party, "to_party": new.to_party,
+            "direction": _direction(kinds, new.from_party, new.to_party),
+            "original_filename": new.original_filename, "external_id": new.external_id,
+            "correlation_id": new.correlation_id, "status": MessageStatus.RECEIVED,
+            "sequence_key": new.sequence_key or f"{new.from_party}>{new.to_party}",
+            "sha256": digest, "size": size, "created_at": now, "updated_at": now}
+
+
+def _targets_of(session: Session, batch: list[NewMessage]) -> list[list[str]]:
+    """Each message's distinct targets: given ones, else the routes' (read once)."""
+    table = (route_cache.table(session) if any(n.targets is None for n in batch)
+             else None)
+    return [list(dict.fromkeys(new.targets if new.targets is not None
+                               else table.targets(new.source, new.from_party,
+                                                  new.to_party)))
+            for new in batch]
+
+
+def _insert_deliveries(session: Session, batch: list[NewMessage], ids: list[int],
+                       targets: list[list[str]], now: datetime,
+                       settings: DeliverySettings) -> list[tuple[int, int, str]]:
+    """One queued delivery per target; (delivery id, message id, target) in order."""
+    first_rewake = now + timedelta(seconds=settings.wake_delay(1))
+    rows = [{"message_id": mid, "target": target, "state": DeliveryState.QUEUED,
+             "due_at": now, "next_wake_at": first_rewake, "wake_count": 1,
+             "sequence_key": new.sequence_key or f"{new.from_party}>{new.to_party}",
+             "created_at": now, "updated_at": now}
+            for mid, new, names in zip(ids, batch, targets, strict=True) for target in names]
+    if not rows:
+        return []
+    delivery_ids = list(session.scalars(insert(Delivery).returning(
+        Delivery.id, sort_by_parameter_order=True), rows))
+    session.execute(update(Delivery).where(Delivery.id.in_(delivery_ids))
+                    .values(sequence_no=Delivery.id)
+                    .execution_options(synchronize_session=False))
+    return [(did, row["message_id"], row["target"])
+            for did, row in zip(delivery_ids, rows, strict=True)]
+
+
+def _intake_lines(batch: list[NewMessage], ids: list[int], targets: list[list[str]],
+                  made: list[tuple[int, int, str]]) -> list[dict]:
+    """Received, then queued per delivery or not routed, as store_and_dispatch writes."""
+    actors = dict(zip(ids, (new.actor for new in batch), strict=True))
+    lines = [{"message_id": mid, "type": "received", "actor": new.actor,
+              "text": _received_text(new),
+              "data": {"size": _main_stage(new)[1], "sha256": _main_stage(new)[0]}}
+             for mid, new in zip(ids, batch, strict=True)]
+    lines += [{"message_id": mid, "delivery_id": did, "type": "delivery_changed",
+               "actor": actors[mid], "text": f"{target}: queued",
+               "data": {"state": "queued"}} for did, mid, target in made]
+    lines += [{"message_id": mid, "type": "not_routed", "actor": new.actor,
+               "text": _not_routed_text(new)}
+              for mid, new, names in zip(ids, batch, targets, strict=True) if not names]
+    return lines
+
+
+def _by_actor(batch: list[NewMessage], ids: list[int]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for mid, new in zip(ids, batch, strict=True):
+        groups.setdefault(new.actor, []).append(mid)
+    return groups
+
+
+def _wakeups(session: Session, made: list[tuple[int, int, str]]) -> list[tuple[int, str]]:
+    """Per target, the first deliveries up to its Max Concurrent Deliveries."""
+    by_target: dict[str, list[int]] = {}
+    for did, _mid, target in made:
+        by_target.setdefault(target, []).append(did)
+    if not by_target:
+        return []
+    limits = dict(session.execute(select(PluginInstance.name,
+                                         PluginInstance.max_concurrent_deliveries)
+                                  .where(PluginInstance.name.in_(list(by_target)))).all())
+    return [(did, target) for target, dids in by_target.items()
+            for did in dids[:max(1, limits.get(target) or 1)]]

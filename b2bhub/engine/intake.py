@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
-from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
 from b2bhub.models import Party, PollerPickup, utcnow
 from b2bhub.payloads import PayloadStore, StoredPayload
 from b2bhub.plugin_api import PickedFile
@@ -141,47 +141,56 @@ class SourceIntake:
         self.made.extend(made)
         return made
 
-    def _commit(self, batch: list[_Staged]) -> tuple[list[PollerPickup], list[int]]:
+    def _commit(self, batch: list[_Staged]) -> tuple[list[int], list[int]]:
+        """One transaction: the new files' messages in one bulk dispatch, their pickup
+        rows in one statement; returns each file's pickup id and the new message ids."""
         now = self.clock()
         try:
             self.fence.check(self.session, now)
             known = self._known_pickups([s.file for s in batch])
-            pickups, made = [], []
-            for staged in batch:
-                row = known.get(_key(staged.file, staged.stored.digest))
-                if row is None:
-                    row = self._insert(staged, now)
-                    made.append(row.message_id)
-                pickups.append(row)
+            fresh = [s for s in batch
+                     if _key(s.file, s.stored.digest) not in known]
+            made = store_and_dispatch_many(self.session, [
+                self._new_message(s) for s in fresh], now)
+            inserted = self._insert_pickups(fresh, made, now)
+            pickups = [known.get(_key(s.file, s.stored.digest)) or inserted[id(s)]
+                       for s in batch]
             self.session.commit()
         except BaseException:
             self.session.rollback()
             raise
         return pickups, made
 
-    def _insert(self, staged: _Staged, now: datetime) -> PollerPickup:
-        message = store_and_dispatch(self.session, NewMessage(
-            source=self.instance_name, from_party=staged.from_party,
-            to_party=staged.to_party, original_filename=staged.filename,
-            stages={"unpacked": (staged.stored.digest, staged.stored.size)}), now)
-        row = PollerPickup(instance=self.instance_name, path=staged.file.relative,
-                           size=staged.file.size, mtime_ns=staged.file.mtime_ns,
-                           sha256=staged.stored.digest, message_id=message.id,
-                           created_at=now)
-        self.session.add(row)
-        self.session.flush()
-        return row
+    def _new_message(self, staged: _Staged) -> NewMessage:
+        return NewMessage(source=self.instance_name, from_party=staged.from_party,
+                          to_party=staged.to_party, original_filename=staged.filename,
+                          stages={"unpacked": (staged.stored.digest, staged.stored.size)})
 
-    def _known_pickups(self, files: list[PickedFile]) -> dict[tuple, PollerPickup]:
+    def _insert_pickups(self, fresh: list[_Staged], made: list[int], now: datetime
+                        ) -> dict[int, int]:
+        """A pickup row per newly stored file, in one statement: id(staged) -> row id."""
+        if not fresh:
+            return {}
+        rows = [{"instance": self.instance_name, "path": s.file.relative,
+                 "size": s.file.size, "mtime_ns": s.file.mtime_ns,
+                 "sha256": s.stored.digest, "message_id": message_id, "created_at": now}
+                for s, message_id in zip(fresh, made, strict=True)]
+        ids = self.session.scalars(insert(PollerPickup).returning(
+            PollerPickup.id, sort_by_parameter_order=True), rows)
+        return {id(s): row_id for s, row_id in zip(fresh, ids, strict=True)}
+
+    def _known_pickups(self, files: list[PickedFile]) -> dict[tuple, int]:
         """Pickup rows already recorded for these files (left by a process that died)."""
-        rows = self.session.scalars(select(PollerPickup).where(
+        rows = self.session.execute(select(
+            PollerPickup.id, PollerPickup.path, PollerPickup.size, PollerPickup.mtime_ns,
+            PollerPickup.sha256).where(
             PollerPickup.instance == self.instance_name,
             PollerPickup.path.in_({f.relative for f in files}))).all()
-        return {(r.path, r.size, r.mtime_ns, r.sha256): r for r in rows}
+        return {(r.path, r.size, r.mtime_ns, r.sha256): r.id for r in rows}
 
-    def _remove(self, batch: list[_Staged], pickups: list[PollerPickup]) -> None:
+    def _remove(self, batch: list[_Staged], pickups: list[int]) -> None:
         """After the commit: remove each file, then forget the pickups of those gone."""
-        done = [row.id for staged, row in zip(batch, pickups, strict=True)
+        done = [row_id for staged, row_id in zip(batch, pickups, strict=True)
                 if _removed(staged.file, self.instance_name)]
         self._forget(done)
 

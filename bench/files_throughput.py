@@ -1,0 +1,95 @@
+"""Messages per second from a file poller to a file writer, end to end, with real
+worker and beat processes (issue 3, Benchmarks).
+
+    python bench/files_throughput.py --backend postgres --files 10000 --size 2048 --workers 2
+
+Drops ``--files`` files of ``--size`` bytes (each different) under the poller's
+directory as fast as it can, each written outside the scanned tree and renamed in, and
+times from the first file dropped to the last file the writer put in place; then waits
+until the database has every delivery Delivered.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from filebench_lib import (
+    Profiler,
+    arguments,
+    delivered_count,
+    drop_file,
+    environment,
+    fresh_bench,
+    start_processes,
+    status_counts,
+    wait_until,
+    written_files,
+)
+
+
+def _options(parser) -> None:
+    parser.add_argument("--files", type=int, default=10000)
+    parser.add_argument("--size", type=int, default=2048, help="bytes per file")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="record each worker with py-spy into DIR and print the top "
+                             "costs")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds to wait for the last file")
+
+
+def body(index: int, size: int) -> bytes:
+    """A file's content: unique per index, so the payload store keeps every one."""
+    head = f"<order n='{index:08d}'>".encode()
+    return (head + b"x" * size)[:size - 1] + b"\n"
+
+
+def drop_all(bench, files: int, size: int) -> tuple[float, float]:
+    """Drop the files; the monotonic times of the first and the last drop."""
+    first = time.monotonic()
+    for i in range(files):
+        drop_file(bench, f"order-{i:06d}.xml", iter([body(i, size)]))
+    return first, time.monotonic()
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0], _options)
+    with fresh_bench(args.backend, keep=args.keep) as bench:
+        procs = start_processes(bench, args.workers)
+        profiler = Profiler(args.profile, procs)
+        before = environment(bench, args.workers)
+        first, dropped = drop_all(bench, args.files, args.size)
+        last_report = [time.monotonic()]
+
+        def progress() -> None:
+            if time.monotonic() - last_report[0] >= 5:
+                last_report[0] = time.monotonic()
+                print(f"  {time.monotonic() - first:6.1f} s: "
+                      f"{written_files(bench.outbox)} written", flush=True)
+        written = wait_until(lambda: written_files(bench.outbox) >= args.files,
+                             args.timeout, "all files written", every=0.05,
+                             on_wait=progress)
+        settled = wait_until(
+            lambda: delivered_count(bench.urls["database_url"]) >= args.files,
+            120, "every delivery Delivered", every=0.2)
+        seconds = written - first
+        profile = profiler.stop()
+        print("\n".join(before))
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in _load())}")
+        print(f"files: {args.files} x {args.size} bytes")
+        print(f"dropped in: {dropped - first:.2f} s")
+        print(f"first dropped -> last written: {seconds:.2f} s")
+        print(f"first dropped -> all Delivered in the database: {settled - first:.2f} s")
+        print(f"msgs/s: {args.files / seconds:.1f}")
+        print(f"message statuses: {status_counts(bench.urls['database_url'])}")
+        print("\n".join(profile))
+
+
+def _load() -> tuple[float, float, float]:
+    import os
+    return os.getloadavg()
+
+
+if __name__ == "__main__":
+    main()
