@@ -123,11 +123,12 @@ class Processes:
         return proc
 
     def worker(self, extra_env: dict[str, str] | None = None, include: str | None = None,
-               wait: bool = True) -> Proc:
-        """``celery worker --pool solo`` on the deliveries and default queues."""
+               wait: bool = True, queues: str = "deliveries,default") -> Proc:
+        """``celery worker --pool solo`` on ``queues``: wake-ups come on ``deliveries``;
+        the sweep, the source scheduler and the scans of pollers on ``default``."""
         n = sum(p.name.startswith("worker") for p in self.procs) + 1
         cmd = CELERY + ["worker", "--pool", "solo", "-n", f"w{n}@%h", "--loglevel", "INFO",
-                        "-Q", "deliveries,default", "--without-mingle", "--without-gossip"]
+                        "-Q", queues, "--without-mingle", "--without-gossip"]
         if include:
             cmd += ["--include", include]
         proc = self.start(f"worker{n}", cmd, extra_env)
@@ -176,6 +177,18 @@ class Processes:
         return "\n".join(f"===== {p.name} (pid {p.pid}) {p.log} =====\n{p.output()[-tail:]}"
                          for p in self.procs)
 
+
+def wait_until(check: Callable[[], object], timeout: float, what: str,
+               every: float = 0.2) -> object:
+    """Poll ``check`` until it returns something true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {timeout} s (last: {value!r})")
+        time.sleep(every)
 
 
 def free_port() -> int:
