@@ -6,8 +6,9 @@ Every process gets the test backend's database, broker and data directory throug
 :meth:`Processes.print_logs` shows them when a test fails. Processes run in sessions of
 their own, so a signal meant for one never reaches pytest.
 
-Use through a fixture whose teardown calls :meth:`Processes.stop_all`; a fixture named
-``procs`` also gets its logs into a failing test's report (see ``conftest.py``).
+Use through a fixture whose teardown calls :meth:`Processes.stop_all` and that hands
+over the test app's payload directory; a fixture named ``procs`` also gets its logs into
+a failing test's report (see ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -95,8 +96,12 @@ class Proc:
 class Processes:
     """Starts worker, beat and web processes against the test backend."""
 
-    def __init__(self, backend: dict, tmp: Path):
+    def __init__(self, backend: dict, tmp: Path, payload_dir: str | None = None):
+        """``payload_dir``: the payload store the test process writes (the test app's
+        ``PAYLOAD_DIR``), so the processes read what it stored; by default the one in
+        the backend's data directory."""
         self.backend, self.tmp = backend, tmp
+        self.payload_dir = payload_dir or str(Path(backend["data_dir"]) / "payloads")
         self.procs: list[Proc] = []
         self._count = 0
 
@@ -106,7 +111,7 @@ class Processes:
             "B2BHUB_DATABASE_URL": self.backend["database_url"],
             "B2BHUB_BROKER_URL": self.backend["broker_url"],
             "B2BHUB_DATA_DIR": self.backend["data_dir"],
-            "B2BHUB_PAYLOAD_DIR": str(Path(self.backend["data_dir"]) / "payloads"),
+            "B2BHUB_PAYLOAD_DIR": self.payload_dir,
             "B2BHUB_LOG_LEVEL": "info",
             "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIST), str(ROOT)]),
             "PYTHONUNBUFFERED": "1",

@@ -41,7 +41,7 @@ def procs(backend, app, tmp_path):
     """Processes on the test backend, every one stopped at the end of the test; the
     broker's queues start empty."""
     app.extensions["celery"].control.purge()
-    processes = Processes(backend, tmp_path)
+    processes = Processes(backend, tmp_path, app.config["PAYLOAD_DIR"])
     yield processes
     processes.stop_all()
 
@@ -250,7 +250,7 @@ def assert_stored_exactly_once(procs: Processes, dropped: dict[str, bytes]) -> N
     assert Counter(name for name, _, _ in stored) == Counter(dropped.keys())
     assert Counter(digest for _, _, digest in stored) == Counter(
         sha256(body) for body in dropped.values())
-    store = PayloadStore(Path(procs.backend["data_dir"]) / "payloads")
+    store = PayloadStore(procs.payload_dir)
     for name, digest, payload in stored:
         assert digest == payload == sha256(dropped[name]), name
         with store.open(digest) as stream:

@@ -35,7 +35,7 @@ def procs(backend, app, tmp_path):
     """Processes on the test backend, every one stopped at the end of the test; the
     broker's queues start empty, so only what a test publishes wakes a worker."""
     app.extensions["celery"].control.purge()
-    processes = Processes(backend, tmp_path)
+    processes = Processes(backend, tmp_path, app.config["PAYLOAD_DIR"])
     yield processes
     processes.stop_all()
 
