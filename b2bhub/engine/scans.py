@@ -97,12 +97,15 @@ def _publish(session: Session, name: str, interval: float, now: datetime) -> boo
 # --- the lease ----------------------------------------------------------------------
 
 class ScanLease(Fence):
-    """The guard of one scan of one instance; see the module docstring."""
+    """The guard of one scan of one instance; see the module docstring. Renewed at
+    every batch commit, and by :meth:`keep_alive` once a third of it has passed since
+    the last renewal."""
 
     def __init__(self, session: Session, instance: str, owner: str,
                  seconds: float = LEASE_SECONDS, clock: Callable[[], datetime] = utcnow):
         self.session, self.name, self.owner = session, lease_name(instance), owner
         self.seconds, self.clock = timedelta(seconds=seconds), clock
+        self._renewed: datetime | None = None
 
     def take(self, now: datetime) -> bool:
         """Take the lease unless another scanner holds one that has not run out."""
@@ -111,6 +114,7 @@ class ScanLease(Fence):
             Lock.name == self.name, or_(Lock.owner.is_(None), Lock.until < now),
         ).values(owner=self.owner, until=now + self.seconds)).rowcount == 1
         self.session.commit()
+        self._renewed = now if taken else None
         return taken
 
     def check(self, session: Session, now: datetime) -> None:
@@ -120,10 +124,14 @@ class ScanLease(Fence):
         ).values(until=now + self.seconds)).rowcount
         if renewed != 1:
             raise LeaseLost(f"{self.name}: the lease was handed on; the scan stops")
+        self._renewed = now
 
     def keep_alive(self) -> None:
+        now = self.clock()
+        if self._renewed is not None and now - self._renewed < self.seconds / 3:
+            return
         try:
-            self.check(self.session, self.clock())
+            self.check(self.session, now)
             self.session.commit()
         except BaseException:
             self.session.rollback()
