@@ -216,7 +216,7 @@ def test_kill_9_while_picking_up_stores_every_file_exactly_once(procs, session, 
     print(f"random seed {seed}")
     rng, acme = random.Random(seed), inbox / "acme"
     dropped: dict[str, bytes] = {}
-    kills = []
+    kills, started = [], time.monotonic()
     for n in range(ROUNDS):
         files = round_files(n, rng)
         dropped.update(files)
@@ -230,15 +230,17 @@ def test_kill_9_while_picking_up_stores_every_file_exactly_once(procs, session, 
             time.sleep(rng.uniform(0, 1.5 * (time.monotonic() - begun)))
         scanner.signal(signal.SIGKILL)
         assert scanner.wait_exit(10) == -signal.SIGKILL
-        kills.append((sum(name in files for name in os.listdir(acme)), count(PollerPickup)))
+        kills.append((sum(name in files for name in os.listdir(acme)), count(PollerPickup),
+                      round(time.monotonic() - started, 1)))
         scanner = procs.worker(queues="default", wait=False)
-    print(f"(files of the round left, pickup rows) at each kill: {kills}")
+    print(f"(files of the round left, pickup rows, seconds) at each kill: {kills}")
 
     wait_until(lambda: not left_in(acme) and count(PollerPickup) == 0
                and count(Message) == len(dropped), 90, "every file stored")
     assert_stored_exactly_once(procs, dropped)
     assert left_in(inbox) == ["acme"]  # nothing was found unroutable
-    assert all(left > 0 for left, _ in kills), "a round was taken whole before the kill"
+    print(f"all stored after {time.monotonic() - started:.1f} s")
+    assert all(left > 0 for left, _, _ in kills), "a round was taken whole before the kill"
 
 
 def assert_stored_exactly_once(procs: Processes, dropped: dict[str, bytes]) -> None:
