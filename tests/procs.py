@@ -6,8 +6,9 @@ Every process gets the test backend's database, broker and data directory throug
 :meth:`Processes.print_logs` shows them when a test fails. Processes run in sessions of
 their own, so a signal meant for one never reaches pytest.
 
-Use through a fixture whose teardown calls :meth:`Processes.stop_all`; a fixture named
-``procs`` also gets its logs into a failing test's report (see ``conftest.py``).
+Use through a fixture whose teardown calls :meth:`Processes.stop_all` and that hands
+over the test app's payload directory; a fixture named ``procs`` also gets its logs into
+a failing test's report (see ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -95,8 +96,12 @@ class Proc:
 class Processes:
     """Starts worker, beat and web processes against the test backend."""
 
-    def __init__(self, backend: dict, tmp: Path):
+    def __init__(self, backend: dict, tmp: Path, payload_dir: str | None = None):
+        """``payload_dir``: the payload store the test process writes (the test app's
+        ``PAYLOAD_DIR``), so the processes read what it stored; by default the one in
+        the backend's data directory."""
         self.backend, self.tmp = backend, tmp
+        self.payload_dir = payload_dir or str(Path(backend["data_dir"]) / "payloads")
         self.procs: list[Proc] = []
         self._count = 0
 
@@ -106,8 +111,7 @@ class Processes:
             "B2BHUB_DATABASE_URL": self.backend["database_url"],
             "B2BHUB_BROKER_URL": self.backend["broker_url"],
             "B2BHUB_DATA_DIR": self.backend["data_dir"],
-            "B2BHUB_PAYLOAD_DIR": self.backend.get("payload_dir")
-                                  or str(Path(self.backend["data_dir"]) / "payloads"),
+            "B2BHUB_PAYLOAD_DIR": self.payload_dir,
             "B2BHUB_LOG_LEVEL": "info",
             "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIST), str(ROOT)]),
             "PYTHONUNBUFFERED": "1",
@@ -124,11 +128,12 @@ class Processes:
         return proc
 
     def worker(self, extra_env: dict[str, str] | None = None, include: str | None = None,
-               wait: bool = True) -> Proc:
-        """``celery worker --pool solo`` on the deliveries and default queues."""
+               wait: bool = True, queues: str = "deliveries,default") -> Proc:
+        """``celery worker --pool solo`` on ``queues``: wake-ups come on ``deliveries``;
+        the sweep, the source scheduler and the scans of pollers on ``default``."""
         n = sum(p.name.startswith("worker") for p in self.procs) + 1
         cmd = CELERY + ["worker", "--pool", "solo", "-n", f"w{n}@%h", "--loglevel", "INFO",
-                        "-Q", "deliveries,default", "--without-mingle", "--without-gossip"]
+                        "-Q", queues, "--without-mingle", "--without-gossip"]
         if include:
             cmd += ["--include", include]
         proc = self.start(f"worker{n}", cmd, extra_env)
@@ -177,6 +182,18 @@ class Processes:
         return "\n".join(f"===== {p.name} (pid {p.pid}) {p.log} =====\n{p.output()[-tail:]}"
                          for p in self.procs)
 
+
+def wait_until(check: Callable[[], object], timeout: float, what: str,
+               every: float = 0.2) -> object:
+    """Poll ``check`` until it returns something true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} within {timeout} s (last: {value!r})")
+        time.sleep(every)
 
 
 def free_port() -> int:

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.engine import scans
 from b2bhub.engine.scans import ScanLease, SourceRunner, due_scans
+from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.hub import new_session
 from b2bhub.models import (
     Alert,
@@ -378,6 +379,53 @@ def test_the_scheduler_hands_on_a_lease_left_by_a_dead_scanner(poller, registry,
     assert due_scans(session, registry, clock() + timedelta(seconds=29)) == []
     assert due_scans(session, registry, clock() + timedelta(seconds=31)) == [
         ("poller", 10.0)]
+
+
+def test_the_scan_lease_lasts_the_scan_lease_seconds_setting(
+        poller, registry, hub, clock, base, session, monkeypatch):
+    save_settings(session, DeliverySettings(scan_lease_seconds=5))
+    session.commit()
+    poller(polling_interval=1)
+    put(base, "acme/o.xml")
+    runner = SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock)
+    scan(runner, clock)
+    real_remove, held = file_poller.LocalFile.remove, []
+
+    def note_the_lease(self):  # after the batch's commit renewed the lease
+        with new_session() as s:
+            held.append((*s.execute(select(Lock.owner, Lock.until).where(
+                Lock.name == "scan:poller")).one(), clock()))
+        return real_remove(self)
+    monkeypatch.setattr(file_poller.LocalFile, "remove", note_the_lease)
+    scan(runner, clock)
+    [(owner, until, now)] = held
+    assert owner.startswith("proc-a:") and until == now + timedelta(seconds=5)
+
+
+def test_a_batch_slower_to_read_than_the_lease_keeps_its_lease(
+        poller, registry, hub, clock, base, session, monkeypatch):
+    """Reading the ten files of one batch takes 20 s, the lease is 5 s: the scan renews
+    it as it reads, so the scheduler (run after every file) never hands it on and the
+    batch commits."""
+    poller()
+    for i in range(10):
+        put(base, f"acme/s{i}.xml", b"s%d" % i)
+    runner = SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock,
+                          lease_seconds=5)
+    scan(runner, clock)
+    real_open, handed_on = file_poller.LocalFile.open, []
+
+    def slow_open(self):
+        clock.advance(2)
+        with new_session() as s:
+            handed_on.extend(due_scans(s, registry, clock()))
+        return real_open(self)
+    monkeypatch.setattr(file_poller.LocalFile, "open", slow_open)
+    report = runner.scan("poller")
+
+    assert handed_on == []
+    assert (report.ran, report.reason, len(report.messages)) == (True, "", 10)
+    assert count(session, Message) == 10 and not list((base / "acme").iterdir())
 
 
 def test_celery_config_schedules_the_source_scheduler_every_second():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from b2bhub.engine import machine
+from b2bhub.engine import machine, operator
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
@@ -315,6 +315,47 @@ def test_a_storage_failure_is_retried_after_30s_2min_10min_then_fails(
                for line in failures)
     assert lines[-1].endswith("(attempts used up (4))")
     assert open_alerts(session, message) == ["message_failed"]
+
+
+def test_redeliver_after_the_directory_is_fixed_writes_the_file(
+        hub, session, registry, clock, writer, tmp_path):
+    """Failed once the schedule is used up; the operator fixes the directory and
+    redelivers: the next attempt writes the file, the message is Delivered, its
+    ``message_failed`` alert resolved, and the history names the operator."""
+    blocker = tmp_path / "blocker"
+    blocker.write_bytes(b"not a directory")
+    writer(base_directory=str(blocker / "out"))
+    message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
+    for delay in (30, 120, 600):
+        drain(hub, registry, clock)
+        clock.advance(delay)
+    drain(hub, registry, clock)
+    assert state(session, message) == ("failed", "error", 4)
+    assert open_alerts(session, message) == ["message_failed"]
+
+    blocker.unlink()
+    blocker.mkdir()
+    clock.advance(60)
+    delivery_id = session.scalar(select(Delivery.id).where(Delivery.message_id == message.id))
+    operator.redeliver(session, delivery_id, "alice", clock())
+    session.commit()
+    assert state(session, message) == ("queued", "received", 4)
+    drain(hub, registry, clock)
+
+    assert (blocker / "out" / "order1.xml").read_bytes() == BODY
+    assert files_below(blocker) == ["out/order1.xml"]
+    assert state(session, message) == ("delivered", "delivered", 5)
+    assert open_alerts(session, message) == []
+    assert session.execute(select(HistoryLine.type, HistoryLine.actor, HistoryLine.text)
+                           .where(HistoryLine.message_id == message.id,
+                                  HistoryLine.actor == "alice")
+                           .order_by(HistoryLine.id)).all() == [
+        ("redeliver_requested", "alice", "alice asked to redeliver the delivery to writer"),
+        ("delivery_changed", "alice", "writer: queued (redeliver)"),
+        ("status_changed", "alice", "Error → Received")]
+    assert history(session, message)[-2:] == [
+        "writer: attempt 5 started",
+        f"writer: attempt 5 delivered: wrote order1.xml ({len(BODY)} bytes)"]
 
 
 def _due(session, message):

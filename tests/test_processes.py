@@ -25,7 +25,7 @@ from b2bhub.extensions import db
 from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Delivery, HistoryLine, Message, PluginInstance, utcnow
 from b2bhub.services import config as svc
-from tests.procs import Processes
+from tests.procs import Processes, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -35,8 +35,7 @@ def procs(backend, app, tmp_path):
     """Processes on the test backend, every one stopped at the end of the test; the
     broker's queues start empty, so only what a test publishes wakes a worker."""
     app.extensions["celery"].control.purge()
-    # the workers read payloads from the store the test's app wrote them to
-    processes = Processes({**backend, "payload_dir": app.config["PAYLOAD_DIR"]}, tmp_path)
+    processes = Processes(backend, tmp_path, app.config["PAYLOAD_DIR"])
     yield processes
     processes.stop_all()
 
@@ -48,19 +47,6 @@ def to_broker(app):
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-def wait_until(check: Callable[[], object], timeout: float, what: str,
-               every: float = 0.2) -> object:
-    """Poll ``check`` until it returns something true; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} within {timeout} s (last: {value!r})")
-        time.sleep(every)
-
 
 def rows(stmt):
     """Run a query in a fresh session (never a stale snapshot)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,7 +40,9 @@ class Fence:
         """Renew inside the batch's transaction; raise if the scan may no longer commit."""
 
     def keep_alive(self) -> None:
-        """Renew in a transaction of its own, when due (long reads)."""
+        """Renew in a transaction of its own if due; called before each file is read
+        and during long reads, so however long a batch takes to read, it keeps the
+        right to commit."""
 
 
 @dataclass
@@ -110,6 +111,7 @@ class SourceIntake:
         if self.should_stop():
             self.flush()
             raise ScanStopped(f"{self.instance_name}: stopping; the scan ends here")
+        self.fence.keep_alive()
         stored = self._stage(file)
         if stored is None:
             return False
@@ -223,12 +225,10 @@ class _KeepAlive:
     """A binary stream that keeps the scan's lease alive while a long file is read."""
 
     def __init__(self, stream: IO[bytes], fence: Fence):
-        self._stream, self._fence, self._last = stream, fence, time.monotonic()
+        self._stream, self._fence = stream, fence
 
     def read(self, size: int = -1) -> bytes:
-        if time.monotonic() - self._last > 5:
-            self._fence.keep_alive()
-            self._last = time.monotonic()
+        self._fence.keep_alive()
         return self._stream.read(size)
 
 

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.engine.instances import mark_instance_error, mark_running
 from b2bhub.engine.intake import Fence, ScanStopped, SourceIntake
+from b2bhub.engine.settings import load_settings
 from b2bhub.models import InstanceState, Lock, PluginInstance, utcnow
 from b2bhub.payloads import PayloadStore
 from b2bhub.plugin_api import Plugin, PluginStartError
@@ -96,12 +97,15 @@ def _publish(session: Session, name: str, interval: float, now: datetime) -> boo
 # --- the lease ----------------------------------------------------------------------
 
 class ScanLease(Fence):
-    """The guard of one scan of one instance; see the module docstring."""
+    """The guard of one scan of one instance; see the module docstring. Renewed at
+    every batch commit, and by :meth:`keep_alive` once a third of it has passed since
+    the last renewal."""
 
     def __init__(self, session: Session, instance: str, owner: str,
                  seconds: float = LEASE_SECONDS, clock: Callable[[], datetime] = utcnow):
         self.session, self.name, self.owner = session, lease_name(instance), owner
         self.seconds, self.clock = timedelta(seconds=seconds), clock
+        self._renewed: datetime | None = None
 
     def take(self, now: datetime) -> bool:
         """Take the lease unless another scanner holds one that has not run out."""
@@ -110,6 +114,7 @@ class ScanLease(Fence):
             Lock.name == self.name, or_(Lock.owner.is_(None), Lock.until < now),
         ).values(owner=self.owner, until=now + self.seconds)).rowcount == 1
         self.session.commit()
+        self._renewed = now if taken else None
         return taken
 
     def check(self, session: Session, now: datetime) -> None:
@@ -119,10 +124,14 @@ class ScanLease(Fence):
         ).values(until=now + self.seconds)).rowcount
         if renewed != 1:
             raise LeaseLost(f"{self.name}: the lease was handed on; the scan stops")
+        self._renewed = now
 
     def keep_alive(self) -> None:
+        now = self.clock()
+        if self._renewed is not None and now - self._renewed < self.seconds / 3:
+            return
         try:
-            self.check(self.session, self.clock())
+            self.check(self.session, now)
             self.session.commit()
         except BaseException:
             self.session.rollback()
@@ -148,12 +157,14 @@ class ScanReport:
 
 class SourceRunner:
     """Starts and scans the scheduled sources of this process. A plugin object lives as
-    long as the process and its configuration; a changed configuration starts anew."""
+    long as the process and its configuration; a changed configuration starts anew.
+    The scan lease is ``lease_seconds`` when given, else the ``scan_lease_seconds``
+    delivery setting read at each scan."""
 
     def __init__(self, session_factory: Callable[[], Session], registry,
                  store: PayloadStore, owner: str, *, clock: Callable[[], datetime] = utcnow,
                  should_stop: Callable[[], bool] = lambda: False,
-                 lease_seconds: float = LEASE_SECONDS, batch_size: int = 100):
+                 lease_seconds: float | None = None, batch_size: int = 100):
         self.session_factory, self.registry, self.store = session_factory, registry, store
         self.owner, self.clock, self.should_stop = owner, clock, should_stop
         self.lease_seconds, self.batch_size = lease_seconds, batch_size
@@ -162,18 +173,24 @@ class SourceRunner:
     def scan(self, instance: str) -> ScanReport:
         """One scan of ``instance`` under its lease; nothing if another process scans."""
         with self.session_factory() as session:
-            row = self._instance(session, instance)
+            seconds = self._lease_seconds(session)
+            row = self._instance(session, instance)  # ends the reading transaction
             if row is None:
                 return ScanReport(reason=f"{instance} is not an enabled scheduled source")
             started = self.clock()
             lease = ScanLease(session, instance, f"{self.owner}:{uuid.uuid4().hex[:8]}",
-                              self.lease_seconds, self.clock)
+                              seconds, self.clock)
             if not lease.take(started):
                 return ScanReport(reason=f"{instance} is being scanned elsewhere")
             try:
                 return self._scan(session, row, lease)
             finally:
                 lease.release(started + timedelta(seconds=polling_interval(row.config)))
+
+    def _lease_seconds(self, session: Session) -> float:
+        if self.lease_seconds is not None:
+            return self.lease_seconds
+        return float(load_settings(session).scan_lease_seconds)
 
     def _scan(self, session: Session, row: PluginInstance, lease: ScanLease) -> ScanReport:
         plugin = self.start(session, row)

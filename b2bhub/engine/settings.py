@@ -16,11 +16,14 @@ KEY = "delivery"
 class DeliverySettings:
     """``wake_delays``: seconds between the wake-ups of an unclaimed delivery; after
     ``stall_after`` wake-ups without a claim it is stalled (5 -> 10 s, 30 s, 2 min,
-    10 min, 10 min: 22 min 40 s)."""
+    10 min, 10 min: 22 min 40 s). ``scan_lease_seconds``: the lease of a scheduled
+    source's scan, renewed at every batch it commits; a scan left by a process that died
+    is handed on this long after its last renewal."""
 
     stall_after: int = 5
     wake_delays: tuple[int, ...] = (10, 30, 120, 600, 600)
     lease_seconds: int = 300
+    scan_lease_seconds: int = 30
     claim_batch_max: int = 16
     drain_seconds: float = 20.0
     probe_interval: int = 60
