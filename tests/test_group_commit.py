@@ -89,3 +89,28 @@ def test_a_stop_mid_batch_settles_the_outcomes_already_gathered(hub, session, re
     assert (report.claimed, report.settled) == (5, 2)
     states = [deliveries(session, i)[0].state for i in ids]
     assert states == ["delivered", "delivered", "queued", "queued", "queued"]
+
+
+def test_delivered_outcomes_written_together_are_each_fenced(hub, session):
+    from b2bhub.engine import operator
+
+    standard_hub(hub, max_concurrent_deliveries=10)
+    hub.route("inbox", "*", "*", "writer_a")
+    ids = [hub.message(now=at()).id for _ in range(3)]
+    claims = machine.claim(session, "writer_a", "w", at(1), 3, 60)
+    session.commit()
+    operator.cancel_delivery(session, claims[1].delivery_id, "carol", at(2))
+    session.commit()
+
+    written = machine.settle_many(session, [(c, Outcome.delivered(f"wrote {i}"))
+                                            for i, c in enumerate(claims)],
+                                  RetryPolicy(), at(3))
+    session.commit()
+
+    assert written == [True, False, True]
+    rows = [deliveries(session, i)[0] for i in ids]
+    assert [r.state for r in rows] == ["delivered", "cancelled", "delivered"]
+    assert [r.last_result for r in rows] == ["wrote 0", "", "wrote 2"]
+    assert [len(lines(session, i, "stale_outcome_ignored")) for i in ids] == [0, 1, 0]
+    assert [session.get(Message, i).status for i in ids] == ["delivered", "cancelled",
+                                                             "delivered"]

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import DateTime, bindparam, or_, select, text, update
+from sqlalchemy import DateTime, bindparam, case, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -176,10 +176,14 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
     all of them go in one insert and the statuses of their messages are derived once.
     Returns, per outcome, whether it was written (False: stale, recorded as such).
     """
+    planned = [(claim, outcome, *_settlement(claim, outcome, policy, now))
+               for claim, outcome in outcomes]
+    together = _deliver_together(session, [p for p in planned
+                                            if p[1].kind is OutcomeKind.DELIVERED], now)
     written, lines = [], []
-    for claim, outcome in outcomes:
-        values, line = _settlement(claim, outcome, policy, now)
-        ok = _fenced_update(session, claim, values)
+    for claim, outcome, values, line in planned:
+        ok = together[claim.delivery_id] if claim.delivery_id in together else \
+            _fenced_update(session, claim, values)
         written.append(ok)
         if not ok:
             _record_stale(session, claim, outcome.kind.value, now)
@@ -191,6 +195,27 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
     if lines:
         refresh_statuses(session, [line["message_id"] for line in lines], now, lines=lines)
     return written
+
+
+def _deliver_together(session: Session, planned: list, now: datetime) -> dict[int, bool]:
+    """Write several delivered outcomes of one owner in one UPDATE, each row still fenced
+    by its own attempt number; {delivery id: written}. Fewer than two: nothing done
+    here (the caller writes them one by one)."""
+    owners = {claim.owner for claim, *_ in planned}
+    if len(planned) < 2 or len(owners) != 1:
+        return {}
+    t = Delivery.__table__
+    ids = [claim.delivery_id for claim, *_ in planned]
+    attempts = {claim.delivery_id: claim.attempt for claim, *_ in planned}
+    texts = {claim.delivery_id: outcome.text for claim, outcome, *_ in planned}
+    statement = (update(t).where(
+        t.c.id.in_(ids), t.c.lease_owner == owners.pop(), t.c.state == S.IN_PROGRESS,
+        t.c.attempt == case(attempts, value=t.c.id),
+    ).values(state=S.DELIVERED, settled_at=now, failure_kind=None, lease_owner=None,
+             lease_until=None, updated_at=now, last_result=case(texts, value=t.c.id))
+        .returning(t.c.id))
+    done = set(connection(session).execute(statement).scalars())
+    return {delivery_id: delivery_id in done for delivery_id in ids}
 
 
 def _settlement(claim: Claim, outcome: Outcome, policy: RetryPolicy,
