@@ -65,13 +65,6 @@ class StopControl:
             self._settling = False
             self._cancel_pending = False
 
-    def reset(self) -> None:
-        self.requested.clear()
-        signal.setitimer(signal.ITIMER_REAL, 0) if _in_main() else None
-
-
-def _in_main() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 #: the process-wide stop control of a worker
