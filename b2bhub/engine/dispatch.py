@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session
 
 from b2bhub.domain import routing
 from b2bhub.domain.states import DeliveryState, MessageStatus
-from b2bhub.engine.history import add_line, add_lines
+from b2bhub.engine.history import add_lines
+from b2bhub.engine.machine import wakeups_per_target
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
@@ -30,7 +31,6 @@ from b2bhub.models import (
     Message,
     Party,
     Payload,
-    PluginInstance,
     Route,
     Setting,
 )
@@ -94,14 +94,8 @@ class NewMessage:
     data: dict = field(default_factory=dict)
 
 
-def direction(session: Session, from_party: str, to_party: str) -> str:
-    """Inbound from a partner, outbound to one, internal between our organizations."""
-    kinds = dict(session.execute(select(Party.name, Party.kind).where(
-        Party.name.in_([from_party, to_party]))).all())
-    return _direction(kinds, from_party, to_party)
-
-
 def _direction(kinds: dict[str, str], from_party: str, to_party: str) -> str:
+    """Inbound from a partner, outbound to one, internal between our organizations."""
     if kinds.get(from_party) == PARTNER:
         return "inbound"
     return "outbound" if kinds.get(to_party) == PARTNER else "internal"
@@ -110,40 +104,14 @@ def _direction(kinds: dict[str, str], from_party: str, to_party: str) -> str:
 def store_and_dispatch(session: Session, new: NewMessage, now: datetime) -> Message:
     """Insert the message, its payload rows, one delivery per distinct target and the
     history, in the caller's transaction; the wake-ups go out after it commits."""
-    message = _insert_message(session, new, now)
-    targets = new.targets if new.targets is not None else _route_targets(session, new)
-    deliveries = create_deliveries(session, message, targets, now, new.actor,
-                                   load_settings(session))
-    if not deliveries:
-        add_line(session, message.id, "not_routed", _not_routed_text(new),
-                 actor=new.actor, now=now)
-    refresh_statuses(session, [message.id], now, actor=new.actor)
-    return message
+    [message_id] = store_and_dispatch_many(session, [new], now)
+    return session.get(Message, message_id)
 
 
 def _main_stage(new: NewMessage) -> tuple[str | None, int]:
     """The stage a message's sha256 and size describe: unpacked, else raw, else any."""
     return new.stages.get("unpacked") or new.stages.get("raw") or next(
         iter(new.stages.values()), (None, 0))
-
-
-def _insert_message(session: Session, new: NewMessage, now: datetime) -> Message:
-    main = _main_stage(new)
-    message = Message(
-        source=new.source, from_party=new.from_party, to_party=new.to_party,
-        direction=direction(session, new.from_party, new.to_party),
-        original_filename=new.original_filename, external_id=new.external_id,
-        correlation_id=new.correlation_id, status=MessageStatus.RECEIVED,
-        sequence_key=new.sequence_key or f"{new.from_party}>{new.to_party}",
-        sha256=main[0], size=main[1], created_at=now, updated_at=now)
-    session.add(message)
-    session.flush()
-    for stage, (digest, size) in new.stages.items():
-        session.add(Payload(message_id=message.id, stage=stage, digest=digest, size=size,
-                            created_at=now))
-    add_line(session, message.id, "received", _received_text(new), actor=new.actor,
-             now=now, data={"size": message.size, "sha256": message.sha256})
-    return message
 
 
 def _received_text(new: NewMessage) -> str:
@@ -153,10 +121,6 @@ def _received_text(new: NewMessage) -> str:
 
 def _not_routed_text(new: NewMessage) -> str:
     return f"no route from {new.source} matches {new.from_party} → {new.to_party}"
-
-
-def _route_targets(session: Session, new: NewMessage) -> list[str]:
-    return route_cache.table(session).targets(new.source, new.from_party, new.to_party)
 
 
 def create_deliveries(session: Session, message: Message, targets: list[str],
@@ -205,7 +169,7 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
     add_lines(session, _intake_lines(batch, ids, targets, made), now)
     for actor, members in _by_actor(batch, ids).items():
         refresh_statuses(session, members, now, actor=actor)
-    after_commit(session, _wakeups(session, made))
+    after_commit(session, wakeups_per_target(session, [(d, t) for d, _m, t in made]))
     return ids
 
 
@@ -289,17 +253,3 @@ def _by_actor(batch: list[NewMessage], ids: list[int]) -> dict[str, list[int]]:
     for mid, new in zip(ids, batch, strict=True):
         groups.setdefault(new.actor, []).append(mid)
     return groups
-
-
-def _wakeups(session: Session, made: list[tuple[int, int, str]]) -> list[tuple[int, str]]:
-    """Per target, the first deliveries up to its Max Concurrent Deliveries."""
-    by_target: dict[str, list[int]] = {}
-    for did, _mid, target in made:
-        by_target.setdefault(target, []).append(did)
-    if not by_target:
-        return []
-    limits = dict(session.execute(select(PluginInstance.name,
-                                         PluginInstance.max_concurrent_deliveries)
-                                  .where(PluginInstance.name.in_(list(by_target)))).all())
-    return [(did, target) for target, dids in by_target.items()
-            for did in dids[:max(1, limits.get(target) or 1)]]

@@ -404,20 +404,24 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
         update(table).where(table.c.id == bindparam("_id"),
                             or_(table.c.state == S.QUEUED, table.c.state == S.RETRYING))
         .values(wake_count=bindparam("_wc"), next_wake_at=bindparam("_next")), params)
-    return _wakeups_per_target(session, rows)
+    return wakeups_per_target(session, [(r.id, r.target) for r in rows])
 
 
-def _wakeups_per_target(session: Session, rows: Iterable) -> list[tuple[int, str]]:
+def wakeups_per_target(session: Session, due: Iterable[tuple[int, str]]
+                       ) -> list[tuple[int, str]]:
+    """The wake-ups to publish for due (delivery id, target) pairs: per target, as many
+    as it may run at once (a woken worker drains its target, so one per delivery is
+    waste)."""
     by_target: dict[str, list[int]] = {}
-    for r in rows:
-        by_target.setdefault(r.target, []).append(r.id)
+    for delivery_id, target in due:
+        by_target.setdefault(target, []).append(delivery_id)
+    if not by_target:
+        return []
     limits = dict(session.execute(select(PluginInstance.name,
                                          PluginInstance.max_concurrent_deliveries)
                                   .where(PluginInstance.name.in_(list(by_target)))).all())
-    wakeups = []
-    for target, ids in by_target.items():
-        wakeups += [(i, target) for i in ids[:max(1, limits.get(target, 1))]]
-    return wakeups
+    return [(i, target) for target, ids in by_target.items()
+            for i in ids[:max(1, limits.get(target) or 1)]]
 
 
 # --- helpers --------------------------------------------------------------------------
