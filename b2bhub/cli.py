@@ -64,15 +64,51 @@ def token_group() -> None:
 
 @token_group.command("create")
 @click.argument("name")
-@click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), default="admin")
+@click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), default="admin",
+              help="the token's role (ignored with --user: a user's token has the user's role)")
+@click.option("--user", "user_name", default=None,
+              help="the user the token acts as; history lines name that user")
 @with_appcontext
-def token_create(name: str, role: str) -> None:
+def token_create(name: str, role: str, user_name: str | None) -> None:
     """Print a new bearer token (shown once)."""
     from b2bhub.extensions import db
     from b2bhub.services.tokens import create_token
-    token = create_token(db.session, name, role)
+    from b2bhub.services.users import find_user
+    user = None
+    if user_name is not None:
+        user = find_user(db.session, user_name)
+        if user is None:
+            raise click.ClickException(f"no user named '{user_name}'")
+    token = create_token(db.session, name, role, user=user)
     db.session.commit()
     click.echo(token)
+
+
+@main.group("user")
+def user_group() -> None:
+    """People who log in to the UI."""
+
+
+@user_group.command("create")
+@click.argument("name")
+@click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), default="viewer")
+@with_appcontext
+def user_create(name: str, role: str) -> None:
+    """Create a user; the password is read from stdin (its first line)."""
+    from b2bhub.extensions import db
+    from b2bhub.services.errors import ServiceError
+    from b2bhub.services.users import create_user
+    if sys.stdin.isatty():
+        password = click.prompt("password", hide_input=True, confirmation_prompt=True)
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    try:
+        create_user(db.session, name, password, role)
+    except ServiceError as exc:
+        db.session.rollback()
+        raise click.ClickException(exc.message) from exc
+    db.session.commit()
+    click.echo(f"user '{name}' created with the {role} role")
 
 
 @main.command("sweep")

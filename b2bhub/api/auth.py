@@ -49,17 +49,18 @@ def authenticate_request() -> None:
     if view is None or getattr(view, "public", False):
         return
     token = _bearer_token()
-    row = tokens.authenticate(db.session, token) if token else None
-    if row is None:
+    found = tokens.authenticate(db.session, token) if token else None
+    if found is None:
         raise ApiError(401, "unauthorized", "a valid bearer token is required "
                        "(Authorization: Bearer <token>)" if token is None
                        else "the bearer token is unknown or revoked")
     db.session.commit()
     needed = required_role(view)
-    if RANK.get(row.role, -1) < RANK[needed]:
+    _row, actor, role = found
+    if RANK.get(role, -1) < RANK[needed]:
         raise ApiError(403, "forbidden", f"this call needs the {needed} role; "
-                       f"token '{row.name}' has the {row.role} role")
-    g.actor, g.role = row.name, row.role
+                       f"'{actor}' has the {role} role")
+    g.actor, g.role = actor, role
 
 
 def _bearer_token() -> str | None:

@@ -1,10 +1,10 @@
-"""Alerts, settings, connected processes, locks and API tokens."""
+"""Alerts, settings, connected processes, locks, users and API tokens."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, Index, String
+from sqlalchemy import JSON, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from b2bhub.models.base import Base, BigId, utcnow
@@ -61,11 +61,31 @@ class Lock(Base):
     until: Mapped[datetime | None] = mapped_column(default=None)
 
 
+class User(Base):
+    """A person who logs in to the UI or owns API tokens; the name is what history lines
+    record as the operator. Only a KDF hash of the password is kept."""
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(256))
+    role: Mapped[str] = mapped_column(String(16), default="viewer")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(default=None)
+    last_login_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
 class ApiToken(Base):
+    """A bearer token. A token created for a user acts as that user (its history lines name
+    the user) with the user's role; a token without a user acts under its own name."""
+
     __tablename__ = "api_tokens"
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(100))
+    user_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), default=None, index=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     role: Mapped[str] = mapped_column(String(16), default="admin")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

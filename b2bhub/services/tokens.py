@@ -9,7 +9,7 @@ from datetime import timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub.models import ApiToken, utcnow
+from b2bhub.models import ApiToken, User, utcnow
 
 ROLES = ("viewer", "operator", "admin")
 LAST_USED_PRECISION = timedelta(minutes=1)
@@ -19,21 +19,37 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(session: Session, name: str, role: str = "admin") -> str:
+def create_token(session: Session, name: str, role: str = "admin",
+                 user: User | None = None) -> str:
+    """A new token, returned once. A user's token takes the user's role and name."""
+    if user is not None:
+        role = user.role
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     token = "b2b_" + secrets.token_urlsafe(32)
-    session.add(ApiToken(name=name, token_hash=_hash(token), role=role))
+    session.add(ApiToken(name=name, token_hash=_hash(token), role=role,
+                         user_id=user.id if user is not None else None))
     return token
 
 
-def authenticate(session: Session, token: str) -> ApiToken | None:
-    """The live token row for ``token``, or None; notes when it was last used."""
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == _hash(token),
-                                                ApiToken.revoked_at.is_(None)))
+def authenticate(session: Session, token: str) -> tuple[ApiToken, str, str] | None:
+    """``(token row, actor, role)`` for a live token, or None; notes when it was last used.
+
+    A token that belongs to a user acts as that user with the user's current role (so a
+    changed role applies to existing tokens) and stops working when the user is disabled.
+    """
+    found = session.execute(
+        select(ApiToken, User).outerjoin(User, User.id == ApiToken.user_id)
+        .where(ApiToken.token_hash == _hash(token), ApiToken.revoked_at.is_(None))).first()
+    if found is None:
+        return None
+    row, user = found
+    if user is not None and user.disabled_at is not None:
+        return None
+    actor, role = (user.name, user.role) if user is not None else (row.name, row.role)
     now = utcnow()
     # At most one write a minute per token: an API read should not cost a database write.
     if row is not None and (row.last_used_at is None or
                             now - row.last_used_at > LAST_USED_PRECISION):
         row.last_used_at = now
-    return row
+    return row, actor, role
