@@ -18,7 +18,8 @@ from b2bhub.services import sending
 
 MESSAGE_ACTIONS = {"redispatch": operator.redispatch, "cancel": operator.cancel_message}
 DELIVERY_ACTIONS = {"redeliver": operator.redeliver, "send-again": operator.send_again,
-                    "cancel": operator.cancel_delivery}
+                    "cancel": operator.cancel_delivery, "resubmit": operator.resubmit,
+                    "skip": operator.skip}
 
 
 @bp.post("/messages/<int:message_id>/<any(redispatch, cancel):action>")
@@ -27,7 +28,8 @@ def message_action(message_id: int, action: str):
     return _act(MESSAGE_ACTIONS[action], message_id)
 
 
-@bp.post("/deliveries/<int:delivery_id>/<any(redeliver, 'send-again', cancel):action>")
+@bp.post("/deliveries/<int:delivery_id>/<any(redeliver, 'send-again', cancel, resubmit, skip)"
+         ":action>")
 @requires("operator")
 def delivery_action(delivery_id: int, action: str):
     return _act(DELIVERY_ACTIONS[action], delivery_id)

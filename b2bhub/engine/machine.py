@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
+from b2bhub.engine import sequences
 from b2bhub.engine.history import add_line, add_lines, connection, raise_alert
 from b2bhub.engine.settings import DeliverySettings
 from b2bhub.engine.status import refresh_statuses
@@ -59,6 +60,7 @@ class Claim:
     attempt: int
     failures: int
     owner: str
+    ordered: bool = False  # the target delivers its sequences in order (SPEC 7)
 
 
 # --- claim -------------------------------------------------------------------------
@@ -118,7 +120,7 @@ def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
         if params["n"] <= 0:
             return []
     rows = session.execute(_claim_statement(sql, ordered), params).all()
-    claims = [Claim(r[0], r[1], target, r[2], r[3], owner) for r in rows]
+    claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered) for r in rows]
     _record_claims(session, claims, now)
     return claims
 
@@ -180,7 +182,7 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
                for claim, outcome in outcomes]
     together = _deliver_together(session, [p for p in planned
                                             if p[1].kind is OutcomeKind.DELIVERED], now)
-    written, lines = [], []
+    written, lines, blockers = [], [], []
     for claim, outcome, values, line in planned:
         ok = together[claim.delivery_id] if claim.delivery_id in together else \
             _fenced_update(session, claim, values)
@@ -192,8 +194,12 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
                       "type": "delivery_changed", "actor": claim.owner, "text": line,
                       "data": {"state": values["state"], "attempt": claim.attempt,
                                "target": claim.target, **_json_safe(outcome.data)}})
+        if values["state"] == S.FAILED and (claim.ordered or outcome.block == "sequence"):
+            blockers.append(claim.delivery_id)
     if lines:
         refresh_statuses(session, [line["message_id"] for line in lines], now, lines=lines)
+    if blockers:
+        sequences.park_behind(session, blockers, now, planned[0][0].owner)
     return written
 
 
@@ -351,9 +357,12 @@ def fail_overdue_receipts(session: Session, now: datetime, limit: int) -> int:
             failed.append({"message_id": r.message_id, "delivery_id": r.id,
                            "type": "delivery_changed", "actor": "sweep",
                            "text": f"{r.target}: no receipt within {waited}",
-                           "data": {"state": S.FAILED}})
+                           "data": {"state": S.FAILED, "target": r.target}})
     add_lines(session, failed, now)
     refresh_statuses(session, [f["message_id"] for f in failed], now)
+    ordered = set(sequences.ordered_targets(session)) if failed else set()
+    sequences.park_behind(session, [f["delivery_id"] for f in failed
+                                    if f["data"]["target"] in ordered], now, "sweep")
     return len(failed)
 
 
@@ -362,7 +371,8 @@ def stall_unclaimed(session: Session, now: datetime, settings: DeliverySettings,
     """Stall deliveries woken ``stall_after`` times without any claim; alert."""
     due = (select(Delivery.id).where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
                                      Delivery.next_wake_at <= now,
-                                     Delivery.wake_count >= settings.stall_after)
+                                     Delivery.wake_count >= settings.stall_after,
+                                     *_not_waiting(session))
            .limit(limit))
     rows = session.execute(update(Delivery).where(
         Delivery.id.in_(due.scalar_subquery()),
@@ -392,7 +402,8 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
     rows = session.execute(select(Delivery.id, Delivery.target, Delivery.wake_count)
                            .where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
                                   Delivery.next_wake_at <= now,
-                                  Delivery.wake_count < settings.stall_after)
+                                  Delivery.wake_count < settings.stall_after,
+                                  *_not_waiting(session))
                            .order_by(Delivery.next_wake_at).limit(limit)).all()
     if not rows:
         return []
@@ -425,6 +436,13 @@ def wakeups_per_target(session: Session, due: Iterable[tuple[int, str]]
 
 
 # --- helpers --------------------------------------------------------------------------
+
+def _not_waiting(session: Session) -> list:
+    """Conditions leaving out deliveries that wait their turn in an ordered sequence:
+    nobody failed to claim them, so they are neither woken nor stalled."""
+    ordered = sequences.ordered_targets(session)
+    return [~sequences.waiting_in_sequence(ordered)] if ordered else []
+
 
 def _is_postgres(session: Session) -> bool:
     return session.get_bind().dialect.name == "postgresql"

@@ -13,7 +13,13 @@ send again      delivered                            queued (same external id)
 cancel          queued, retrying, stalled, deferred, cancelled
                 awaiting_receipt, in_progress
 redispatch      (message) new deliveries for new routes; stalled ones re-queued
+resubmit        failed, blocking its sequence        queued; parked ones queued behind it
+skip            failed, blocking its sequence        skipped; parked ones released
 ==============  ===================================  ===========
+
+A failed delivery blocks its sequence when its target is ordered or when deliveries are
+parked behind it (a business rule that blocks the sequence); see
+:mod:`b2bhub.engine.sequences`. Redeliver of such a delivery is a resubmit.
 
 Cancelling an attempt in progress needs no signal to the worker: its outcome is refused
 by the fence (the delivery is no longer in progress) and recorded as stale.
@@ -28,12 +34,13 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
+from b2bhub.engine import sequences
 from b2bhub.engine.dispatch import create_deliveries, route_cache
 from b2bhub.engine.history import add_line, resolve_alert
 from b2bhub.engine.settings import load_settings
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
-from b2bhub.models import Delivery, Message
+from b2bhub.models import Delivery, Message, PluginInstance
 
 S = DeliveryState
 
@@ -62,6 +69,44 @@ def redeliver(session: Session, delivery_id: int, actor: str, now: datetime) -> 
     """Send a failed, stalled or retrying delivery again from the start."""
     return _requeue(session, delivery_id, actor, now, REDELIVERABLE, "redeliver_requested",
                     "redeliver")
+
+
+def resubmit(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
+    """A new attempt for the failed delivery that blocks its sequence; the deliveries
+    parked behind it queue again and wait their turn behind it."""
+    _blocking(session, delivery_id, "resubmit")
+    return _requeue(session, delivery_id, actor, now, {S.FAILED}, "resubmit_requested",
+                    "resubmit")
+
+
+def skip(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
+    """End the failed delivery that blocks its sequence as Skipped and release the
+    deliveries parked behind it, in order."""
+    delivery = _blocking(session, delivery_id, "skip")
+    add_line(session, delivery.message_id, "skip_requested",
+             f"{actor} skipped the delivery to {delivery.target}", actor=actor,
+             delivery_id=delivery_id, now=now)
+    _move(session, delivery, S.SKIPPED, now, actor, f"{delivery.target}: skipped",
+          settled_at=now, next_wake_at=None)
+    released = sequences.release(session, delivery, now, actor, load_settings(session))
+    refresh_statuses(session, [delivery.message_id], now, actor)
+    return ActionResult(True, f"skipped; {released} parked delivery(ies) released",
+                        [delivery_id])
+
+
+def _blocking(session: Session, delivery_id: int, verb: str) -> Delivery:
+    delivery = _delivery(session, delivery_id)
+    if delivery.state == S.FAILED and _blocks_sequence(session, delivery):
+        return delivery
+    raise ActionRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: {verb} takes "
+                        "a failed delivery that blocks its sequence (use redeliver "
+                        "otherwise)")
+
+
+def _blocks_sequence(session: Session, delivery: Delivery) -> bool:
+    ordered = session.scalar(select(PluginInstance.ordered).where(
+        PluginInstance.name == delivery.target))
+    return bool(ordered) or sequences.parked_behind(session, delivery) > 0
 
 
 def send_again(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
@@ -150,8 +195,12 @@ def _requeue(session: Session, delivery_id: int, actor: str, now: datetime,
     add_line(session, delivery.message_id, line_type,
              f"{actor} asked to {verb} the delivery to {delivery.target}", actor=actor,
              delivery_id=delivery_id, now=now)
+    blocking = delivery.state == S.FAILED and _blocks_sequence(session, delivery)
     _wake_again(session, delivery, now, actor, verb, failures=0, failure_kind=None,
                 settled_at=None)
+    if blocking:
+        # never parked behind itself: the parked ones queue again behind it
+        sequences.release(session, delivery, now, actor, load_settings(session))
     refresh_statuses(session, [delivery.message_id], now, actor)
     return ActionResult(True, f"{verb}: queued", [delivery_id])
 

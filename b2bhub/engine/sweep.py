@@ -15,7 +15,7 @@ from sqlalchemy import insert, or_, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.engine import machine
+from b2bhub.engine import machine, sequences
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import Lock
@@ -30,6 +30,7 @@ class SweepReport:
     ran: bool = False
     leases_expired: int = 0
     receipts_overdue: int = 0
+    parked: int = 0
     stalled: int = 0
     woken: int = 0
 
@@ -47,6 +48,7 @@ def run_sweep(session: Session, now: datetime, owner: str,
             session, now, batch))
         report.receipts_overdue = _loop(session, lambda: machine.fail_overdue_receipts(
             session, now, batch))
+        report.parked = _loop(session, lambda: sequences.park_blocked(session, now, batch))
         report.stalled = _loop(session, lambda: machine.stall_unclaimed(
             session, now, settings, batch))
         report.woken = _loop(session, lambda: _wake(session, now, settings, batch))
