@@ -203,3 +203,8 @@ def _message(session: Session, message_id: int) -> Message:
         raise UnknownObject(f"no message {message_id}")
     return message
 
+
+#: The actions by the names the API and the UI give them (``POST .../<action>``).
+MESSAGE_ACTIONS = {"redispatch": redispatch, "cancel": cancel_message}
+DELIVERY_ACTIONS = {"redeliver": redeliver, "send-again": send_again,
+                    "cancel": cancel_delivery}
