@@ -8,6 +8,7 @@ from b2bhub.api import (  # noqa: E402,F401
     actions,
     auth,
     errors,
+    events,
     messages,
     parties,
     plugins,
