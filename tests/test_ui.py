@@ -373,6 +373,8 @@ def test_messages_filter_search_and_live_rows(setup, login, session):
     assert "orders-17.edi" not in client.get("/ui/messages?from=globex").text
     bad = client.get("/ui/messages?since=yesterday")
     assert "a time like 2024-05-01T12:00 (UTC)" in bad.text
+    found = client.get("/api/v1/messages?q=ORDERS-17").json["items"]
+    assert [m["id"] for m in found] == [first.id]
     rows = client.get(f"/ui/messages/rows?ids={first.id},{second.id}&from=globex").text
     assert f'data-id="{first.id}" data-match="0"' in rows
     assert f'data-id="{second.id}" data-match="1"' in rows
