@@ -37,8 +37,9 @@ def stream_logs():
         after = presence.latest_log_id(db.session)
 
     def read(conn, after_id: int, limit: int) -> list[dict]:
-        rows = conn.execute(db.select(LogRecord).where(LogRecord.id > after_id)
-                            .order_by(LogRecord.id).limit(limit)).scalars()
+        table = LogRecord.__table__
+        rows = conn.execute(db.select(table).where(table.c.id > after_id)
+                            .order_by(table.c.id).limit(limit))
         return [log_json(row) for row in rows]
 
     def keep(item: dict) -> bool:
