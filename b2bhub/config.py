@@ -27,7 +27,8 @@ VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_SECRET_KEY", None, "session and CSRF signing key; default a random key kept in "
      "the data directory"),
     ("B2BHUB_LOG_LEVEL", "info", "log level of every process"),
-    ("B2BHUB_LOG_STREAM_LEVEL", "info", "lowest level shown on the Logs page"),
+    ("B2BHUB_LOG_STREAM_LEVEL", "info", "lowest level of the log records every process "
+     "publishes to the Logs page and /api/v1/logs (never below B2BHUB_LOG_LEVEL)"),
     ("B2BHUB_STOP_GRACE", "5", "seconds a running attempt may finish after SIGTERM"),
     ("B2BHUB_WORKER_QUEUES", "deliveries,default",
      "queues a worker consumes (add an instance's own queue for dedicated workers)"),

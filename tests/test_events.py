@@ -20,12 +20,12 @@ from sqlalchemy.orm import Session
 
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
-from b2bhub.engine.events import FeedFilter, HistoryFeed
+from b2bhub.engine.events import history_feed
 from b2bhub.extensions import db
 from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Delivery, HistoryLine, utcnow
 from b2bhub.services.tokens import create_token
-from tests.procs import Processes, wait_until
+from tests.procs import wait_until
 
 
 def read_events(response, count: int) -> list[tuple[str, str, dict]]:
@@ -127,7 +127,7 @@ def test_a_line_committed_late_with_a_lower_id_is_not_skipped(app, hub, session)
     PostgreSQL the higher line is visible first and waits; on SQLite the second writer
     waits for the first)."""
     engine = db.engine
-    feed = HistoryFeed(0, FeedFilter())
+    feed = history_feed(0)
     slow = Session(engine)
     slow.add(HistoryLine(type="note", text="slow"))
     slow.flush()  # draws the lower id, not yet committed
@@ -151,7 +151,7 @@ def test_a_line_committed_late_with_a_lower_id_is_not_skipped(app, hub, session)
 
 def test_an_id_of_a_rolled_back_transaction_is_stepped_over(app):
     engine = db.engine
-    feed = HistoryFeed(0, FeedFilter())
+    feed = history_feed(0)
     with Session(engine) as lost:
         lost.add(HistoryLine(type="note", text="lost"))
         lost.flush()  # draws an id (PostgreSQL) that will never be visible
@@ -167,14 +167,6 @@ def test_an_id_of_a_rolled_back_transaction_is_stepped_over(app):
 
 
 # --- a real client over a real gunicorn while messages flow --------------------------------
-
-@pytest.fixture
-def procs(backend, app, tmp_path):
-    app.extensions["celery"].control.purge()
-    processes = Processes(backend, tmp_path, app.config["PAYLOAD_DIR"])
-    yield processes
-    processes.stop_all()
-
 
 def test_sse_client_resumes_three_times_and_gets_every_line_once_in_order(
         procs, app, hub, session, record_dir):

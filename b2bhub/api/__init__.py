@@ -9,9 +9,12 @@ from b2bhub.api import (  # noqa: E402,F401
     auth,
     errors,
     events,
+    logs,
     messages,
     parties,
     plugins,
+    processes,
     routes,
     routing,
+    stats,
 )

@@ -13,7 +13,7 @@ from flask import Response, current_app, request
 from b2bhub.api import bp
 from b2bhub.api.errors import ApiError
 from b2bhub.api.inputs import bad_request, int_arg, list_arg
-from b2bhub.engine.events import FeedFilter, HistoryFeed, latest_id
+from b2bhub.engine.events import FeedFilter, history_feed, latest_id
 from b2bhub.extensions import db
 from b2bhub.services.streams import StreamSlots, poll_stream, sse_event
 
@@ -22,13 +22,13 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 @bp.get("/events")
 def events():
-    after = _resume_point()
+    after = resume_point()
     feed_filter = FeedFilter(message_id=int_arg("message"), types=list_arg("type") or [])
     engine = db.engine
     if after is None:
         with engine.connect() as conn:
             after = latest_id(conn)
-    feed = HistoryFeed(after, feed_filter)
+    feed = history_feed(after, feed_filter)
 
     def poll(conn):
         return [sse_event(line["id"], line["type"], line) for line in feed.poll(conn)]
@@ -59,7 +59,7 @@ def stream_slots() -> StreamSlots:
     return app.extensions["b2bhub.stream_slots"]
 
 
-def _resume_point() -> int | None:
+def resume_point() -> int | None:
     value = request.headers.get("Last-Event-ID") or request.args.get("after")
     if value is None or value == "":
         return None

@@ -5,7 +5,7 @@ alone would lose lines on PostgreSQL: ids come from a sequence when a line is in
 but become visible when their transaction commits, so a line with a lower id can commit
 after one with a higher id. A reader that moved past the higher one would never see it.
 
-:class:`HistoryFeed` therefore emits only the contiguous run of ids after ``last``. At
+:class:`IdFeed` therefore emits only the contiguous run of ids after ``last``. At
 the first missing id it stops and waits until the id either appears or is known to be
 dead (its transaction rolled back). An id is known dead once every transaction that
 could hold it has ended: the id was drawn before the higher, visible id was drawn, so
@@ -24,6 +24,7 @@ never appears later and the feed does not wait.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -58,18 +59,35 @@ def line_json(row) -> dict:
             "message_status": row.status}
 
 
+def read_history(conn: Connection, after: int, limit: int) -> list[dict]:
+    stmt = (select(HistoryLine.id, HistoryLine.message_id, HistoryLine.delivery_id,
+                   HistoryLine.type, HistoryLine.text, HistoryLine.actor,
+                   HistoryLine.created_at, Message.status)
+            .outerjoin(Message, Message.id == HistoryLine.message_id)
+            .where(HistoryLine.id > after).order_by(HistoryLine.id).limit(limit))
+    return [line_json(row) for row in conn.execute(stmt)]
+
+
+def history_feed(after: int, filters: FeedFilter | None = None) -> IdFeed:
+    """History lines after ``after``, filtered, every one once in id order."""
+    return IdFeed(read_history, after, (filters or FeedFilter()).matches)
+
+
 def latest_id(conn: Connection) -> int:
     """The highest history id committed now (where a client starting "now" begins)."""
     return conn.scalar(select(func.coalesce(func.max(HistoryLine.id), 0)))
 
 
-class HistoryFeed:
-    """Lines after ``after`` in id order, every one once; see the module docstring."""
+class IdFeed:
+    """Rows after ``after`` in id order, every one once; see the module docstring.
 
-    def __init__(self, after: int, filters: FeedFilter | None = None, batch: int = 500):
-        self.after = after
-        self.filters = filters or FeedFilter()
-        self.batch = batch
+    ``read(conn, after, limit)`` returns up to ``limit`` rows (dicts with ``id``) with an
+    id above ``after``, in id order, unfiltered: the feed must see every id to tell a
+    gap from a row that a filter leaves out. ``keep`` is the filter."""
+
+    def __init__(self, read: Callable[[Connection, int, int], list[dict]], after: int,
+                 keep: Callable[[dict], bool] = lambda row: True, batch: int = 500):
+        self.read, self.after, self.keep, self.batch = read, after, keep, batch
         self._sqlite = False
         # the open gap: the highest id visible when it was first seen, the database time
         # just after that read, and whether every transaction then running has ended
@@ -78,14 +96,14 @@ class HistoryFeed:
         self._gap_dead = False
 
     def poll(self, conn: Connection) -> list[dict]:
-        """The lines that can be emitted now (filtered), advancing the cursor."""
+        """The rows that can be emitted now (filtered), advancing the cursor."""
         emitted: list[dict] = []
         self._sqlite = conn.dialect.name != "postgresql"
         while True:
             dead = self._gap_dead  # known before this read: the read may step over it
-            rows = self._read(conn)
+            rows = self.read(conn, self.after, self.batch)
             ready = self._ready(rows, dead)
-            emitted += [row for row in ready if self.filters.matches(row)]
+            emitted += [row for row in ready if self.keep(row)]
             if ready:
                 self.after = ready[-1]["id"]
             if self._gap_top is not None and self.after >= self._gap_top:
@@ -95,15 +113,6 @@ class HistoryFeed:
                 return emitted
             if len(rows) < self.batch:
                 return emitted
-
-    def _read(self, conn: Connection) -> list[dict]:
-        stmt = (select(HistoryLine.id, HistoryLine.message_id, HistoryLine.delivery_id,
-                       HistoryLine.type, HistoryLine.text, HistoryLine.actor,
-                       HistoryLine.created_at, Message.status)
-                .outerjoin(Message, Message.id == HistoryLine.message_id)
-                .where(HistoryLine.id > self.after)
-                .order_by(HistoryLine.id).limit(self.batch))
-        return [line_json(row) for row in conn.execute(stmt)]
 
     def _ready(self, rows: list[dict], dead: bool) -> list[dict]:
         """The leading rows with no id missing before them that may still appear."""
