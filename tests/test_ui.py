@@ -449,3 +449,57 @@ def test_alerts_are_acknowledged_in_the_users_name(setup, login, session):
     assert "by olga" in page
     line = session.scalar(select(HistoryLine).where(HistoryLine.type == "alert_acknowledged"))
     assert (line.message_id, line.actor) == (message.id, "olga")
+
+
+# --- dashboard, services, logs ---------------------------------------------------------------
+
+def test_dashboard_counts_and_draws_the_per_minute_charts(setup, login, session):
+    from datetime import timedelta
+
+    from b2bhub.models import StatsMinute
+    setup.message()
+    minute = utcnow().replace(second=0, microsecond=0)
+    for n, (came, failed) in enumerate(((3, 0), (7, 2))):
+        session.add(StatsMinute(minute=minute - timedelta(minutes=2 - n), messages_in=came,
+                                attempts=came, delivered=came - failed, failures=failed,
+                                due=0))
+    session.commit()
+    page = login("viewer").get("/ui/").text
+    assert re.search(r'data-status="received".*?<div class="n">1</div>', page, re.S)
+    assert page.count("<svg") == 3 and page.count("<polyline") == 4
+    assert ">7<" in page  # the top of the axis is the largest figure
+    assert "no figures yet" not in page
+    day = login("viewer", "v2").get("/ui/?span=day").text
+    assert "Last day" in day
+
+
+def test_services_start_and_stop_an_instance_in_the_users_name(setup, login, session):
+    client = login("admin", "ada")
+    page = client.get("/ui/system/services").text
+    assert 'data-instance="writer_a"' in page and ">Stop</button>" in page
+    client.post("/ui/system/instances/writer_a/stop")
+    row = session.scalar(select(PluginInstance).where(PluginInstance.name == "writer_a"))
+    session.refresh(row)
+    assert (row.state, row.state_reason) == ("stopped", "stopped by ada")
+    line = session.scalar(select(HistoryLine).where(HistoryLine.type == "instance_stopped"))
+    assert (line.actor, line.text) == ("ada", "ada stopped writer_a")
+    assert ">Start</button>" in client.get("/ui/system/services").text
+    assert login("operator").post("/ui/system/instances/writer_a/start").status_code == 403
+    client.post("/ui/system/instances/writer_a/start")
+    session.refresh(row)
+    assert row.state == "enabled"
+
+
+def test_logs_page_filters_by_level(login, session):
+    from b2bhub.models import LogRecord
+    for level, text in ((20, "scan of poller took 3 files"), (40, "cannot write out/x")):
+        session.add(LogRecord(level=level, logger="b2bhub.test", message=text,
+                              process_id="h:1:x", kind="worker", host="h", pid=1))
+    session.commit()
+    client = login("viewer")
+    page = client.get("/ui/logs").text
+    assert "scan of poller" in page and "cannot write" in page
+    errors_only = client.get("/ui/logs?level=error").text
+    assert "scan of poller" not in errors_only and "cannot write" in errors_only
+    assert 'data-live-logs="/api/v1/logs/stream?level=error"' in errors_only
+    assert client.get("/ui/logs?level=loud").status_code == 400

@@ -1,16 +1,11 @@
-"""What the dashboard counts: messages by status, instances by state, open alerts."""
+"""The dashboard's count of alerts nobody has acknowledged yet."""
 
 from __future__ import annotations
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from b2bhub.models import Alert, Message
-
-
-def messages_by_status(session: Session) -> dict[str, int]:
-    return dict(session.execute(select(Message.status, func.count(Message.id))
-                                .group_by(Message.status)).all())
+from b2bhub.models import Alert
 
 
 def open_alert_count(session: Session) -> int:

@@ -13,6 +13,7 @@ the view names a role with the API's :func:`~b2bhub.api.auth.requires`. Template
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from flask import (
@@ -33,6 +34,7 @@ from werkzeug.exceptions import HTTPException
 from b2bhub.api.auth import RANK, required_role, requires  # noqa: F401  (the API's roles)
 from b2bhub.domain.states import LABELS
 from b2bhub.engine.history import add_line
+from b2bhub.engine.operator import ActionRefused, UnknownObject
 from b2bhub.extensions import db, login_manager
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.forms import ActionForm, show_service_error
@@ -102,9 +104,9 @@ def button(change: Callable[[], object], describe: Callable[[object], str],
         abort(400, "the form expired or was not sent from this site; reload and try again")
     try:
         result = change()
-    except ServiceError as exc:
+    except (ServiceError, ActionRefused, UnknownObject) as exc:
         db.session.rollback()
-        flash(exc.message, "error")
+        flash(getattr(exc, "message", None) or str(exc), "error")
         return
     _done(describe(result), record)
 
@@ -128,7 +130,8 @@ def web_init_app(app: Flask) -> None:
     app.add_url_rule("/", "root", lambda: redirect(url_for("ui.dashboard")))
     app.jinja_env.globals.update(can=can, LABELS=LABELS)
     app.jinja_env.filters.update(label=lambda value: LABELS.get(value, value or ""),
-                                 when=_when, size=_size)
+                                 when=_when, size=_size,
+                                 levelname=lambda n: logging.getLevelName(n).lower())
 
 
 def _when(moment) -> str:

@@ -3,7 +3,9 @@
 //  - tbody[data-live-rows]: the rows of changed messages are fetched from that URL
 //    (with ?ids=) and replace their old rows; new matching messages go on top.
 //  - [data-live-section]: the section is fetched again from this page's URL and swapped
-//    in, at most every 2 s; a number limits the stream to that message's lines.
+//    in, at most every 2 s; a number limits the stream to that message's lines;
+//    data-live-every="N" also fetches it every N seconds (figures no event announces).
+//  - tbody[data-live-logs]: log records from that stream URL go on top.
 // Without JavaScript every page still works; it is just not live.
 (function () {
   "use strict";
@@ -11,10 +13,16 @@
     "redispatch_requested", "redeliver_requested", "send_again_requested",
     "cancel_requested", "resubmit_requested", "skip_requested", "stale_outcome_ignored",
     "duplicate_received", "comment", "alert_acknowledged", "config_changed"];
+  var dot = document.getElementById("live-state");
+  var logs = document.querySelector("tbody[data-live-logs]");
+  if (logs) { tailLogs(logs); return; }
   var rows = document.querySelector("tbody[data-live-rows]");
   var section = document.querySelector("[data-live-section]");
   if (!rows && !section) { return; }
-  var dot = document.getElementById("live-state");
+  if (section && section.dataset.liveEvery) {
+    setInterval(function () { if (!sectionTimer) { refreshSection(); } },
+      1000 * Number(section.dataset.liveEvery));
+  }
   var url = "/api/v1/events";
   if (section && /^\d+$/.test(section.dataset.liveSection)) {
     url += "?message=" + section.dataset.liveSection;
@@ -69,6 +77,28 @@
         if (empty && rows.querySelector("tr[data-id]")) { empty.remove(); }
       })
       .catch(function () {});
+  }
+
+  function tailLogs(body) {
+    var stream = new EventSource(body.dataset.liveLogs);
+    stream.onopen = function () { if (dot) { dot.classList.add("on"); } };
+    stream.onerror = function () { if (dot) { dot.classList.remove("on"); } };
+    stream.addEventListener("log", function (event) {
+      var r;
+      try { r = JSON.parse(event.data); } catch (err) { return; }
+      var tr = document.createElement("tr");
+      tr.className = "lv-" + r.level + " fresh";
+      [r.created_at.replace("T", " ").replace(/\.\d+/, "").replace("Z", ""), r.level,
+        r.kind + " " + r.host + ":" + r.pid, r.logger, r.message].forEach(function (text) {
+        var td = document.createElement("td");
+        td.textContent = text;
+        tr.appendChild(td);
+      });
+      var none = body.querySelector("tr.none");
+      if (none) { none.remove(); }
+      body.insertBefore(tr, body.firstChild);
+      while (body.rows.length > 500) { body.deleteRow(-1); }
+    });
   }
 
   function refreshSection() {
