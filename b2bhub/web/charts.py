@@ -38,8 +38,8 @@ def line_chart(points: list, series: list[tuple[str, str]], start: datetime,
             f'<text x="{PAD + 40}" y="{HEIGHT - 4}" font-size="11">{"".join(legend)}</text>')
     empty = "" if points else (f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" font-size="12" '
                                'text-anchor="middle" fill="#777">no figures yet</text>')
-    return Markup(f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
-                  f'>{axis}{"".join(lines)}{empty}</svg>')
+    return Markup(f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
+                  f'{axis}{"".join(lines)}{empty}</svg>')
 
 
 def _number(value: float) -> str:
