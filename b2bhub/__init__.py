@@ -37,4 +37,8 @@ def create_app(test_config: dict | None = None) -> Flask:
     from b2bhub.api import bp as api_bp
     app.register_blueprint(api_bp)
     csrf.exempt(api_bp)
+    from b2bhub.api.metrics import metrics_bp
+    app.register_blueprint(metrics_bp)
+    from b2bhub.web import web_init_app
+    web_init_app(app)
     return app

@@ -27,7 +27,21 @@ def run_command(workers: int | None) -> None:
     from b2bhub.supervisor import Supervisor
     upgrade()
     cfg = current_app.config
+    _print_login_hint(cfg)
     sys.exit(Supervisor.for_config(cfg, workers or cfg["WORKERS"]).run())
+
+
+def _print_login_hint(cfg) -> None:
+    """Say where the UI is, and how to make the first user when there is none."""
+    from sqlalchemy import func, select
+
+    from b2bhub.extensions import db
+    from b2bhub.models import User
+    click.echo(f"b2bhub UI: http://{cfg['HOST']}:{cfg['PORT']}/ui/")
+    if not db.session.scalar(select(func.count(User.id))):
+        click.echo("no users yet; create one to log in: "
+                   ".venv/bin/b2bhub user create NAME --role admin")
+    db.session.rollback()
 
 
 @main.group("fixtures")

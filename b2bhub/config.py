@@ -22,11 +22,13 @@ VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_HOST", "127.0.0.1", "address the web process listens on"),
     ("B2BHUB_PORT", "8000", "port the web process listens on"),
     ("B2BHUB_WORKERS", "2", "worker processes `b2bhub run` starts"),
-    ("B2BHUB_WEB_THREADS", "8", "threads of the web process"),
+    ("B2BHUB_WEB_THREADS", "64", "threads of the web process; each open event stream "
+     "holds one, 4 are kept for other requests"),
     ("B2BHUB_SECRET_KEY", None, "session and CSRF signing key; default a random key kept in "
      "the data directory"),
     ("B2BHUB_LOG_LEVEL", "info", "log level of every process"),
-    ("B2BHUB_LOG_STREAM_LEVEL", "info", "lowest level shown on the Logs page"),
+    ("B2BHUB_LOG_STREAM_LEVEL", "info", "lowest level of the log records every process "
+     "publishes to the Logs page and /api/v1/logs (never below B2BHUB_LOG_LEVEL)"),
     ("B2BHUB_STOP_GRACE", "5", "seconds a running attempt may finish after SIGTERM"),
     ("B2BHUB_WORKER_QUEUES", "deliveries,default",
      "queues a worker consumes (add an instance's own queue for dedicated workers)"),
@@ -57,7 +59,7 @@ def load(overrides: dict | None = None) -> dict:
         "HOST": _env("B2BHUB_HOST", "127.0.0.1"),
         "PORT": int(_env("B2BHUB_PORT", "8000")),
         "WORKERS": int(_env("B2BHUB_WORKERS", "2")),
-        "WEB_THREADS": int(_env("B2BHUB_WEB_THREADS", "8")),
+        "WEB_THREADS": int(_env("B2BHUB_WEB_THREADS", "64")),
         "WORKER_QUEUES": _env("B2BHUB_WORKER_QUEUES", "deliveries,default"),
         "SQLALCHEMY_ENGINE_OPTIONS": {},
         "WTF_CSRF_TIME_LIMIT": None,

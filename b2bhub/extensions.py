@@ -1,5 +1,6 @@
 """Extensions, created unbound; ``create_app`` binds them. No module keeps the app."""
 
+from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
 from flask_wtf import CSRFProtect
@@ -11,3 +12,4 @@ from b2bhub.models.base import Base
 db = SQLAlchemy(metadata=Base.metadata)
 migrate = Migrate(render_as_batch=True, compare_type=True)
 csrf = CSRFProtect()
+login_manager = LoginManager()

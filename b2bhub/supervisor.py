@@ -25,7 +25,8 @@ class Supervisor:
     @classmethod
     def for_config(cls, cfg, workers: int) -> Supervisor:
         bindir = Path(sys.executable).parent
-        commands = {"web": [str(bindir / "gunicorn"), "--workers", "1", "--threads",
+        commands = {"web": [str(bindir / "gunicorn"), "--worker-class", "gthread",
+                            "--workers", "1", "--threads",
                             str(cfg["WEB_THREADS"]), "--bind", f"{cfg['HOST']}:{cfg['PORT']}",
                             "--graceful-timeout", "10", "wsgi:app"]}
         celery = [str(bindir / "celery"), "-A", "b2bhub.worker"]

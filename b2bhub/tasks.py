@@ -5,16 +5,21 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import beat_init, worker_ready, worker_shutdown, worker_shutting_down
 from flask import current_app
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from b2bhub import hub
-from b2bhub.engine import wakeups
+from b2bhub.agent import start_agent, stop_agent
+from b2bhub.engine import presence, wakeups
+from b2bhub.engine.instances import mark_targets_running
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.engine.scans import SourceRunner, due_scans
+from b2bhub.engine.stats import sample_minutes
 from b2bhub.engine.stopping import stop_control
 from b2bhub.engine.sweep import run_sweep
-from b2bhub.models import utcnow
+from b2bhub.models import InstanceState, PluginInstance, utcnow
 
 log = logging.getLogger(__name__)
 _runner: TargetRunner | None = None
@@ -86,6 +91,49 @@ def broker_cleanup() -> int:
         return 0
     finally:
         engine.dispose()
+
+
+@shared_task(name="b2bhub.housekeeping", ignore_result=True)
+def housekeeping() -> dict:
+    """Every minute: the dashboard's per-minute samples, and the trim of log records
+    and of processes long gone."""
+    with hub.new_session() as session:
+        sampled = sample_minutes(session, utcnow())
+        session.commit()
+        trimmed = presence.trim(session, utcnow())
+        session.commit()
+    return {"sampled": sampled, "log_records_trimmed": trimmed}
+
+
+def worker_heartbeat(session: Session) -> list[str]:
+    """At each heartbeat of a worker: forget the plugins of stopped instances, mark
+    started targets Running; the instances this worker runs."""
+    stopped = set(session.scalars(select(PluginInstance.name).where(
+        PluginInstance.state == InstanceState.STOPPED)))
+    mark_targets_running(session, hub.registry(), utcnow())
+    names: set[str] = set()
+    for each in (_runner, _sources):
+        if each is not None:
+            each.forget(stopped)
+            names.update(each.running())
+    return sorted(names)
+
+
+@worker_ready.connect
+def _start_worker_agent(sender=None, **kwargs) -> None:
+    from b2bhub.worker import flask_app
+    start_agent(flask_app, "worker", worker_heartbeat)
+
+
+@worker_shutdown.connect
+def _stop_worker_agent(sender=None, **kwargs) -> None:
+    stop_agent()
+
+
+@beat_init.connect
+def _start_beat_agent(sender=None, **kwargs) -> None:
+    from b2bhub.worker import flask_app
+    start_agent(flask_app, "beat")
 
 
 @worker_ready.connect

@@ -158,6 +158,17 @@ def hub(session, registry, app, tmp_path):
     return Hub(session, registry, app)
 
 
+@pytest.fixture
+def procs(backend, app, tmp_path):
+    """Real processes on the test backend (``tests/procs.py``), every one stopped at the
+    end of the test; the broker's queues start empty."""
+    from tests.procs import Processes
+    app.extensions["celery"].control.purge()
+    processes = Processes(backend, tmp_path, app.config["PAYLOAD_DIR"])
+    yield processes
+    processes.stop_all()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failing test that started real processes (``procs`` fixture) shows their logs."""

@@ -148,12 +148,14 @@ class Processes:
         proc.wait_in_log("beat: Starting...", timeout=60)
         return proc
 
-    def web(self) -> Proc:
-        """gunicorn serving ``wsgi:app`` on a free loopback port (``proc.url``)."""
+    def web(self, threads: int = 16, extra_env: dict[str, str] | None = None) -> Proc:
+        """gunicorn serving ``wsgi:app`` on a free loopback port (``proc.url``), with the
+        worker class and threads of the Procfile; ``threads - 4`` event streams at once."""
         port = free_port()
-        cmd = [str(BIN / "gunicorn"), "--workers", "1", "--threads", "4", "--bind",
-               f"127.0.0.1:{port}", "--graceful-timeout", "5", "wsgi:app"]
-        proc = self.start("web", cmd)
+        cmd = [str(BIN / "gunicorn"), "--worker-class", "gthread", "--workers", "1",
+               "--threads", str(threads), "--bind", f"127.0.0.1:{port}",
+               "--graceful-timeout", "5", "wsgi:app"]
+        proc = self.start("web", cmd, {"B2BHUB_WEB_THREADS": str(threads), **(extra_env or {})})
         proc.url = f"http://127.0.0.1:{port}"
         proc.wait_for(lambda: _healthy(proc.url), 60, "serving /api/v1/health")
         return proc
@@ -197,9 +199,20 @@ def wait_until(check: Callable[[], object], timeout: float, what: str,
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free loopback port; within ``B2BHUB_TEST_PORTS`` (``first-last``) when set."""
+    wanted = os.environ.get("B2BHUB_TEST_PORTS", "")
+    candidates = [0]
+    if wanted:
+        first, _, last = wanted.partition("-")
+        candidates = list(range(int(first), int(last or first) + 1))
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise RuntimeError(f"no free port in B2BHUB_TEST_PORTS={wanted}")
 
 
 def _healthy(url: str) -> bool:

@@ -8,9 +8,13 @@ from b2bhub.api import (  # noqa: E402,F401
     actions,
     auth,
     errors,
+    events,
+    logs,
     messages,
     parties,
     plugins,
+    processes,
     routes,
     routing,
+    stats,
 )

@@ -16,10 +16,7 @@ from b2bhub.extensions import db
 from b2bhub.models import Message, Payload, utcnow
 from b2bhub.services import sending
 
-MESSAGE_ACTIONS = {"redispatch": operator.redispatch, "cancel": operator.cancel_message}
-DELIVERY_ACTIONS = {"redeliver": operator.redeliver, "send-again": operator.send_again,
-                    "cancel": operator.cancel_delivery, "resubmit": operator.resubmit,
-                    "skip": operator.skip}
+MESSAGE_ACTIONS, DELIVERY_ACTIONS = operator.MESSAGE_ACTIONS, operator.DELIVERY_ACTIONS
 
 
 @bp.post("/messages/<int:message_id>/<any(redispatch, cancel):action>")

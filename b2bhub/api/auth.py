@@ -1,5 +1,6 @@
 """Bearer tokens and roles for every API call (SPEC 15).
 
+A user logged in to the UI may also read (GET) with the login session.
 Reads need ``viewer``; any other method needs ``admin`` unless the view says otherwise
 with :func:`requires`, so a new write endpoint is closed until it names its role.
 :func:`public` opens a view to callers without a token (health only).
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flask import current_app, g, request
+from flask_login import current_user
 
 from b2bhub.api import bp
 from b2bhub.api.errors import ApiError
@@ -49,7 +51,7 @@ def authenticate_request() -> None:
     if view is None or getattr(view, "public", False):
         return
     token = _bearer_token()
-    found = tokens.authenticate(db.session, token) if token else None
+    found = tokens.authenticate(db.session, token) if token else _ui_session()
     if found is None:
         raise ApiError(401, "unauthorized", "a valid bearer token is required "
                        "(Authorization: Bearer <token>)" if token is None
@@ -61,6 +63,14 @@ def authenticate_request() -> None:
         raise ApiError(403, "forbidden", f"this call needs the {needed} role; "
                        f"'{actor}' has the {role} role")
     g.actor, g.role = actor, role
+
+
+def _ui_session() -> tuple[None, str, str] | None:
+    """A user logged in to the UI may read without a token (the pages' event stream,
+    stats and payload downloads); writes always need a bearer token."""
+    if request.method in READ_METHODS and current_user.is_authenticated:
+        return None, current_user.name, current_user.role
+    return None
 
 
 def _bearer_token() -> str | None:

@@ -27,7 +27,7 @@ def error_response(status: int, code: str, message: str, details: dict | None = 
 
 
 @bp.errorhandler(ApiError)
-def _api_error(exc: ApiError):
+def api_error_response(exc: ApiError):
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
     body, status = error_response(exc.status, exc.code, exc.message, exc.details)
     return body, status, headers

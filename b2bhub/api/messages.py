@@ -16,7 +16,7 @@ def list_messages():
     filters = svc.MessageFilter(
         status=list_arg("status"), from_party=text_arg("from"), to_party=text_arg("to"),
         source=text_arg("source"), target=text_arg("target"), since=time_arg("since"),
-        until=time_arg("until"))
+        until=time_arg("until"), q=text_arg("q"))
     page = svc.list_messages(db.session, filters, limit_arg(), cursor_arg(int))
     return jsonify(page_json(page, message_json))
 

@@ -44,7 +44,7 @@ from b2bhub.engine import sequences
 from b2bhub.engine.history import add_line, add_lines, connection, raise_alert
 from b2bhub.engine.settings import DeliverySettings
 from b2bhub.engine.status import refresh_statuses
-from b2bhub.models import Alert, Delivery, PluginInstance
+from b2bhub.models import Alert, Delivery, InstanceState, PluginInstance
 
 S = DeliveryState
 DEFAULT_RECEIPT_TIMEOUT = timedelta(hours=24)
@@ -108,7 +108,8 @@ def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
     Concurrent Deliveries across all processes. Of any number of claimants exactly one
     wins each delivery; every claim increments the attempt number."""
     instance = _lock_instance(session, target)
-    if instance is None or not instance.enabled or instance.online is False:
+    if instance is None or not instance.enabled or instance.online is False \
+            or instance.state == InstanceState.STOPPED:
         return []
     max_concurrent, ordered = instance.max_concurrent_deliveries, instance.ordered
     params = {"target": target, "now": now, "owner": owner, "n": limit,
@@ -372,7 +373,7 @@ def stall_unclaimed(session: Session, now: datetime, settings: DeliverySettings,
     due = (select(Delivery.id).where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
                                      Delivery.next_wake_at <= now,
                                      Delivery.wake_count >= settings.stall_after,
-                                     *_not_waiting(session))
+                                     _not_stopped_target(), *_not_waiting(session))
            .limit(limit))
     rows = session.execute(update(Delivery).where(
         Delivery.id.in_(due.scalar_subquery()),
@@ -392,6 +393,13 @@ def stall_unclaimed(session: Session, now: datetime, settings: DeliverySettings,
     return len(rows)
 
 
+def _not_stopped_target():
+    """A stopped target's deliveries wait: no wake-ups, not stalled (an operator stopped
+    it on purpose); its start wakes them."""
+    return Delivery.target.not_in(select(PluginInstance.name).where(
+        PluginInstance.state == InstanceState.STOPPED))
+
+
 def wake_due(session: Session, now: datetime, settings: DeliverySettings,
              limit: int) -> list[tuple[int, str]]:
     """Count a wake-up on every due, unclaimed delivery and schedule the next one.
@@ -403,7 +411,7 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
                            .where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
                                   Delivery.next_wake_at <= now,
                                   Delivery.wake_count < settings.stall_after,
-                                  *_not_waiting(session))
+                                  _not_stopped_target(), *_not_waiting(session))
                            .order_by(Delivery.next_wake_at).limit(limit)).all()
     if not rows:
         return []

@@ -96,14 +96,14 @@ def skip(session: Session, delivery_id: int, actor: str, now: datetime) -> Actio
 
 def _blocking(session: Session, delivery_id: int, verb: str) -> Delivery:
     delivery = _delivery(session, delivery_id)
-    if delivery.state == S.FAILED and _blocks_sequence(session, delivery):
+    if delivery.state == S.FAILED and blocks_sequence(session, delivery):
         return delivery
     raise ActionRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: {verb} takes "
                         "a failed delivery that blocks its sequence (use redeliver "
                         "otherwise)")
 
 
-def _blocks_sequence(session: Session, delivery: Delivery) -> bool:
+def blocks_sequence(session: Session, delivery: Delivery) -> bool:
     ordered = session.scalar(select(PluginInstance.ordered).where(
         PluginInstance.name == delivery.target))
     return bool(ordered) or sequences.parked_behind(session, delivery) > 0
@@ -195,7 +195,7 @@ def _requeue(session: Session, delivery_id: int, actor: str, now: datetime,
     add_line(session, delivery.message_id, line_type,
              f"{actor} asked to {verb} the delivery to {delivery.target}", actor=actor,
              delivery_id=delivery_id, now=now)
-    blocking = delivery.state == S.FAILED and _blocks_sequence(session, delivery)
+    blocking = delivery.state == S.FAILED and blocks_sequence(session, delivery)
     _wake_again(session, delivery, now, actor, verb, failures=0, failure_kind=None,
                 settled_at=None)
     if blocking:
@@ -252,3 +252,8 @@ def _message(session: Session, message_id: int) -> Message:
         raise UnknownObject(f"no message {message_id}")
     return message
 
+
+#: The actions by the names the API and the UI give them (``POST .../<action>``).
+MESSAGE_ACTIONS = {"redispatch": redispatch, "cancel": cancel_message}
+DELIVERY_ACTIONS = {"redeliver": redeliver, "send-again": send_again,
+                    "cancel": cancel_delivery, "resubmit": resubmit, "skip": skip}

@@ -224,6 +224,15 @@ class TargetRunner:
                 machine.interrupt(session, claim, self.clock(), False, reason)
             session.commit()
 
+    def running(self) -> list[str]:
+        """The targets this runner has a plugin for (the ones this process runs)."""
+        return list(self._plugins)
+
+    def forget(self, names: set[str]) -> None:
+        """Drop the plugins of stopped instances; a start builds them anew."""
+        for name in names:
+            self._plugins.pop(name, None)
+
     def _plugin(self, instance: PluginInstance):
         """The plugin object of an instance, rebuilt when its configuration changed."""
         if not instance.enabled or instance.type not in self.registry:

@@ -80,7 +80,8 @@ def _scheduled(session: Session, registry) -> dict[str, float]:
     rows = session.execute(select(PluginInstance.name, PluginInstance.type,
                                   PluginInstance.config).where(
         PluginInstance.enabled.is_(True),
-        PluginInstance.state != InstanceState.ERROR).order_by(PluginInstance.name)).all()
+        PluginInstance.state.not_in([InstanceState.ERROR, InstanceState.STOPPED]),
+    ).order_by(PluginInstance.name)).all()
     return {name: polling_interval(config or {}) for name, type_name, config in rows
             if type_name in registry and is_scheduled_source(registry.get(type_name))}
 
@@ -104,6 +105,7 @@ class ScanLease(Fence):
     def __init__(self, session: Session, instance: str, owner: str,
                  seconds: float = LEASE_SECONDS, clock: Callable[[], datetime] = utcnow):
         self.session, self.name, self.owner = session, lease_name(instance), owner
+        self.instance = instance
         self.seconds, self.clock = timedelta(seconds=seconds), clock
         self._renewed: datetime | None = None
 
@@ -119,11 +121,14 @@ class ScanLease(Fence):
 
     def check(self, session: Session, now: datetime) -> None:
         """Renew in the caller's transaction; LeaseLost if it is no longer ours."""
+        stopped = select(PluginInstance.id).where(PluginInstance.name == self.instance,
+                                                  PluginInstance.state == InstanceState.STOPPED)
         renewed = session.execute(update(Lock).where(
-            Lock.name == self.name, Lock.owner == self.owner,
+            Lock.name == self.name, Lock.owner == self.owner, ~stopped.exists(),
         ).values(until=now + self.seconds)).rowcount
         if renewed != 1:
-            raise LeaseLost(f"{self.name}: the lease was handed on; the scan stops")
+            raise LeaseLost(f"{self.name}: the lease was handed on or the instance was "
+                            "stopped; the scan stops")
         self._renewed = now
 
     def keep_alive(self) -> None:
@@ -212,7 +217,8 @@ class SourceRunner:
 
     def _instance(self, session: Session, name: str) -> PluginInstance | None:
         row = session.scalar(select(PluginInstance).where(
-            PluginInstance.name == name, PluginInstance.enabled.is_(True)))
+            PluginInstance.name == name, PluginInstance.enabled.is_(True),
+            PluginInstance.state != InstanceState.STOPPED))
         session.commit()
         if row is None or row.type not in self.registry:
             return None
@@ -240,6 +246,15 @@ class SourceRunner:
         self._plugins[row.name] = (dict(row.config), plugin)
         return plugin
 
+    def running(self) -> list[str]:
+        """The sources this process has started."""
+        return list(self._plugins)
+
+    def forget(self, names: set[str]) -> None:
+        """Drop the started plugins of stopped instances; a start starts them anew."""
+        for name in names:
+            self._plugins.pop(name, None)
+
     def start_all(self) -> dict[str, bool]:
         """Start every enabled scheduled source (process start); name -> started."""
         with self.session_factory() as session:
@@ -250,5 +265,6 @@ class SourceRunner:
 
 def _scheduled_enabled(session: Session, registry) -> list[str]:
     rows = session.execute(select(PluginInstance.name, PluginInstance.type).where(
-        PluginInstance.enabled.is_(True))).all()
+        PluginInstance.enabled.is_(True),
+        PluginInstance.state != InstanceState.STOPPED)).all()
     return [n for n, t in rows if t in registry and is_scheduled_source(registry.get(t))]

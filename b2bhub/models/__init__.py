@@ -5,10 +5,20 @@ from b2bhub.models.messages import Delivery, HistoryLine, Message, Payload
 from b2bhub.models.parties import ORGANIZATION, PARTNER, Certificate, Party, ProtocolProfile
 from b2bhub.models.pickups import PollerPickup
 from b2bhub.models.plugins import InstanceState, PluginInstance, Route
-from b2bhub.models.system import Alert, ApiToken, Lock, Process, Setting, User
+from b2bhub.models.system import (
+    Alert,
+    ApiToken,
+    Lock,
+    LogRecord,
+    Process,
+    Setting,
+    StatsMinute,
+    User,
+)
 
 __all__ = [
     "ORGANIZATION", "PARTNER", "Alert", "ApiToken", "Base", "Certificate", "Delivery",
-    "HistoryLine", "InstanceState", "Lock", "Message", "Party", "Payload", "PluginInstance",
-    "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting", "User", "utcnow",
+    "HistoryLine", "InstanceState", "Lock", "LogRecord", "Message", "Party", "Payload",
+    "PluginInstance", "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting",
+    "StatsMinute", "User", "utcnow",
 ]

@@ -91,3 +91,39 @@ class ApiToken(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
     last_used_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class LogRecord(Base):
+    """A log record of a connected process at or above ``B2BHUB_LOG_STREAM_LEVEL``
+    (the Logs page); kept to a bounded count by the periodic trim."""
+
+    __tablename__ = "log_records"
+    __table_args__ = (Index("ix_log_records_level_id", "level", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    level: Mapped[int] = mapped_column()  # logging's number: 20 info, 30 warning ...
+    logger: Mapped[str] = mapped_column(String(200), default="")
+    message: Mapped[str] = mapped_column(default="")
+    process_id: Mapped[str] = mapped_column(String(128))
+    kind: Mapped[str] = mapped_column(String(16))
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column()
+
+
+class StatsMinute(Base):
+    """One minute of the dashboard's series, written by the periodic sampler once the
+    minute is over: messages in, attempts and their outcomes, attempt durations, and
+    the due deliveries as the sampler saw them."""
+
+    __tablename__ = "stats_minutes"
+
+    minute: Mapped[datetime] = mapped_column(primary_key=True)
+    messages_in: Mapped[int] = mapped_column(default=0)
+    attempts: Mapped[int] = mapped_column(default=0)
+    delivered: Mapped[int] = mapped_column(default=0)
+    failures: Mapped[int] = mapped_column(default=0)  # failed or retrying attempts
+    duration_avg: Mapped[float | None] = mapped_column(default=None)  # seconds
+    duration_max: Mapped[float | None] = mapped_column(default=None)
+    due: Mapped[int] = mapped_column(default=0)
+    oldest_due_seconds: Mapped[float | None] = mapped_column(default=None)

@@ -266,6 +266,15 @@ def delete_route(session: Session, route_id: int) -> None:
     bump_routes_version(session)
 
 
+def replace_route(session: Session, registry, route_id: int, source: str, from_party: str,
+                  to_party: str, target: str, actor: str = "") -> Route:
+    """Edit a route: the old one goes and the new one is checked as if it were new (so
+    it may not be redundant with any other route), in the caller's transaction."""
+    delete_route(session, route_id)
+    session.flush()
+    return create_route(session, registry, source, from_party, to_party, target, actor)
+
+
 def test_route(session: Session, source: str, from_party: str, to_party: str) -> dict:
     """The route tester: which targets a message would reach, and why."""
     _check_route_fields(source=source, **{"from": from_party, "to": to_party})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import DeliveryState, MessageStatus
@@ -25,6 +25,7 @@ class MessageFilter:
     target: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    q: str | None = None
 
 
 @dataclass
@@ -57,7 +58,33 @@ def _message_query(f: MessageFilter) -> Select:
         stmt = stmt.where(Message.created_at >= f.since)
     if f.until is not None:
         stmt = stmt.where(Message.created_at < f.until)
+    if f.q:
+        stmt = stmt.where(_search(f.q.strip()))
     return stmt
+
+
+def _search(text: str):
+    """``q``: a message id, or a part of the file name, external or correlation id."""
+    pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    found = [column.ilike(pattern, escape="\\") for column in (
+        Message.original_filename, Message.external_id, Message.correlation_id)]
+    if text.isdigit():
+        found.append(Message.id == int(text))
+    return or_(*found)
+
+
+def messages_by_id(session: Session, ids: list[int]) -> list[Message]:
+    """The messages with these ids, newest first (unknown ids are left out)."""
+    if not ids:
+        return []
+    return list(session.scalars(select(Message).where(Message.id.in_(ids))
+                                .order_by(Message.id.desc())))
+
+
+def matching_ids(session: Session, filters: MessageFilter, ids: list[int]) -> set[int]:
+    """Which of ``ids`` the filters match (a live list asks this of rows that changed)."""
+    return set(session.scalars(_message_query(filters).with_only_columns(Message.id)
+                               .where(Message.id.in_(ids))))
 
 
 def list_messages(session: Session, filters: MessageFilter, limit: int,

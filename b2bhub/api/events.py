@@ -1,0 +1,68 @@
+"""``GET /events``: history lines as Server-Sent Events (SPEC 16).
+
+The event id is the history line id; a client that reconnects with ``Last-Event-ID``
+(or ``?after=<id>``) gets every line after it once, in id order (see
+``b2bhub.engine.events``). Without either, the stream starts with the lines committed
+after it opened. Filters: ``message=<id>``, ``type=a,b``.
+"""
+
+from __future__ import annotations
+
+from flask import Response, current_app, request
+
+from b2bhub.api import bp
+from b2bhub.api.errors import ApiError
+from b2bhub.api.inputs import bad_request, int_arg, list_arg
+from b2bhub.engine.events import FeedFilter, history_feed, latest_id
+from b2bhub.extensions import db
+from b2bhub.services.streams import StreamSlots, poll_stream, sse_event
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@bp.get("/events")
+def events():
+    after = resume_point()
+    feed_filter = FeedFilter(message_id=int_arg("message"), types=list_arg("type") or [])
+    engine = db.engine
+    if after is None:
+        with engine.connect() as conn:
+            after = latest_id(conn)
+    feed = history_feed(after, feed_filter)
+
+    def poll(conn):
+        return [sse_event(line["id"], line["type"], line) for line in feed.poll(conn)]
+
+    return open_stream(engine, poll)
+
+
+def open_stream(engine, poll) -> Response:
+    """A text/event-stream response polling ``poll``, if a stream slot is free."""
+    slots = stream_slots()
+    if not slots.take():
+        raise ApiError(503, "too_many_streams",
+                       f"this web process serves at most {slots.size} streams at once; "
+                       "retry later or start another web process")
+    cfg = current_app.config
+    body = poll_stream(engine, poll, every=cfg.get("STREAM_POLL_SECONDS", 0.5),
+                       keepalive=cfg.get("STREAM_KEEPALIVE_SECONDS", 15.0))
+    response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
+    response.call_on_close(slots.give_back)  # also when the body was never started
+    return response
+
+
+def stream_slots() -> StreamSlots:
+    app = current_app
+    if "b2bhub.stream_slots" not in app.extensions:
+        app.extensions["b2bhub.stream_slots"] = StreamSlots.for_threads(
+            app.config["WEB_THREADS"])
+    return app.extensions["b2bhub.stream_slots"]
+
+
+def resume_point() -> int | None:
+    value = request.headers.get("Last-Event-ID") or request.args.get("after")
+    if value is None or value == "":
+        return None
+    if not value.isdigit():
+        raise bad_request("Last-Event-ID (or after) must be a history line id", "after")
+    return int(value)

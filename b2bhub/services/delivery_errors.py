@@ -1,0 +1,86 @@
+"""Delivery Errors (SPEC 12): failed, business-error and stalled deliveries, and the
+bulk Redeliver of the ones selected or of every one a filter matches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from b2bhub.domain.states import DeliveryState, FailureKind
+from b2bhub.engine import operator
+from b2bhub.models import Delivery, Message
+from b2bhub.services.errors import ServiceError
+from b2bhub.services.pages import Page, keyset_page
+
+#: what the page calls each kind of error, and the rows it stands for
+KINDS = {
+    "technical": and_(Delivery.state == DeliveryState.FAILED,
+                      Delivery.failure_kind != FailureKind.BUSINESS),
+    "business": and_(Delivery.state == DeliveryState.FAILED,
+                     Delivery.failure_kind == FailureKind.BUSINESS),
+    "stalled": Delivery.state == DeliveryState.STALLED,
+}
+#: the most deliveries one bulk Redeliver takes, so one click cannot hold the database
+#: for minutes; the page says when more remain
+BULK_LIMIT = 5000
+
+
+@dataclass
+class ErrorFilter:
+    """None means any. ``partner`` matches the message's from or to; times bound when the
+    delivery last changed (naive UTC)."""
+
+    target: str | None = None
+    partner: str | None = None
+    kinds: list[str] | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def _query(f: ErrorFilter) -> Select:
+    wrong = [kind for kind in f.kinds or () if kind not in KINDS]
+    if wrong:
+        raise ServiceError(f"kind: unknown value(s) {', '.join(wrong)} "
+                           f"(known: {', '.join(KINDS)})", {"kind": "unknown value"})
+    stmt = select(Delivery).join(Message, Message.id == Delivery.message_id).where(
+        or_(*(KINDS[kind] for kind in f.kinds or KINDS)))
+    if f.target:
+        stmt = stmt.where(Delivery.target == f.target)
+    if f.partner:
+        stmt = stmt.where(or_(Message.from_party == f.partner, Message.to_party == f.partner))
+    if f.since is not None:
+        stmt = stmt.where(Delivery.updated_at >= f.since)
+    if f.until is not None:
+        stmt = stmt.where(Delivery.updated_at < f.until)
+    return stmt
+
+
+def list_errors(session: Session, f: ErrorFilter, limit: int, after: int | None = None
+                ) -> Page:
+    """The matching deliveries, newest first."""
+    return keyset_page(session, _query(f), Delivery.id, limit, after, descending=True)
+
+
+def count_errors(session: Session, f: ErrorFilter) -> int:
+    return session.scalar(_query(f).with_only_columns(func.count(Delivery.id))) or 0
+
+
+def redeliver_errors(session: Session, f: ErrorFilter, ids: list[int] | None, actor: str,
+                     now: datetime) -> list[int]:
+    """Redeliver the deliveries with ``ids`` that the filter matches, or every matching
+    one when ``ids`` is None; each gets its own history line naming ``actor``. Returns
+    the ids redelivered; one that changed meanwhile is left as it is."""
+    stmt = _query(f).with_only_columns(Delivery.id).order_by(Delivery.id).limit(BULK_LIMIT)
+    if ids is not None:
+        stmt = stmt.where(Delivery.id.in_(ids))
+    done = []
+    for delivery_id in session.scalars(stmt).all():
+        try:
+            operator.redeliver(session, delivery_id, actor, now)
+        except operator.ActionRefused:
+            continue
+        done.append(delivery_id)
+    return done

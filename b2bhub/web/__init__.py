@@ -1,0 +1,161 @@
+"""The operator's web pages under ``/ui/`` (SPEC 14-16): server-rendered Jinja from the
+top-level ``templates/`` folder, Flask-WTF forms (CSRF on every one), updated live from
+``/api/v1/events`` by a small script.
+
+Views are thin: they read a form and call the same services and engine functions as the
+API. Login keeps the user's id in Flask's signed session cookie through Flask-Login; every
+request reloads the user, so a changed role or a disabled user applies at once.
+
+Roles, as in the API: a page (GET) needs ``viewer``; anything else needs ``admin`` unless
+the view names a role with the API's :func:`~b2bhub.api.auth.requires`. Templates ask
+:func:`can` before offering an action, and the view refuses it (403) when forced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from flask import (
+    Blueprint,
+    Flask,
+    abort,
+    current_app,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask_login import current_user
+from werkzeug.exceptions import HTTPException
+
+from b2bhub.api.auth import RANK, required_role, requires  # noqa: F401  (the API's roles)
+from b2bhub.domain.states import LABELS
+from b2bhub.engine.history import add_line
+from b2bhub.engine.operator import ActionRefused, UnknownObject
+from b2bhub.extensions import db, login_manager
+from b2bhub.services.errors import ServiceError
+from b2bhub.web.forms import ActionForm, show_service_error
+
+bp = Blueprint("ui", __name__, url_prefix="/ui", static_folder="static")
+
+OPEN_ENDPOINTS = frozenset({"ui.login", "ui.static"})
+
+
+def can(role: str) -> bool:
+    """Whether the logged-in user has at least ``role`` (templates offer actions by it)."""
+    return current_user.is_authenticated and RANK.get(current_user.role, -1) >= RANK[role]
+
+
+@bp.before_request
+def check_login_and_role():
+    """Send a visitor to the login page; refuse (403) a role too low for the view."""
+    if request.endpoint in OPEN_ENDPOINTS:
+        return None
+    if not current_user.is_authenticated:
+        return redirect(url_for("ui.login", next=request.full_path.rstrip("?")))
+    needed = required_role(current_app.view_functions.get(request.endpoint or ""))
+    if not can(needed):
+        abort(403, f"this needs the {needed} role; '{current_user.name}' has the "
+                   f"{current_user.role} role")
+    g.actor = current_user.name
+    return None
+
+
+@bp.errorhandler(400)
+@bp.errorhandler(403)
+@bp.errorhandler(404)
+def _error_page(exc: HTTPException):
+    """Refusals as a page; a form without a valid CSRF token (CSRFError, a 400) lands
+    here too and changes nothing."""
+    return render_template("ui/error.html", code=exc.code, name=exc.name,
+                           description=exc.description), exc.code
+
+
+def record_change(text: str) -> None:
+    """A history line (not tied to a message) for a change of configuration by the
+    logged-in user, written in the transaction of the change."""
+    add_line(db.session, None, "config_changed", f"{g.actor}: {text}", actor=g.actor)
+
+
+def submit(form, change: Callable[[], object], describe: Callable[[object], str],
+           aliases: dict | None = None) -> object | None:
+    """Run a valid form's ``change``: commit it with a history line saying
+    ``describe(result)`` and flash that, or roll back and show the refusal on the form
+    (each error beside its field). Returns the result, or None when refused."""
+    try:
+        result = change()
+    except ServiceError as exc:
+        db.session.rollback()
+        show_service_error(form, exc, aliases)
+        return None
+    _done(describe(result))
+    return result
+
+
+def button(change: Callable[[], object], describe: Callable[[object], str],
+           record: bool = True) -> None:
+    """A button's POST (delete, enable, acknowledge): refused without its CSRF token;
+    committed with a history line (unless the service writes its own) and flashed, or
+    rolled back with the reason flashed."""
+    if not ActionForm().validate_on_submit():
+        abort(400, "the form expired or was not sent from this site; reload and try again")
+    try:
+        result = change()
+    except (ServiceError, ActionRefused, UnknownObject) as exc:
+        db.session.rollback()
+        flash(getattr(exc, "message", None) or str(exc), "error")
+        return
+    _done(describe(result), record)
+
+
+def _done(text: str, record: bool = True) -> None:
+    if record:
+        record_change(text)
+    db.session.commit()
+    flash(text[:1].upper() + text[1:])
+
+
+def form_status(form) -> int:
+    """400 for a form shown again with errors, so a refusal is visible to any client."""
+    return 400 if form.errors or form.form_errors else 200
+
+
+def web_init_app(app: Flask) -> None:
+    login_manager.init_app(app)
+    login_manager.login_view = "ui.login"
+    app.register_blueprint(bp)
+    app.add_url_rule("/", "root", lambda: redirect(url_for("ui.dashboard")))
+    app.jinja_env.globals.update(can=can, LABELS=LABELS)
+    app.jinja_env.filters.update(label=lambda value: LABELS.get(value, value or ""),
+                                 when=_when, size=_size,
+                                 levelname=lambda n: logging.getLevelName(n).lower())
+
+
+def _when(moment) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else ""
+
+
+def _size(count: int | None) -> str:
+    if count is None:
+        return ""
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1024 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return ""
+
+
+from b2bhub.web import (  # noqa: E402,F401
+    alerts,
+    auth,
+    dashboard,
+    delivery_errors,
+    messages,
+    parties,
+    plugins,
+    routes,
+    system,
+)

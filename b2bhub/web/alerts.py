@@ -1,0 +1,25 @@
+"""Alerts: the open ones; acknowledge names the user."""
+
+from __future__ import annotations
+
+from flask import g, redirect, render_template, url_for
+
+from b2bhub.extensions import db
+from b2bhub.models import utcnow
+from b2bhub.services import alerts as svc
+from b2bhub.web import bp, button, requires
+from b2bhub.web.forms import ActionForm
+
+
+@bp.get("/alerts")
+def alerts():
+    return render_template("ui/alerts.html", alerts=svc.open_alerts(db.session),
+                           form=ActionForm())
+
+
+@bp.post("/alerts/<int:alert_id>/acknowledge")
+@requires("operator")
+def acknowledge_alert(alert_id: int):
+    button(lambda: svc.acknowledge(db.session, alert_id, g.actor, utcnow()),
+           lambda _alert: f"alert {alert_id} acknowledged", record=False)
+    return redirect(url_for("ui.alerts"))

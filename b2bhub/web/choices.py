@@ -1,0 +1,28 @@
+"""Choices the forms offer: party and instance names."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from b2bhub import hub
+from b2bhub.domain.routing import ANY
+from b2bhub.extensions import db
+from b2bhub.models import Party, PluginInstance
+
+
+def party_choices(any_party: bool = True) -> list[tuple[str, str]]:
+    """(name, label) of every party, organizations first; ``*`` first for routes."""
+    rows = db.session.execute(select(Party.name, Party.kind, Party.display_name)
+                              .order_by(Party.kind, Party.name)).all()
+    choices = [(ANY, "* (any party)")] if any_party else []
+    return choices + [(name, f"{name} ({kind}{', ' + shown if shown != name else ''})")
+                      for name, kind, shown in rows]
+
+
+def instance_names(role: str) -> list[str]:
+    """Names of the instances whose plugin type can play ``role`` (source or target)."""
+    registry = hub.registry()
+    rows = db.session.execute(select(PluginInstance.name, PluginInstance.type)
+                              .order_by(PluginInstance.name)).all()
+    return [name for name, type_ in rows
+            if type_ in registry and role in registry.get(type_).roles]

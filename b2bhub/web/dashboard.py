@@ -1,0 +1,43 @@
+"""The dashboard: counts by status, instance states, open alerts, charts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from flask import render_template, request
+
+from b2bhub.domain.states import MessageStatus
+from b2bhub.engine import stats
+from b2bhub.extensions import db
+from b2bhub.models import utcnow
+from b2bhub.services import alerts as alert_svc
+from b2bhub.services import config as config_svc
+from b2bhub.services import overview
+from b2bhub.web import bp
+from b2bhub.web.charts import line_chart
+
+SPANS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
+
+
+@bp.get("/")
+def dashboard():
+    span_name = request.args.get("span") if request.args.get("span") in SPANS else "hour"
+    span, now = SPANS[span_name], utcnow()
+    figures = stats.current(db.session, now)
+    points = stats.series(db.session, now, span)
+    start = now.replace(second=0, microsecond=0) - span
+    charts = [
+        ("Messages in and delivered per minute", line_chart(
+            points, [("messages_in", "in"), ("delivered", "delivered")], start, span)),
+        ("Failed attempts per minute", line_chart(
+            points, [("failures", "failures")], start, span)),
+        ("Oldest due delivery (seconds waiting)", line_chart(
+            points, [("oldest_due_seconds", "oldest due")], start, span, " s")),
+    ]
+    return render_template("ui/dashboard.html", counts=figures.messages,
+                           statuses=list(MessageStatus), total=sum(figures.messages.values()),
+                           due=figures.due, oldest_due=figures.oldest_due_seconds,
+                           instances=config_svc.list_instances(db.session, 1000).items,
+                           alerts=alert_svc.open_alerts(db.session, 10),
+                           open_alerts=overview.open_alert_count(db.session),
+                           charts=charts, span=span_name)

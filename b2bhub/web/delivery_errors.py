@@ -1,0 +1,72 @@
+"""Delivery Errors: failed, business-error and stalled deliveries; bulk Redeliver of the
+selected ones or of every one the filter matches."""
+
+from __future__ import annotations
+
+from flask import abort, flash, g, redirect, render_template, request, url_for
+
+from b2bhub.extensions import db
+from b2bhub.models import utcnow
+from b2bhub.services import delivery_errors as svc
+from b2bhub.services.errors import ServiceError
+from b2bhub.web import bp, requires
+from b2bhub.web.choices import instance_names, party_choices
+from b2bhub.web.forms import BulkRedeliverForm
+from b2bhub.web.messages import ui_time
+
+PAGE_SIZE = 100
+FILTER_ARGS = ("target", "partner", "kind", "since", "until")
+
+
+def _filter(args) -> tuple[svc.ErrorFilter, dict]:
+    errors: dict[str, str] = {}
+    f = svc.ErrorFilter(target=args.get("target") or None,
+                        partner=args.get("partner") or None,
+                        kinds=[k for k in args.getlist("kind") if k] or None,
+                        since=ui_time(args, "since", errors),
+                        until=ui_time(args, "until", errors))
+    return f, errors
+
+
+@bp.get("/delivery-errors")
+def delivery_errors():
+    f, errors = _filter(request.args)
+    try:
+        page = svc.list_errors(db.session, f, PAGE_SIZE, request.args.get("after", type=int))
+        total = svc.count_errors(db.session, f)
+    except ServiceError as exc:
+        errors["kind"] = exc.message
+        f.kinds = None
+        page, total = svc.list_errors(db.session, f, PAGE_SIZE), svc.count_errors(db.session, f)
+    args = {k: request.args.getlist(k) for k in FILTER_ARGS if request.args.get(k)}
+    return render_template("ui/delivery_errors.html", page=page, total=total, args=args,
+                           errors=errors, kinds=list(svc.KINDS), form=BulkRedeliverForm(),
+                           targets=instance_names("target"),
+                           partners=[p for p in party_choices(any_party=False)])
+
+
+@bp.post("/delivery-errors/redeliver")
+@requires("operator")
+def redeliver_errors():
+    form = BulkRedeliverForm()
+    if not form.validate_on_submit():
+        abort(400, "the form expired or was not sent from this site; reload and try again")
+    f, errors = _filter(request.form)
+    ids = None if form.all_matching.data else [
+        int(i) for i in request.form.getlist("delivery") if i.isdigit()]
+    if errors or ids == []:
+        flash("; ".join(errors.values()) or "Select deliveries to redeliver, or all "
+              "matching.", "error")
+    else:
+        try:
+            done = svc.redeliver_errors(db.session, f, ids, g.actor, utcnow())
+        except ServiceError as exc:
+            db.session.rollback()
+            flash(exc.message, "error")
+        else:
+            db.session.commit()
+            flash(f"{len(done)} deliver{'y' if len(done) == 1 else 'ies'} queued again"
+                  + (f" (at most {svc.BULK_LIMIT} at once; run it again for the rest)"
+                     if len(done) == svc.BULK_LIMIT else ""))
+    args = {k: request.form.getlist(k) for k in FILTER_ARGS if request.form.get(k)}
+    return redirect(url_for("ui.delivery_errors", **args))

@@ -1,0 +1,208 @@
+"""The UI's forms. Every form that changes something is a FlaskForm and carries a CSRF
+token; filters and the route tester change nothing and are plain GET forms.
+
+Fields take text as typed and the services validate it, so a refused form comes back
+with every value as the user left it and each error beside its field
+(:func:`show_service_error`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from flask_wtf import FlaskForm
+from flask_wtf.file import FileField, FileRequired
+from wtforms import (
+    BooleanField,
+    Form,
+    FormField,
+    HiddenField,
+    PasswordField,
+    SelectField,
+    StringField,
+    TextAreaField,
+)
+from wtforms.validators import DataRequired, Length
+from wtforms.widgets import PasswordInput
+
+from b2bhub.config_schema import Field
+from b2bhub.services.config import SECRET_MASK
+from b2bhub.services.errors import ServiceError
+
+
+class LoginForm(FlaskForm):
+    name = StringField("User name", validators=[DataRequired(), Length(max=64)])
+    password = PasswordField("Password", validators=[DataRequired()])
+    next = HiddenField()
+
+
+class ActionForm(FlaskForm):
+    """A button that acts (redeliver, cancel, acknowledge...): only the CSRF token."""
+
+
+class PartyForm(FlaskForm):
+    name = StringField("Name", description="a-z, 0-9, _ and -; routes and messages use it")
+    display_name = StringField("Display name")
+
+
+class RouteForm(FlaskForm):
+    source = SelectField("Source", validate_choice=False)
+    from_party = SelectField("From", validate_choice=False)
+    to_party = SelectField("To", validate_choice=False)
+    target = SelectField("Target", validate_choice=False)
+
+
+class SendForm(FlaskForm):
+    file = FileField("File", validators=[FileRequired("choose a file to send")])
+    from_party = SelectField("From", validate_choice=False)
+    to_party = SelectField("To", validate_choice=False)
+    target = SelectField("Target", validate_choice=False,
+                         description="empty: the one target the routes name")
+
+
+class SettingsForm(FlaskForm):
+    stall_after = StringField("Wake-ups before stalled")
+    wake_delays = StringField("Wake-up delays (seconds, comma-separated)")
+    lease_seconds = StringField("Lease length (seconds)")
+    scan_lease_seconds = StringField("Scan lease (seconds)")
+    claim_batch_max = StringField("Largest claim batch")
+    probe_interval = StringField("Probe interval (seconds)")
+    cleanup_time = StringField("Cleanup time (HH:MM)")
+    retention_days = StringField("Retention (days)")
+
+
+class BulkRedeliverForm(FlaskForm):
+    """Selected deliveries, or every one the filter matches."""
+
+    all_matching = BooleanField("all matching")
+
+
+# --- plugin instances: a form drawn from the plugin type's config schema ---------------
+
+def _config_field(field: Field):
+    label, help_ = field.name, field.help + (" (required)" if field.required else "")
+    if field.type == "boolean":
+        return BooleanField(label, description=help_)
+    if field.type == "choice":
+        return SelectField(label, description=help_, validate_choice=False,
+                           choices=[(str(c), str(c)) for c in field.choices])
+    if field.type == "json":
+        return TextAreaField(label, description=help_)
+    if field.type == "secret":
+        return PasswordField(label, description=help_, widget=PasswordInput(hide_value=False))
+    return StringField(label, description=help_)
+
+
+def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
+    """The form of a plugin instance of ``plugin_cls``; ``data`` is the API shape."""
+
+    class ConfigForm(Form):
+        pass
+
+    for field in plugin_cls.config_schema:
+        setattr(ConfigForm, field.name, _config_field(field))
+
+    class InstanceForm(FlaskForm):
+        name = StringField("Name", description="a-z, 0-9, _ and -")
+        enabled = BooleanField("Enabled", default=True)
+        config = FormField(ConfigForm, label="Configuration")
+
+    roles = plugin_cls.roles
+    if "target" in roles:
+        InstanceForm.max_concurrent_deliveries = StringField(
+            "Max concurrent deliveries", default="4")
+        InstanceForm.retry_policy = TextAreaField(
+            "Retry policy (JSON)", description='e.g. {"strategy": "exponential", '
+            '"base_delay": 30, "max_attempts": 5}; empty: the plugin type\'s default')
+    if "source" in roles:
+        InstanceForm.retention_days = StringField(
+            "Retention (days)", description="empty: the setting's default")
+    return InstanceForm(data=_form_data(plugin_cls, data or {}))
+
+
+def _form_data(plugin_cls: type, data: dict) -> dict:
+    config = dict(data.get("config") or {})
+    for field in plugin_cls.config_schema:
+        value = config.get(field.name, field.default)
+        if field.type == "json":
+            config[field.name] = "" if value is None else json.dumps(value)
+        elif field.type == "secret":
+            config[field.name] = SECRET_MASK if value else ""
+        elif field.type != "boolean":
+            config[field.name] = "" if value is None else str(value)
+        else:
+            config[field.name] = bool(value)
+    out = {**data, "config": config}
+    if data.get("retry_policy") is not None:
+        out["retry_policy"] = json.dumps(data["retry_policy"])
+    for key in ("max_concurrent_deliveries", "retention_days"):
+        if data.get(key) is not None:
+            out[key] = str(data[key])
+    return out
+
+
+def instance_data(form: FlaskForm, plugin_cls: type) -> dict:
+    """The API shape of a submitted instance form; a field that is not even the right
+    kind of value (a number, JSON) gets its error and ServiceError is raised."""
+    config = {field.name: form.config[field.name].data for field in plugin_cls.config_schema}
+    data: dict[str, Any] = {"name": form.name.data.strip(), "type": plugin_cls.type_name,
+                            "enabled": form.enabled.data, "config": config}
+    errors: dict[str, str] = {}
+    if hasattr(form, "max_concurrent_deliveries"):
+        data["max_concurrent_deliveries"] = _whole(form.max_concurrent_deliveries.data,
+                                                   "max_concurrent_deliveries", errors)
+        text = (form.retry_policy.data or "").strip()
+        try:
+            data["retry_policy"] = json.loads(text) if text else None
+        except json.JSONDecodeError as exc:
+            errors["retry_policy"] = f"invalid JSON: {exc.msg}"
+    if hasattr(form, "retention_days"):
+        text = (form.retention_days.data or "").strip()
+        data["retention_days"] = _whole(text, "retention_days", errors) if text else None
+    if errors:
+        raise ServiceError("some fields are not valid", errors)
+    return data
+
+
+def _whole(text: str | None, key: str, errors: dict) -> int | None:
+    try:
+        return int((text or "").strip())
+    except ValueError:
+        errors[key] = "must be a whole number"
+        return None
+
+
+# --- showing a service's refusal on the form -------------------------------------------
+
+def show_service_error(form: FlaskForm, exc: ServiceError, aliases: dict | None = None
+                       ) -> None:
+    """Put each field the service named beside that field; the rest above the form.
+
+    ``aliases`` maps a service field name to the form's (``from`` -> ``from_party``);
+    ``config`` details land on the generated configuration fields.
+    """
+    aliases = aliases or {}
+    details = dict(exc.details or {})
+    if not details:  # "source: no plugin instance named 'x'" names its field first
+        prefix = exc.message.split(":", 1)[0]
+        if aliases.get(prefix, prefix) in form:
+            details = {prefix: exc.message}
+    placed = False
+    for key, text in details.items():
+        if key == "config" and isinstance(text, dict) and "config" in form:
+            for name, problem in text.items():
+                if name in form.config.form:
+                    _add_error(form.config.form[name], problem)
+                    placed = True
+            continue
+        name = aliases.get(key, key)
+        if name in form and isinstance(text, str):
+            _add_error(form[name], exc.message if len(details) == 1 else text)
+            placed = True
+    if not placed:
+        form.form_errors.append(exc.message)
+
+
+def _add_error(field, text: str) -> None:
+    field.errors = [*field.errors, text]

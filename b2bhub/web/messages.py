@@ -1,0 +1,173 @@
+"""Messages: the list (filters, search, live rows), one message with its actions, and
+Send Message."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from flask import abort, flash, g, redirect, render_template, request, url_for
+from werkzeug.datastructures import MultiDict
+
+from b2bhub import hub
+from b2bhub.domain.states import DeliveryState, MessageStatus
+from b2bhub.engine import operator
+from b2bhub.extensions import db
+from b2bhub.models import Delivery, utcnow
+from b2bhub.services import messages as svc
+from b2bhub.services import sending
+from b2bhub.services.errors import ServiceError
+from b2bhub.web import bp, requires
+from b2bhub.web.choices import instance_names, party_choices
+from b2bhub.web.forms import ActionForm, SendForm, show_service_error
+
+PAGE_SIZE = 50
+FILTER_ARGS = ("status", "from", "to", "source", "target", "since", "until", "q")
+
+
+def ui_time(args: MultiDict, name: str, errors: dict) -> datetime | None:
+    """A time typed in a filter (``2024-05-01T12:00``, UTC) as the naive UTC rows hold."""
+    value = (args.get(name) or "").strip()
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        errors[name] = "a time like 2024-05-01T12:00 (UTC)"
+        return None
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def message_filter(args: MultiDict) -> tuple[svc.MessageFilter, dict]:
+    errors: dict[str, str] = {}
+    statuses = [s for s in args.getlist("status") if s]
+    wrong = [s for s in statuses if s not in MessageStatus.__members__.values()]
+    if wrong:
+        errors["status"] = f"unknown status {', '.join(wrong)}"
+    filters = svc.MessageFilter(
+        status=[s for s in statuses if s not in wrong] or None,
+        from_party=args.get("from") or None, to_party=args.get("to") or None,
+        source=args.get("source") or None, target=args.get("target") or None,
+        since=ui_time(args, "since", errors), until=ui_time(args, "until", errors),
+        q=(args.get("q") or "").strip() or None)
+    return filters, errors
+
+
+@bp.get("/messages")
+def messages():
+    filters, errors = message_filter(request.args)
+    after = request.args.get("after", type=int)
+    page = svc.list_messages(db.session, filters, PAGE_SIZE, after)
+    args = {k: request.args.getlist(k) for k in FILTER_ARGS if request.args.get(k)}
+    return render_template("ui/messages.html", page=page, errors=errors, args=args,
+                           statuses=list(MessageStatus), first_page=after is None,
+                           sources=instance_names("source") + [sending.OPERATOR_SOURCE],
+                           targets=instance_names("target"))
+
+
+@bp.get("/messages/rows")
+def message_rows():
+    """Rows of the messages with ``ids`` as the list draws them, for live updates; each
+    says whether it still matches the list's filters (``data-match``)."""
+    ids = [int(i) for i in request.args.get("ids", "").split(",") if i.isdigit()][:200]
+    filters, _errors = message_filter(request.args)
+    rows = svc.messages_by_id(db.session, ids)
+    matching = svc.matching_ids(db.session, filters, ids) if ids else set()
+    return render_template("ui/_message_rows.html", messages=rows, matching=matching)
+
+
+@bp.get("/messages/<int:message_id>")
+def message(message_id: int):
+    try:
+        found = svc.get_message(db.session, message_id)
+    except ServiceError:
+        abort(404, f"no message {message_id}")
+    return render_template("ui/message.html", m=found, form=ActionForm(),
+                           history=svc.message_history(db.session, message_id),
+                           can_redispatch=_can_redispatch(found),
+                           can_cancel=_can_cancel(found), D=DeliveryActions,
+                           blocking={d.id for d in found.deliveries
+                                     if d.state == DeliveryState.FAILED
+                                     and operator.blocks_sequence(db.session, d)},
+                           active="ui.messages")
+
+
+def _can_redispatch(m) -> bool:
+    return not (m.status in (MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR,
+                             MessageStatus.CANCELLED) and not m.deliveries)
+
+
+def _can_cancel(m) -> bool:
+    return m.status == MessageStatus.NOT_ROUTED or any(
+        d.state in operator.CANCELLABLE for d in m.deliveries)
+
+
+class DeliveryActions:
+    """Which delivery actions its state allows (the engine refuses the others too)."""
+
+    redeliver = operator.REDELIVERABLE
+    send_again = frozenset({DeliveryState.DELIVERED})
+    cancel = operator.CANCELLABLE
+
+
+@bp.post("/messages/<int:message_id>/<any(redispatch, cancel):action>")
+@requires("operator")
+def message_action(message_id: int, action: str):
+    _act(operator.MESSAGE_ACTIONS[action], message_id)
+    return redirect(url_for("ui.message", message_id=message_id))
+
+
+@bp.post("/deliveries/<int:delivery_id>/<any(redeliver, 'send-again', cancel, resubmit, skip)"
+         ":action>")
+@requires("operator")
+def delivery_action(delivery_id: int, action: str):
+    delivery = db.session.get(Delivery, delivery_id)
+    if delivery is None:
+        abort(404, f"no delivery {delivery_id}")
+    message_id = delivery.message_id
+    _act(operator.DELIVERY_ACTIONS[action], delivery_id)
+    return redirect(url_for("ui.message", message_id=message_id))
+
+
+def _act(action, object_id: int) -> None:
+    """Run an operator action as the logged-in user and say what happened."""
+    if not ActionForm().validate_on_submit():
+        abort(400, "the form expired or was not sent from this site; reload and try again")
+    try:
+        result = action(db.session, object_id, g.actor, utcnow())
+    except operator.UnknownObject as exc:
+        db.session.rollback()
+        abort(404, str(exc))
+    except operator.ActionRefused as exc:
+        db.session.rollback()
+        flash(str(exc), "error")
+        return
+    db.session.commit()
+    flash(result.text[:1].upper() + result.text[1:])
+
+
+@bp.route("/messages/send", methods=["GET", "POST"])
+@requires("operator")
+def send_message():
+    request.max_content_length = sending.MAX_BYTES + 1024 * 1024  # room for the form
+    form = SendForm()
+    parties = party_choices(any_party=False)
+    form.from_party.choices = form.to_party.choices = [("", "choose…")] + parties
+    form.target.choices = [("", "(from the routes)")] + [
+        (n, n) for n in instance_names("target")]
+    if form.validate_on_submit():
+        upload = form.file.data
+        try:
+            found = sending.send_by_hand(
+                db.session, hub.store(), hub.registry(), upload.stream,
+                upload.filename or "", form.from_party.data, form.to_party.data,
+                form.target.data or None, g.actor, utcnow())
+        except ServiceError as exc:
+            db.session.rollback()
+            show_service_error(form, exc, {"from": "from_party", "to": "to_party"})
+        else:
+            db.session.commit()
+            flash(f"Message {found.id} stored and sent to {found.deliveries[0].target}"
+                  if found.deliveries else f"Message {found.id} stored")
+            return redirect(url_for("ui.message", message_id=found.id))
+    status = 400 if form.errors or form.form_errors else 200
+    return render_template("ui/send.html", form=form, active="ui.messages"), status

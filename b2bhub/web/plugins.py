@@ -1,0 +1,67 @@
+"""Plugins: instances by type, forms drawn from each type's config schema, enable and
+disable."""
+
+from __future__ import annotations
+
+from flask import abort, redirect, render_template, url_for
+
+from b2bhub import hub
+from b2bhub.api.shapes import instance_json
+from b2bhub.extensions import db
+from b2bhub.services import config as svc
+from b2bhub.services.errors import ServiceError
+from b2bhub.web import bp, button, form_status, submit
+from b2bhub.web.forms import ActionForm, instance_data, instance_form
+
+
+@bp.get("/plugins")
+def plugins():
+    rows = svc.list_instances(db.session, 1000).items
+    types = hub.registry().types()
+    by_type = {name: [r for r in rows if r.type == name] for name in types}
+    unknown = [r for r in rows if r.type not in types]
+    return render_template("ui/plugins.html", types=types, by_type=by_type, unknown=unknown,
+                           form=ActionForm())
+
+
+def _plugin_class(type_name: str) -> type:
+    if type_name not in hub.registry():
+        abort(404, f"no plugin type {type_name!r} is installed")
+    return hub.registry().get(type_name)
+
+
+@bp.route("/plugins/new/<type_name>", methods=["GET", "POST"])
+@bp.route("/plugins/<name>/edit", methods=["GET", "POST"])
+def edit_instance(type_name: str | None = None, name: str | None = None):
+    row = None
+    if name is not None:
+        try:
+            row = svc.get_instance(db.session, name)
+        except ServiceError as exc:
+            abort(404, exc.message)
+        type_name = row.type
+    plugin_cls = _plugin_class(type_name)
+    form = instance_form(plugin_cls, instance_json(row, hub.registry()) if row else None)
+    if row is not None:
+        form.name.render_kw = {"readonly": True}
+    if form.validate_on_submit() and submit(
+            form, lambda: svc.save_instance(db.session, hub.registry(),
+                                            instance_data(form, plugin_cls), row),
+            lambda saved: f"{'created' if row is None else 'changed'} {saved.type} "
+                          f"instance {saved.name}"):
+        return redirect(url_for("ui.plugins"))
+    return render_template("ui/plugin_form.html", form=form, row=row, plugin_cls=plugin_cls,
+                           active="ui.plugins"), form_status(form)
+
+
+@bp.post("/plugins/<name>/<any(enable, disable, delete):action>")
+def instance_action(name: str, action: str):
+    def change() -> None:
+        if action == "delete":
+            svc.delete_instance(db.session, name)
+            return
+        row = svc.get_instance(db.session, name)
+        svc.save_instance(db.session, hub.registry(), {
+            "enabled": action == "enable", "config": dict(row.config or {})}, row)
+    button(change, lambda _none: f"{action}d instance {name}")
+    return redirect(url_for("ui.plugins"))

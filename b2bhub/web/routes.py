@@ -1,0 +1,80 @@
+"""Routes: the list, create, edit, delete (the API's validations) and the route tester."""
+
+from __future__ import annotations
+
+from flask import abort, g, redirect, render_template, request, url_for
+
+from b2bhub import hub
+from b2bhub.domain.routing import ANY
+from b2bhub.extensions import db
+from b2bhub.models import Route
+from b2bhub.services import config as svc
+from b2bhub.services.errors import ServiceError
+from b2bhub.web import bp, button, form_status, submit
+from b2bhub.web.choices import instance_names, party_choices
+from b2bhub.web.forms import ActionForm, RouteForm
+
+ALIASES = {"from": "from_party", "to": "to_party"}
+
+
+@bp.get("/routes")
+def routes():
+    rows = svc.list_routes(db.session, 1000).items
+    tested = None
+    source = request.args.get("test_source")
+    if source:
+        try:
+            tested = svc.test_route(db.session, source, request.args.get("test_from") or ANY,
+                                    request.args.get("test_to") or ANY)
+        except ServiceError as exc:
+            tested = {"error": exc.message}
+    return render_template("ui/routes.html", routes=rows, tested=tested, form=ActionForm(),
+                           sources=instance_names("source"), parties=party_choices())
+
+
+def _route_form(route: Route | None = None) -> RouteForm:
+    data = {}
+    if route is not None:
+        data = {"source": route.source, "from_party": route.from_party,
+                "to_party": route.to_party, "target": route.target}
+    form = RouteForm(data=data)
+    form.source.choices = [("", "choose…")] + [(n, n) for n in instance_names("source")]
+    form.target.choices = [("", "choose…")] + [(n, n) for n in instance_names("target")]
+    form.from_party.choices = form.to_party.choices = party_choices()
+    return form
+
+
+@bp.route("/routes/new", methods=["GET", "POST"])
+@bp.route("/routes/<int:route_id>/edit", methods=["GET", "POST"])
+def edit_route(route_id: int | None = None):
+    route = db.session.get(Route, route_id) if route_id is not None else None
+    if route_id is not None and route is None:
+        abort(404, f"no route {route_id}")
+    form = _route_form(route)
+    if form.validate_on_submit():
+        values = (form.source.data, form.from_party.data or ANY, form.to_party.data or ANY,
+                  form.target.data)
+        if route is None:
+            saved = submit(form, lambda: svc.create_route(
+                db.session, hub.registry(), *values, actor=g.actor),
+                lambda new: f"saved {_describe(new)}", ALIASES)
+        else:
+            saved = submit(form, lambda: svc.replace_route(
+                db.session, hub.registry(), route.id, *values, actor=g.actor),
+                lambda new: f"replaced route {route_id} by {_describe(new)}", ALIASES)
+        if saved:
+            return redirect(url_for("ui.routes"))
+    return render_template("ui/route_form.html", form=form, route=route,
+                           active="ui.routes"), form_status(form)
+
+
+def _describe(route: Route) -> str:
+    return f"route {route.id}: {route.source}, {route.from_party} -> {route.to_party}, " \
+           f"{route.target}"
+
+
+@bp.post("/routes/<int:route_id>/delete")
+def delete_route(route_id: int):
+    button(lambda: svc.delete_route(db.session, route_id),
+           lambda _none: f"deleted route {route_id}")
+    return redirect(url_for("ui.routes"))

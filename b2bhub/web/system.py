@@ -1,0 +1,68 @@
+"""System > Services, System > Settings and Logs."""
+
+from __future__ import annotations
+
+from flask import abort, g, redirect, render_template, request, url_for
+
+from b2bhub.engine import instances, presence
+from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
+from b2bhub.extensions import db
+from b2bhub.models import utcnow
+from b2bhub.services import config as config_svc
+from b2bhub.services.settings import settings_as_text, settings_from_text
+from b2bhub.web import bp, button, form_status, submit
+from b2bhub.web.forms import ActionForm, SettingsForm
+
+
+@bp.get("/system/services")
+def services():
+    now = utcnow()
+    rows = presence.list_processes(db.session, now,
+                                   include_stopped=request.args.get("all") == "true")
+    return render_template("ui/services.html", form=ActionForm(),
+                           processes=[(p, presence.process_state(p, now)) for p in rows],
+                           instances=config_svc.list_instances(db.session, 1000).items)
+
+
+@bp.post("/system/instances/<name>/<any(start, stop):action>")
+def start_stop_instance(name: str, action: str):
+    act = instances.start_instance if action == "start" else instances.stop_instance
+    button(lambda: act(db.session, name, g.actor, utcnow()), str, record=False)
+    return redirect(url_for("ui.services"))
+
+
+@bp.route("/system/settings", methods=["GET", "POST"])
+def settings():
+    current = load_settings(db.session)
+    form = SettingsForm(data=settings_as_text(current))
+    if form.validate_on_submit() and submit(form, lambda: _save(form, current), _changed):
+        return redirect(url_for("ui.settings"))
+    return render_template("ui/settings.html", form=form), form_status(form)
+
+
+def _save(form: SettingsForm, current: DeliverySettings) -> tuple[dict, dict]:
+    new = settings_from_text({f.name: f.data for f in form}, current)
+    save_settings(db.session, new)
+    return current.to_dict(), new.to_dict()
+
+
+def _changed(old_new: tuple[dict, dict]) -> str:
+    old, new = old_new
+    changed = sorted(key for key, value in new.items() if old[key] != value)
+    return "changed delivery settings: " + (", ".join(changed) or "nothing")
+
+
+LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@bp.get("/logs")
+def logs():
+    """Newest first; the page then tails ``/api/v1/logs/stream`` with the same filters."""
+    level = request.args.get("level") or "info"
+    if level not in LEVELS:
+        abort(400, f"level must be one of {', '.join(LEVELS)}")
+    process = request.args.get("process") or None
+    filters = presence.LogFilter(min_level=presence.level_number(level), process=process)
+    records = presence.list_log_records(db.session, filters, 200).items
+    return render_template("ui/logs.html", records=records, levels=LEVELS, level=level,
+                           process=process or "")

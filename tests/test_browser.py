@@ -1,0 +1,206 @@
+"""The web UI in a real browser (Debian's chromium driven by Playwright) against a real
+hub on loopback: gunicorn, a celery worker and beat (``tests/procs.py``).
+
+An admin sets the hub up through the pages alone, watches a dropped file's row reach
+Delivered on the open Messages list without a reload, sees a delivery fail and
+redelivers it from Delivery errors; a viewer sees no action and is refused one forced.
+Screenshots of each main page go to ``test-artifacts/`` for a person to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from b2bhub.extensions import db
+from b2bhub.models import Delivery, HistoryLine, Message
+from b2bhub.services.users import create_user
+from tests.procs import ROOT, Processes, wait_until
+
+pytestmark = pytest.mark.processes
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = ROOT / "test-artifacts"
+PASSWORD = "browser test password"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless chromium for the whole run."""
+    from playwright.sync_api import sync_playwright
+    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: apt-get install -y chromium"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def hub_url(backend, app, tmp_path, session):
+    """A hub on loopback (web, worker, beat) with an admin and a viewer."""
+    for name, role in (("ada", "admin"), ("vic", "viewer")):
+        create_user(session, name, PASSWORD, role)
+    session.commit()
+    app.extensions["celery"].control.purge()
+    procs = Processes(backend, tmp_path, app.config["PAYLOAD_DIR"])
+    try:
+        web = procs.web()
+        procs.worker(wait=False)
+        procs.beat()
+        yield web.url
+    finally:
+        procs.stop_all()
+
+
+def page_for(browser, url: str, user: str):
+    context = browser.new_context(viewport={"width": 1366, "height": 800}, base_url=url)
+    context.set_default_timeout(20_000)
+    page = context.new_page()
+    page.goto("/ui/")
+    page.fill("#name", user)
+    page.fill("#password", PASSWORD)
+    page.click("button:has-text('Log in')")
+    page.wait_for_url("**/ui/")
+    return page
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def fresh(stmt):
+    with Session(db.engine) as s:
+        return s.execute(stmt).all()
+
+
+def row_status(page, message_id: int) -> str:
+    return page.inner_text(f'#messages tr[data-id="{message_id}"] td.st')
+
+
+def test_an_admin_sets_up_the_hub_and_mends_a_failed_delivery(browser, hub_url, tmp_path):
+    inbox, out = tmp_path / "in", tmp_path / "out"
+    page = page_for(browser, hub_url, "ada")
+    shot(page, "01-dashboard-empty")
+
+    page.click("nav >> text=Parties")
+    page.fill("#organization-name", "mycompany")
+    page.click("text=Create organization")
+    page.fill("#partner-name", "acme")
+    page.fill("#partner-display_name", "ACME Corp")
+    page.click("text=Create partner")
+    assert "ACME Corp" in page.inner_text("#partners")
+    shot(page, "02-parties")
+
+    page.click("nav >> text=Plugins")
+    page.click("text=New file_poller…")
+    page.fill("#name", "poller")
+    page.fill("#config-base_directory", str(inbox))
+    page.fill("#config-polling_interval", "1")
+    page.fill("#config-path_pattern", "{to}/{filename}")
+    page.click("button:has-text('Save')")
+    page.click("text=New file_writer…")
+    page.fill("#name", "writer")
+    page.fill("#config-base_directory", "relative/dir")  # refused: must be absolute
+    page.fill("#config-filename_pattern", "{to}/{original_filename}")
+    page.fill("#retry_policy", '{"strategy": "fixed", "base_delay": 1, "max_attempts": 1}')
+    page.click("button:has-text('Save')")
+    assert page.locator(".field.has-error #config-base_directory").count() == 1
+    assert page.input_value("#config-filename_pattern") == "{to}/{original_filename}"
+    shot(page, "03-plugin-form-error")
+    page.fill("#config-base_directory", str(out))
+    page.click("button:has-text('Save')")
+    assert "Created file_writer instance writer" in page.inner_text("main")
+    shot(page, "04-plugins")
+
+    page.click("nav >> text=Routes")
+    page.click("text=New route…")
+    page.select_option("#source", "poller")
+    page.select_option("#target", "writer")
+    page.click("button:has-text('Save')")
+    page.select_option("select[name=test_source]", "poller")
+    page.select_option("select[name=test_to]", "acme")
+    page.click("button:has-text('Test')")
+    assert "writer" in page.inner_text("#tested-targets")
+    shot(page, "05-routes")
+
+    page.click("nav >> text=Messages")
+    page.wait_for_function("document.getElementById('live-state').classList.contains('on')")
+    page.evaluate("window.notReloaded = true")
+    drop(inbox, "order-1.edi", b"UNB+UNOA:2+ACME'")
+    first = wait_for_message("order-1.edi")
+    page.wait_for_selector(f'#messages tr[data-id="{first}"] .s-delivered', timeout=60_000)
+    assert (out / "acme" / "order-1.edi").read_bytes() == b"UNB+UNOA:2+ACME'"
+
+    shutil.rmtree(out / "acme")
+    (out / "acme").write_text("a file where the writer wants a directory")
+    drop(inbox, "order-2.edi", b"UNB+UNOA:2+ACME'2")
+    second = wait_for_message("order-2.edi")
+    page.wait_for_selector(f'#messages tr[data-id="{second}"] .s-error', timeout=60_000)
+    assert page.evaluate("window.notReloaded") is True
+    assert row_status(page, first) == "Delivered"
+    shot(page, "06-messages-live")
+
+    page.click(f'#messages tr[data-id="{second}"] a')
+    assert "Redeliver" in page.inner_text("#deliveries")
+    shot(page, "07-message-failed")
+
+    page.click("nav >> text=Delivery errors")
+    [delivery_id] = [d for (d,) in fresh(select(Delivery.id).where(
+        Delivery.message_id == second))]
+    page.check(f'input[name=delivery][value="{delivery_id}"]')
+    shot(page, "08-delivery-errors")
+    (out / "acme").unlink()
+    page.click("#redeliver-selected")
+    assert "1 delivery queued again" in page.inner_text("main")
+    wait_until(lambda: (out / "acme" / "order-2.edi").exists(), 60, "redelivered")
+    assert (out / "acme" / "order-2.edi").read_bytes() == b"UNB+UNOA:2+ACME'2"
+    page.goto(f"/ui/messages/{second}")
+    page.wait_for_selector("#message-live h1 .s-delivered", timeout=30_000)
+    assert "ada asked to redeliver the delivery to writer" in page.inner_text("#history")
+    actors = fresh(select(HistoryLine.actor).where(HistoryLine.type == "redeliver_requested"))
+    assert actors == [("ada",)]
+    shot(page, "09-message-delivered")
+
+    for nav, name in (("Dashboard", "10-dashboard"), ("Services", "11-services"),
+                      ("Settings", "12-settings"), ("Logs", "13-logs"),
+                      ("Alerts", "14-alerts")):
+        page.click(f"nav >> text={nav}")
+        shot(page, name)
+    page.goto("/ui/messages/send")
+    shot(page, "15-send-message")
+
+    viewer = page_for(browser, hub_url, "vic")
+    viewer.goto(f"/ui/messages/{second}")
+    assert viewer.locator("button:has-text('Redeliver')").count() == 0
+    assert viewer.locator("button:has-text('Send again')").count() == 0
+    viewer.goto("/ui/delivery-errors")
+    assert viewer.locator("#redeliver-selected").count() == 0
+    token = viewer.get_attribute("input[name=csrf_token]", "value")
+    forced = viewer.request.post(f"/ui/deliveries/{delivery_id}/send-again",
+                                 form={"csrf_token": token}, max_redirects=0)
+    assert forced.status == 403
+    assert fresh(select(Delivery.state).where(Delivery.id == delivery_id)) == [("delivered",)]
+    shot(viewer, "16-viewer-message")
+
+
+def drop(inbox: Path, name: str, body: bytes, to: str = "acme") -> None:
+    """Write the file beside the inbox, then rename it in, as a partner would."""
+    directory = inbox / to
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = inbox.parent / f".{name}"
+    staging.write_bytes(body)
+    os.rename(staging, directory / name)
+
+
+def wait_for_message(filename: str) -> int:
+    found = wait_until(lambda: fresh(select(Message.id).where(
+        Message.original_filename == filename)), 60, f"{filename} picked up")
+    return found[0][0]
