@@ -67,5 +67,12 @@ class QueueingHandler(logging.Handler):
 
 def stream_level(config: dict) -> int:
     """The level records are kept from: never below the process's own log level."""
-    return max(logging.getLevelName(config["LOG_STREAM_LEVEL"]),
-               logging.getLevelName(config["LOG_LEVEL"]))
+    return max(_level(config, "LOG_STREAM_LEVEL"), _level(config, "LOG_LEVEL"))
+
+
+def _level(config: dict, key: str) -> int:
+    number = logging.getLevelName(str(config[key]).upper())
+    if not isinstance(number, int):
+        raise ValueError(f"B2BHUB_{key}={config[key]!r} is not a log level (debug, info, "
+                         "warning, error or critical)")
+    return number

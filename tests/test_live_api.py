@@ -176,3 +176,10 @@ def test_log_records_stream_as_server_sent_events(app, api):
     assert [(kind, data["message"], data["kind"]) for _, kind, data in events] == [
         ("log", "first warning", "worker"), ("log", "then an error", "worker")]
     assert int(events[0][0]) < int(events[1][0]) == events[1][2]["id"]
+
+
+def test_a_log_level_that_does_not_exist_is_refused_with_its_name(app):
+    from b2bhub.logstream import stream_level
+    assert stream_level({"LOG_STREAM_LEVEL": "debug", "LOG_LEVEL": "WARNING"}) == 30
+    with pytest.raises(ValueError, match="B2BHUB_LOG_STREAM_LEVEL='loud' is not a log level"):
+        stream_level({"LOG_STREAM_LEVEL": "loud", "LOG_LEVEL": "INFO"})

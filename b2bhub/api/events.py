@@ -8,14 +8,19 @@ after it opened. Filters: ``message=<id>``, ``type=a,b``.
 
 from __future__ import annotations
 
+import threading
+
 from flask import Response, current_app, request
 
 from b2bhub.api import bp
 from b2bhub.api.errors import ApiError
 from b2bhub.api.inputs import bad_request, int_arg, list_arg
-from b2bhub.engine.events import FeedFilter, history_feed, latest_id
+from b2bhub.engine.events import FeedFilter, latest_id
 from b2bhub.extensions import db
-from b2bhub.services.streams import StreamSlots, poll_stream, sse_event
+from b2bhub.services.livefeed import SharedFeed, history_stream
+from b2bhub.services.streams import StreamSlots, poll_stream
+
+_lock = threading.Lock()
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -23,29 +28,43 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 @bp.get("/events")
 def events():
     after = resume_point()
-    feed_filter = FeedFilter(message_id=int_arg("message"), types=list_arg("type") or [])
+    filters = FeedFilter(message_id=int_arg("message"), types=list_arg("type") or [])
     engine = db.engine
     if after is None:
         with engine.connect() as conn:
             after = latest_id(conn)
-    feed = history_feed(after, feed_filter)
+    cfg = current_app.config
+    body = history_stream(shared_feed(), engine, after, filters,
+                          every=cfg.get("STREAM_POLL_SECONDS", 0.5),
+                          keepalive=cfg.get("STREAM_KEEPALIVE_SECONDS", 15.0))
+    return stream_response(body)
 
-    def poll(conn):
-        return [sse_event(line["id"], line["type"], line) for line in feed.poll(conn)]
 
-    return open_stream(engine, poll)
+def shared_feed() -> SharedFeed:
+    """The process's one reader of history lines, started with the first stream."""
+    app = current_app
+    with _lock:
+        if "b2bhub.shared_feed" not in app.extensions:
+            app.extensions["b2bhub.shared_feed"] = SharedFeed(
+                db.engine, every=app.config.get("STREAM_POLL_SECONDS", 0.5) / 2).start()
+    return app.extensions["b2bhub.shared_feed"]
 
 
 def open_stream(engine, poll) -> Response:
-    """A text/event-stream response polling ``poll``, if a stream slot is free."""
+    """A text/event-stream response polling ``poll`` on its own, if a slot is free."""
+    cfg = current_app.config
+    return stream_response(poll_stream(
+        engine, poll, every=cfg.get("STREAM_POLL_SECONDS", 0.5),
+        keepalive=cfg.get("STREAM_KEEPALIVE_SECONDS", 15.0)))
+
+
+def stream_response(body) -> Response:
+    """A text/event-stream response sending ``body``, if a stream slot is free."""
     slots = stream_slots()
     if not slots.take():
         raise ApiError(503, "too_many_streams",
                        f"this web process serves at most {slots.size} streams at once; "
                        "retry later or start another web process")
-    cfg = current_app.config
-    body = poll_stream(engine, poll, every=cfg.get("STREAM_POLL_SECONDS", 0.5),
-                       keepalive=cfg.get("STREAM_KEEPALIVE_SECONDS", 15.0))
     response = Response(body, mimetype="text/event-stream", headers=SSE_HEADERS)
     response.call_on_close(slots.give_back)  # also when the body was never started
     return response
