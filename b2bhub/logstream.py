@@ -23,6 +23,12 @@ QUEUE_LIMIT = 10_000
 MESSAGE_LIMIT = 8_000
 
 
+#: Loggers whose info records say only that a task arrived or ended: the 1-second source
+#: scheduler and every wake-up would fill the Logs page with them. Their warnings and
+#: errors are still kept; the process's own log output keeps everything.
+ROUTINE_LOGGERS = ("celery.app.trace", "celery.worker.strategy", "celery.beat")
+
+
 class QueueingHandler(logging.Handler):
     def __init__(self, level: int):
         super().__init__(level)
@@ -34,6 +40,8 @@ class QueueingHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.thread == self.quiet_thread:
+            return
+        if record.levelno < logging.WARNING and record.name.startswith(ROUTINE_LOGGERS):
             return
         try:
             message = record.getMessage()

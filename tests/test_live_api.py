@@ -149,6 +149,22 @@ def test_logs_above_the_stream_level_are_paged_newest_first(app, api):
     assert set(error["details"]) == {"level"}
 
 
+def test_routine_task_records_stay_out_of_the_stream_but_their_warnings_do_not(app, api):
+    app.config["LOG_STREAM_LEVEL"] = "INFO"
+    agent = Agent(app, "worker").start()
+    ours, trace = logging.getLogger("b2bhub.tests.live"), logging.getLogger("celery.app.trace")
+    ours.setLevel(logging.INFO)
+    trace.setLevel(logging.INFO)
+    trace.info("Task b2bhub.schedule_sources succeeded in 0.001s")
+    trace.warning("Task b2bhub.deliver raised unexpected: boom")
+    ours.info("an info record of our own")
+    agent.stop()
+    messages = [r["message"] for r in api.get("/api/v1/logs?limit=50").get_json()["items"]]
+    assert "Task b2bhub.deliver raised unexpected: boom" in messages
+    assert "an info record of our own" in messages
+    assert not any("succeeded in" in m for m in messages)
+
+
 def test_a_process_is_listed_while_it_heartbeats_and_as_stopped_after(app, api):
     agent = Agent(app, "beat").start()
     [listed] = api.get("/api/v1/processes").get_json()["items"]
