@@ -35,6 +35,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     hub_init_app(app)
 
     from b2bhub.api import bp as api_bp
-    app.register_blueprint(api_bp)
+    from b2bhub.api.blueprint import init_api
+    init_api(app, api_bp)
     csrf.exempt(api_bp)
     return app
