@@ -17,12 +17,13 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validate
+from marshmallow import RAISE, Schema, ValidationError, fields, validate
 
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.tokens import ROLES
 
+MAX_ID = 2**63 - 1  # what a BIGINT holds
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 STATUSES = [s.value for s in MessageStatus]
@@ -91,7 +92,8 @@ class Cursor(fields.String):
             key = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
         except (binascii.Error, ValueError):
             key = None
-        if not isinstance(key, self.kind) or isinstance(key, bool):
+        if not isinstance(key, self.kind) or isinstance(key, bool) or \
+                (isinstance(key, int) and not 0 <= key <= MAX_ID):
             raise ValidationError("cursor is not one this list handed out")
         return key
 
@@ -116,6 +118,11 @@ def _int(**kwargs) -> fields.Integer:
     return fields.Integer(strict=True, **kwargs)
 
 
+def _id(**kwargs) -> fields.Integer:
+    """A row id, as a query argument (strict=False) or in a JSON body."""
+    return fields.Integer(validate=validate.Range(1, MAX_ID), **kwargs)
+
+
 def _name(**kwargs) -> fields.String:
     return fields.String(validate=validate.Length(min=1, max=64), **kwargs)
 
@@ -136,8 +143,11 @@ class ErrorSchema(Schema):
 
 
 class PageArgs(Schema):
+    """A query argument no list knows is refused: a misspelt filter must not quietly
+    return everything."""
+
     class Meta:
-        unknown = EXCLUDE
+        unknown = RAISE
 
     limit = fields.Integer(load_default=DEFAULT_LIMIT,
                            validate=validate.Range(1, MAX_LIMIT, error=(
@@ -305,7 +315,7 @@ class DeliveryFilterArgs(MessageFilterArgs):
     status = CommaList(STATUSES, metadata={"description": "of the delivery's message"})
     target = fields.String()
     state = CommaList(STATES)
-    message = fields.Integer(metadata={"description": "deliveries of this message"})
+    message = _id(metadata={"description": "deliveries of this message"})
     since = UtcDateTime(metadata={"description": "delivery created at or after"})
     until = UtcDateTime(metadata={"description": "delivery created before"})
 
@@ -321,7 +331,7 @@ class BulkRedeliverArgs(Schema):
     target = fields.String()
     state = fields.List(fields.String(validate=validate.OneOf(
         ["failed", "stalled", "retrying"])))
-    message = _int()
+    message = _id(strict=True)
     since = UtcDateTime()
     until = UtcDateTime()
     q = fields.String(validate=validate.Length(min=1, max=200))
