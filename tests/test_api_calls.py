@@ -141,6 +141,7 @@ VALIDATION = [
     ("get", "/api/v1/messages?status=lost", None, "status"),
     ("get", "/api/v1/messages?q=", None, "q"),
     ("get", "/api/v1/messages?cursor=garbage", None, "cursor"),
+    ("get", "/api/v1/messages?stauts=error", None, "stauts"),  # misspelt: not ignored
     ("get", "/api/v1/deliveries?state=lost", None, "state"),
     ("get", "/api/v1/deliveries?status=lost", None, "status"),
     ("get", "/api/v1/deliveries?until=later", None, "until"),
@@ -184,6 +185,17 @@ def test_bad_input_is_400_invalid_naming_the_field(configured_admin, method, url
     error = error_of(response, 400, "invalid")
     assert field in error["details"], error
     assert field in error["message"], error
+
+
+def test_an_id_beyond_what_the_database_holds_is_a_404(configured_admin):
+    for url in ("/api/v1/messages/9223372036854775808", "/api/v1/tokens/2147483648",
+                "/api/v1/routes/2147483648"):  # tokens and routes have INTEGER ids
+        method = configured_admin.get if "messages" in url else configured_admin.delete
+        error_of(method(url), 404, "not_found")
+    error_of(configured_admin.get("/api/v1/routes?cursor=MjE0NzQ4MzY0OA"), 400, "invalid")
+    error = error_of(configured_admin.get("/api/v1/deliveries?message=9223372036854775808"),
+                     400, "invalid")
+    assert "message" in error["details"]
 
 
 def test_bodies_that_are_not_json_objects_are_refused(configured_admin):

@@ -41,8 +41,15 @@ def _auth(case, header: dict) -> dict:
     return {} if negated else header
 
 
+#: calls that answer a stream of Server-Sent Events, documented or not: in-process, a
+#: stream that does not end would hold the run forever
+STREAMING_PATHS = ("/api/v1/events", "/api/v1/logs")
+
+
 def _streams(operation) -> bool:
     """Operations answering a stream (Server-Sent Events) do not end by themselves."""
+    if operation.path in STREAMING_PATHS:
+        return True
     responses = operation.definition.raw.get("responses", {})
     return any("text/event-stream" in (r.get("content") or {}) for r in responses.values()
                if isinstance(r, dict))

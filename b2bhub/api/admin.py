@@ -91,7 +91,7 @@ def create_token(body: dict):
     return row, 201
 
 
-@bp.delete("/tokens/<int:token_id>")
+@bp.delete(f"/tokens/<{s.SMALL_ID}:token_id>")
 @bp.response(204)
 def revoke_token(token_id: int):
     """Revoke a token: it stops working at once. The row stays for the record."""

@@ -43,6 +43,9 @@ class Parser(FlaskParser):
     with one message per field in ``details``."""
 
     DEFAULT_VALIDATION_STATUS = 400
+    # unknown fields: what each schema says (RAISE unless it says otherwise), in the
+    # query string too, where webargs would otherwise drop them silently
+    DEFAULT_UNKNOWN_BY_LOCATION: dict = {}
 
     def handle_error(self, error, req, schema, *, error_status_code, error_headers):
         details = _flatten(error.messages)

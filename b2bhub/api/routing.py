@@ -13,7 +13,7 @@ from b2bhub.services import config as svc
 
 
 @bp.get("/routes")
-@bp.arguments(s.IdPageArgs, location="query")
+@bp.arguments(s.SmallIdPageArgs, location="query")
 @bp.response(200, s.RoutePage)
 def list_routes(args: dict):
     """Routes in the order they were made."""
@@ -32,7 +32,7 @@ def create_route(body: dict):
     return route
 
 
-@bp.delete("/routes/<int:route_id>")
+@bp.delete(f"/routes/<{s.SMALL_ID}:route_id>")
 @bp.response(204)
 def delete_route(route_id: int):
     svc.delete_route(db.session, route_id)

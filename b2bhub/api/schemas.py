@@ -24,6 +24,9 @@ from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.tokens import ROLES
 
 MAX_ID = 2**63 - 1  # what a BIGINT holds
+MAX_SMALL_ID = 2**31 - 1  # routes, tokens and users have INTEGER ids
+#: the URL rule part of an id of those tables
+SMALL_ID = f"int(max={MAX_SMALL_ID})"
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 STATUSES = [s.value for s in MessageStatus]
@@ -81,10 +84,10 @@ class Cursor(fields.String):
     """The opaque position a list handed out as ``next_cursor``; ``kind`` is the type of
     the key it stands for (int or str)."""
 
-    def __init__(self, kind: type, **kwargs):
+    def __init__(self, kind: type, max_key: int = MAX_ID, **kwargs):
         super().__init__(metadata={"description": "next_cursor of the previous page"},
                          **kwargs)
-        self.kind = kind
+        self.kind, self.max_key = kind, max_key
 
     def _deserialize(self, value, attr, data, **kwargs):
         value = super()._deserialize(value, attr, data, **kwargs)
@@ -93,7 +96,7 @@ class Cursor(fields.String):
         except (binascii.Error, ValueError):
             key = None
         if not isinstance(key, self.kind) or isinstance(key, bool) or \
-                (isinstance(key, int) and not 0 <= key <= MAX_ID):
+                (isinstance(key, int) and not 0 <= key <= self.max_key):
             raise ValidationError("cursor is not one this list handed out")
         return key
 
@@ -156,6 +159,10 @@ class PageArgs(Schema):
 
 class IdPageArgs(PageArgs):
     cursor = Cursor(int)
+
+
+class SmallIdPageArgs(PageArgs):
+    cursor = Cursor(int, MAX_SMALL_ID)
 
 
 class NamePageArgs(PageArgs):
@@ -505,6 +512,6 @@ class TokenCreated(Token):
         "description": "the bearer token; shown this once, only its hash is kept"})
 
 
-class TokenArgs(IdPageArgs):
+class TokenArgs(SmallIdPageArgs):
     revoked = fields.Boolean(load_default=False,
                              metadata={"description": "include revoked tokens"})
