@@ -38,7 +38,8 @@ def message_action(message_id: int, action: str):
 @bp.response(200, s.ActionResult)
 def delivery_action(delivery_id: int, action: str):
     """``redeliver`` a failed, stalled or retrying delivery; ``send-again`` a delivered
-    one; ``cancel`` one not final. 409 when it does not apply."""
+    one; ``cancel`` one not final; ``resubmit`` or ``skip`` the failed delivery that
+    blocks its ordered sequence. 409 when it does not apply."""
     return _act(DELIVERY_ACTIONS[action], delivery_id)
 
 

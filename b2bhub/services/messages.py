@@ -72,8 +72,9 @@ def _text_search(q: str):
 def _message_query(f: MessageFilter) -> Select:
     stmt = select(Message).where(*_message_conditions(f))
     if f.target is not None:
-        stmt = stmt.where(Message.id.in_(
-            select(Delivery.message_id).where(Delivery.target == f.target)))
+        # EXISTS, not IN: SQLite would first list every message id of the target
+        stmt = stmt.where(select(Delivery.id).where(
+            Delivery.message_id == Message.id, Delivery.target == f.target).exists())
     if f.since is not None or f.until is not None:
         # Newest first is by id: bound the ids by the window's lowest and highest (read
         # from the (created_at, id) index alone), so the database reads the window's
