@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from flask import g, jsonify, request, send_file
+from flask import g, request, send_file
 from sqlalchemy import select
 
 from b2bhub import hub
 from b2bhub.api import bp
+from b2bhub.api import schemas as s
 from b2bhub.api.auth import requires
-from b2bhub.api.errors import ApiError
-from b2bhub.api.inputs import bad_request
-from b2bhub.api.shapes import message_json
+from b2bhub.api.blueprint import ApiError
+from b2bhub.api.messages import delivery_filter
 from b2bhub.engine import operator
 from b2bhub.extensions import db
 from b2bhub.models import Message, Payload, utcnow
+from b2bhub.services import messages as messages_svc
 from b2bhub.services import sending
 
 MESSAGE_ACTIONS, DELIVERY_ACTIONS = operator.MESSAGE_ACTIONS, operator.DELIVERY_ACTIONS
@@ -21,48 +22,77 @@ MESSAGE_ACTIONS, DELIVERY_ACTIONS = operator.MESSAGE_ACTIONS, operator.DELIVERY_
 
 @bp.post("/messages/<int:message_id>/<any(redispatch, cancel):action>")
 @requires("operator")
+@bp.response(200, s.ActionResult)
 def message_action(message_id: int, action: str):
+    """``redispatch``: match the routes again (new deliveries, stalled ones re-queued);
+    ``cancel``: cancel every delivery not final yet. 409 when it does not apply."""
     return _act(MESSAGE_ACTIONS[action], message_id)
 
 
 @bp.post("/deliveries/<int:delivery_id>/<any(redeliver, 'send-again', cancel, resubmit, skip)"
          ":action>")
 @requires("operator")
+@bp.response(200, s.ActionResult)
 def delivery_action(delivery_id: int, action: str):
+    """``redeliver`` a failed, stalled or retrying delivery; ``send-again`` a delivered
+    one; ``cancel`` one not final; ``resubmit`` or ``skip`` the failed delivery that
+    blocks its ordered sequence. 409 when it does not apply."""
     return _act(DELIVERY_ACTIONS[action], delivery_id)
 
 
-def _act(action, object_id: int):
+def _act(action, object_id: int) -> dict:
     result = action(db.session, object_id, g.actor, utcnow())
     db.session.commit()
-    return jsonify({"changed": result.changed, "message": result.text,
-                    "deliveries": result.deliveries})
+    return {"changed": result.changed, "message": result.text,
+            "deliveries": result.deliveries}
+
+
+@bp.post("/deliveries/redeliver")
+@requires("operator")
+@bp.arguments(s.BulkRedeliverArgs)
+@bp.response(200, s.BulkRedeliverResult)
+def redeliver_matching(body: dict):
+    """Redeliver every failed, stalled or retrying delivery matching the filters (as
+    ``GET /deliveries`` takes them, lists as JSON arrays), oldest first, at most ``max``
+    in one call. Each one gets its own history line naming the operator."""
+    ids, more = messages_svc.redeliver_matching(
+        db.session, delivery_filter(body), body["max"], g.actor, utcnow())
+    db.session.commit()
+    return {"redelivered": ids, "more": more}
 
 
 @bp.post("/messages")
 @requires("operator")
+@bp.doc(requestBody={"required": True, "content": {"multipart/form-data": {
+    "schema": s.SendForm}}})
+@bp.response(201, s.Message)
 def send_message():
-    """Multipart upload: ``file``, ``from``, ``to``, optional ``target``."""
+    """Send a file by hand (multipart: ``file``, ``from``, ``to``, optional ``target``),
+    at most 64 MiB. It is delivered to the given target, or to the one target the routes
+    from sender to recipient give."""
     request.max_content_length = sending.MAX_BYTES + 1024 * 1024  # room for the form
     upload = request.files.get("file")
     if upload is None:
-        raise bad_request("a multipart form with a 'file' field is required", "file")
+        raise ApiError(400, "invalid", "a multipart form with a 'file' field is required",
+                       {"file": "required"})
     for field in ("from", "to"):
         if not request.form.get(field):
-            raise bad_request(f"missing field: {field}", field)
+            raise ApiError(400, "invalid", f"missing field: {field}", {field: "required"})
     message = sending.send_by_hand(
         db.session, hub.store(), hub.registry(), upload.stream, upload.filename or "",
         request.form["from"], request.form["to"], request.form.get("target") or None,
         g.actor, utcnow())
     db.session.commit()
-    return jsonify(message_json(message)), 201, {"Location": f"{bp.url_prefix}/messages/"
-                                                             f"{message.id}"}
+    return message, 201, {"Location": f"{bp.url_prefix}/messages/{message.id}"}
 
 
 @bp.get("/messages/<int:message_id>/payload")
-def download_payload(message_id: int):
+@bp.arguments(s.PayloadArgs, location="query")
+@bp.doc(responses={200: {"description": "the payload stage's bytes", "content": {
+    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+def download_payload(args: dict, message_id: int):
     """Any recorded stage of a message; a stage it does not have is a clear 404."""
-    stage = request.args.get("stage", "unpacked")
+    stage = args["stage"]
     message = db.session.get(Message, message_id)
     if message is None:
         raise ApiError(404, "not_found", f"no message {message_id}")

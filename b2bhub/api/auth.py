@@ -3,7 +3,8 @@
 A user logged in to the UI may also read (GET) with the login session.
 Reads need ``viewer``; any other method needs ``admin`` unless the view says otherwise
 with :func:`requires`, so a new write endpoint is closed until it names its role.
-:func:`public` opens a view to callers without a token (health only).
+:func:`public` opens a view to callers without a token (health only). The OpenAPI
+document shows each call's role as ``x-required-role`` (see ``b2bhub.api.blueprint``).
 """
 
 from __future__ import annotations
@@ -14,16 +15,15 @@ from flask import current_app, g, request
 from flask_login import current_user
 
 from b2bhub.api import bp
-from b2bhub.api.errors import ApiError
+from b2bhub.api.blueprint import READ_METHODS, ApiError, role_for
 from b2bhub.extensions import db
 from b2bhub.services import tokens
 
 RANK = {role: rank for rank, role in enumerate(tokens.ROLES)}
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def requires(role: str) -> Callable:
-    """Mark a view as needing at least ``role``."""
+    """Mark a view as needing at least ``role``; put it under the route decorator."""
     if role not in RANK:
         raise ValueError(f"unknown role {role!r}")
 
@@ -39,16 +39,14 @@ def public(view: Callable) -> Callable:
     return view
 
 
-def required_role(view: Callable) -> str:
-    default = "viewer" if request.method in READ_METHODS else "admin"
-    return getattr(view, "required_role", default)
-
-
 @bp.before_request
 def authenticate_request() -> None:
     """Refuse a missing or unknown token (401) or a role too low (403); set ``g.actor``."""
     view = current_app.view_functions.get(request.endpoint or "")
-    if view is None or getattr(view, "public", False):
+    if view is None:
+        return
+    needed = role_for(view, request.method)
+    if needed is None:
         return
     token = _bearer_token()
     found = tokens.authenticate(db.session, token) if token else _ui_session()
@@ -57,7 +55,6 @@ def authenticate_request() -> None:
                        "(Authorization: Bearer <token>)" if token is None
                        else "the bearer token is unknown or revoked")
     db.session.commit()
-    needed = required_role(view)
     _row, actor, role = found
     if RANK.get(role, -1) < RANK[needed]:
         raise ApiError(403, "forbidden", f"this call needs the {needed} role; "

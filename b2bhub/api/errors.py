@@ -7,17 +7,10 @@ from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import HTTPException
 
 from b2bhub.api import bp
+from b2bhub.api.blueprint import ApiError
 from b2bhub.engine.operator import ActionRefused, UnknownObject
 from b2bhub.extensions import db
 from b2bhub.services.errors import ServiceError
-
-
-class ApiError(Exception):
-    """An HTTP-level refusal (bad JSON, a missing token) with the error shape's fields."""
-
-    def __init__(self, status: int, code: str, message: str, details: dict | None = None):
-        super().__init__(message)
-        self.status, self.code, self.message, self.details = status, code, message, details
 
 
 def error_response(status: int, code: str, message: str, details: dict | None = None):

@@ -2,34 +2,46 @@
 
 from __future__ import annotations
 
-from flask import jsonify
-
 from b2bhub.api import bp
-from b2bhub.api.inputs import cursor_arg, int_arg, limit_arg, list_arg, text_arg, time_arg
-from b2bhub.api.shapes import delivery_json, message_detail_json, message_json, page_json
+from b2bhub.api import schemas as s
 from b2bhub.extensions import db
 from b2bhub.services import messages as svc
 
+MESSAGE_FILTERS = ("status", "from_party", "to_party", "source", "target", "since",
+                   "until", "q")
+
+
+def message_filter(args: dict) -> svc.MessageFilter:
+    return svc.MessageFilter(**{key: args.get(key) for key in MESSAGE_FILTERS})
+
+
+def delivery_filter(args: dict) -> svc.DeliveryFilter:
+    return svc.DeliveryFilter(**{key: args.get(key) for key in MESSAGE_FILTERS},
+                              state=args.get("state"), message_id=args.get("message"))
+
 
 @bp.get("/messages")
-def list_messages():
-    filters = svc.MessageFilter(
-        status=list_arg("status"), from_party=text_arg("from"), to_party=text_arg("to"),
-        source=text_arg("source"), target=text_arg("target"), since=time_arg("since"),
-        until=time_arg("until"), q=text_arg("q"))
-    page = svc.list_messages(db.session, filters, limit_arg(), cursor_arg(int))
-    return jsonify(page_json(page, message_json))
+@bp.arguments(s.MessageFilterArgs, location="query")
+@bp.response(200, s.MessagePage)
+def list_messages(args: dict):
+    """Messages newest first; every filter given must match."""
+    return s.page_json(svc.list_messages(db.session, message_filter(args), args["limit"],
+                                         args.get("cursor")))
 
 
 @bp.get("/messages/<int:message_id>")
+@bp.response(200, s.MessageDetail)
 def get_message(message_id: int):
+    """One message with its deliveries, history (oldest first) and payload stages."""
     message = svc.get_message(db.session, message_id)
-    return jsonify(message_detail_json(message, svc.message_history(db.session, message_id)))
+    message.history = svc.message_history(db.session, message_id)
+    return message
 
 
 @bp.get("/deliveries")
-def list_deliveries():
-    filters = svc.DeliveryFilter(target=text_arg("target"), state=list_arg("state"),
-                                 message_id=int_arg("message"))
-    page = svc.list_deliveries(db.session, filters, limit_arg(), cursor_arg(int))
-    return jsonify(page_json(page, delivery_json))
+@bp.arguments(s.DeliveryFilterArgs, location="query")
+@bp.response(200, s.DeliveryPage)
+def list_deliveries(args: dict):
+    """Deliveries newest first; the message filters apply to each delivery's message."""
+    return s.page_json(svc.list_deliveries(db.session, delivery_filter(args),
+                                           args["limit"], args.get("cursor")))

@@ -2,54 +2,61 @@
 
 from __future__ import annotations
 
-from flask import jsonify, url_for
+from flask import url_for
 
 from b2bhub.api import bp
-from b2bhub.api.inputs import bad_request, cursor_arg, json_object, limit_arg
-from b2bhub.api.shapes import page_json, party_json
+from b2bhub.api import schemas as s
+from b2bhub.api.blueprint import ApiError
 from b2bhub.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.services import config as svc
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
 COLLECTION = "/<any(organizations, partners):collection>"
-FIELDS = ("name", "display_name")
 
 
 @bp.get(COLLECTION)
-def list_parties(collection: str):
-    page = svc.list_parties(db.session, KINDS[collection], limit_arg(), cursor_arg(str))
-    return jsonify(page_json(page, party_json))
+@bp.arguments(s.NamePageArgs, location="query")
+@bp.response(200, s.PartyPage)
+def list_parties(args: dict, collection: str):
+    """Organizations (ours) or partners, by name."""
+    return s.page_json(svc.list_parties(db.session, KINDS[collection], args["limit"],
+                                        args.get("cursor")))
 
 
 @bp.post(COLLECTION)
-def create_party(collection: str):
-    body = json_object(FIELDS, required=("name",))
+@bp.arguments(s.PartyCreate)
+@bp.response(201, s.Party)
+def create_party(body: dict, collection: str):
     party = svc.create_party(db.session, KINDS[collection], body["name"],
-                             body.get("display_name", ""))
+                             body["display_name"])
     db.session.commit()
-    location = url_for(".get_party", collection=collection, name=party.name)
-    return jsonify(party_json(party)), 201, {"Location": location}
+    return party, 201, {"Location": url_for(".get_party", collection=collection,
+                                            name=party.name)}
 
 
 @bp.get(COLLECTION + "/<name>")
+@bp.response(200, s.Party)
 def get_party(collection: str, name: str):
-    return jsonify(party_json(svc.get_party(db.session, KINDS[collection], name)))
+    return svc.get_party(db.session, KINDS[collection], name)
 
 
 @bp.put(COLLECTION + "/<name>")
-def update_party(collection: str, name: str):
-    body = json_object(FIELDS, required=("display_name",))
+@bp.arguments(s.PartyUpdate)
+@bp.response(200, s.Party)
+def update_party(body: dict, collection: str, name: str):
+    """Change the display name; the name itself cannot change."""
     if body.get("name", name) != name:
-        raise bad_request(f"'{name}' cannot be renamed: routes and messages refer to it "
-                          "by name", "name")
+        raise ApiError(400, "invalid", f"'{name}' cannot be renamed: routes and messages "
+                       "refer to it by name", {"name": "cannot be renamed"})
     party = svc.update_party(db.session, KINDS[collection], name, body["display_name"])
     db.session.commit()
-    return jsonify(party_json(party))
+    return party
 
 
 @bp.delete(COLLECTION + "/<name>")
+@bp.response(204)
 def delete_party(collection: str, name: str):
+    """Refused (409 ``in_use``) while a route names the party."""
     svc.delete_party(db.session, KINDS[collection], name)
     db.session.commit()
-    return "", 204

@@ -2,53 +2,63 @@
 
 from __future__ import annotations
 
-from flask import jsonify, url_for
+from flask import url_for
 
 from b2bhub.api import bp
-from b2bhub.api.inputs import cursor_arg, json_object, limit_arg
-from b2bhub.api.shapes import instance_json, page_json, plugin_type_json
+from b2bhub.api import schemas as s
+from b2bhub.api.shapes import instance_json, plugin_type_json
 from b2bhub.extensions import db
 from b2bhub.hub import registry
 from b2bhub.services import config as svc
 
 
 @bp.get("/plugins/types")
+@bp.response(200, s.PluginTypePage)
 def list_plugin_types():
-    items = [plugin_type_json(cls) for cls in registry().types().values()]
-    return jsonify({"items": items, "next_cursor": None})
+    """Every installed plugin type with the JSON Schema of its configuration."""
+    return {"items": [plugin_type_json(cls) for cls in registry().types().values()],
+            "next_cursor": None}
 
 
 @bp.get("/plugins/configs")
-def list_instances():
-    page = svc.list_instances(db.session, limit_arg(), cursor_arg(str))
+@bp.arguments(s.NamePageArgs, location="query")
+@bp.response(200, s.InstancePage)
+def list_instances(args: dict):
+    page = svc.list_instances(db.session, args["limit"], args.get("cursor"))
     types = registry()
-    return jsonify(page_json(page, lambda row: instance_json(row, types)))
+    return {"items": [instance_json(row, types) for row in page.items],
+            "next_cursor": s.encode_cursor(page.next_key)}
 
 
 @bp.post("/plugins/configs")
-def create_instance():
-    body = json_object(svc.INSTANCE_FIELDS, required=("name", "type"))
+@bp.arguments(s.InstanceCreate)
+@bp.response(201, s.Instance)
+def create_instance(body: dict):
     row = svc.save_instance(db.session, registry(), body)
     db.session.commit()
-    location = url_for(".get_instance", name=row.name)
-    return jsonify(instance_json(row, registry())), 201, {"Location": location}
+    return instance_json(row, registry()), 201, {
+        "Location": url_for(".get_instance", name=row.name)}
 
 
 @bp.get("/plugins/configs/<name>")
+@bp.response(200, s.Instance)
 def get_instance(name: str):
-    return jsonify(instance_json(svc.get_instance(db.session, name), registry()))
+    return instance_json(svc.get_instance(db.session, name), registry())
 
 
 @bp.put("/plugins/configs/<name>")
-def update_instance(name: str):
-    body = json_object(svc.INSTANCE_FIELDS)
+@bp.arguments(s.InstanceFields)
+@bp.response(200, s.Instance)
+def update_instance(body: dict, name: str):
+    """Change any field but ``name`` and ``type``; omitted fields keep their value."""
     row = svc.save_instance(db.session, registry(), body, svc.get_instance(db.session, name))
     db.session.commit()
-    return jsonify(instance_json(row, registry()))
+    return instance_json(row, registry())
 
 
 @bp.delete("/plugins/configs/<name>")
+@bp.response(204)
 def delete_instance(name: str):
+    """Refused (409 ``in_use``) while a route starts or ends at the instance."""
     svc.delete_instance(db.session, name)
     db.session.commit()
-    return "", 204

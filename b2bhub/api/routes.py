@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import jsonify
+from marshmallow import Schema, fields
 from sqlalchemy import text
 
 from b2bhub.api import bp
@@ -10,9 +10,15 @@ from b2bhub.api.auth import public
 from b2bhub.extensions import db
 
 
+class Health(Schema):
+    status = fields.String(required=True)
+    database = fields.String(required=True, metadata={"description": "sqlite or postgresql"})
+
+
 @bp.get("/health")
 @public
+@bp.response(200, Health)
 def health():
     """Liveness of the web process and its database."""
     db.session.execute(text("SELECT 1"))
-    return jsonify({"status": "ok", "database": db.engine.dialect.name})
+    return {"status": "ok", "database": db.engine.dialect.name}

@@ -14,7 +14,7 @@ class Message(Base):
     __tablename__ = "messages"
     __table_args__ = (
         Index("ix_messages_status_id", "status", "id"),
-        Index("ix_messages_created_at", "created_at"),
+        Index("ix_messages_created_at_id", "created_at", "id"),
         Index("ix_messages_source_external", "source", "external_id"),
     )
 

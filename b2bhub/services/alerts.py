@@ -1,7 +1,8 @@
-"""Alerts (SPEC 14): the open ones, and acknowledging one in the name of a user."""
+"""Alerts (SPEC 14): the list and acknowledging one, a history line naming who did."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from sqlalchemy import select
@@ -10,6 +11,27 @@ from sqlalchemy.orm import Session
 from b2bhub.engine.history import add_line
 from b2bhub.models import Alert
 from b2bhub.services.errors import Conflict, NotFound
+from b2bhub.services.pages import Page, keyset_page
+
+log = logging.getLogger(__name__)
+
+STATES = ("open", "unacknowledged", "resolved", "all")
+
+
+def list_alerts(session: Session, state: str, kind: str | None, limit: int,
+                after: int | None = None) -> Page:
+    """Alerts newest first. ``state``: open (not resolved), unacknowledged (open and not
+    acknowledged), resolved, or all."""
+    stmt = select(Alert)
+    if state in ("open", "unacknowledged"):
+        stmt = stmt.where(Alert.resolved_at.is_(None))
+    if state == "unacknowledged":
+        stmt = stmt.where(Alert.acknowledged_at.is_(None))
+    if state == "resolved":
+        stmt = stmt.where(Alert.resolved_at.is_not(None))
+    if kind:
+        stmt = stmt.where(Alert.kind == kind)
+    return keyset_page(session, stmt, Alert.id, limit, after, descending=True)
 
 
 def open_alerts(session: Session, limit: int = 500) -> list[Alert]:
@@ -19,16 +41,18 @@ def open_alerts(session: Session, limit: int = 500) -> list[Alert]:
 
 
 def acknowledge(session: Session, alert_id: int, actor: str, now: datetime) -> Alert:
-    """Mark an open alert as seen by ``actor``; a history line says who (on the message's
-    history when the alert is about one)."""
+    """Mark an alert seen by ``actor``. It stays open until its condition is gone."""
     alert = session.get(Alert, alert_id)
     if alert is None:
         raise NotFound(f"no alert {alert_id}")
     if alert.acknowledged_at is not None:
         raise Conflict(f"alert {alert_id} was acknowledged by {alert.acknowledged_by} "
-                       "already")
+                       f"at {alert.acknowledged_at:%Y-%m-%d %H:%M:%S} UTC",
+                       code="already_acknowledged")
     alert.acknowledged_at, alert.acknowledged_by = now, actor
     add_line(session, alert.message_id, "alert_acknowledged",
-             f"{actor} acknowledged the {alert.kind} alert: {alert.text}", actor=actor,
-             now=now, data={"alert": alert.id, "kind": alert.kind})
+             f"{actor} acknowledged alert {alert.id} ({alert.kind}: {alert.text})",
+             actor=actor, now=now, data={"alert": alert.id, "kind": alert.kind,
+                                         "subject": alert.subject})
+    log.info("%s acknowledged alert %s (%s %s)", actor, alert.id, alert.kind, alert.subject)
     return alert

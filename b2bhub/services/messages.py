@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
-from sqlalchemy import Select, or_, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import DeliveryState, MessageStatus
+from b2bhub.engine import operator
 from b2bhub.models import Delivery, HistoryLine, Message
 from b2bhub.services.errors import NotFound, ServiceError
 from b2bhub.services.pages import Page, keyset_page
@@ -29,8 +30,10 @@ class MessageFilter:
 
 
 @dataclass
-class DeliveryFilter:
-    target: str | None = None
+class DeliveryFilter(MessageFilter):
+    """The message filters (on the delivery's message; ``target``, ``since`` and
+    ``until`` on the delivery itself) plus the delivery's ``state`` and message."""
+
     state: list[str] | None = None
     message_id: int | None = None
 
@@ -43,34 +46,56 @@ def _check_values(field: str, given: list[str] | None, allowed: type) -> None:
                            f"(known: {', '.join(known)})", {field: "unknown value"})
 
 
-def _message_query(f: MessageFilter) -> Select:
-    stmt = select(Message)
-    for column, value in ((Message.from_party, f.from_party), (Message.to_party, f.to_party),
-                          (Message.source, f.source)):
-        if value is not None:
-            stmt = stmt.where(column == value)
+def _message_conditions(f: MessageFilter) -> list:
+    """Conditions on the message's own columns (not target, since, until)."""
+    conditions = [column == value for column, value in (
+        (Message.from_party, f.from_party), (Message.to_party, f.to_party),
+        (Message.source, f.source)) if value is not None]
     if f.status:
-        stmt = stmt.where(Message.status.in_(f.status))
-    if f.target is not None:
-        stmt = stmt.where(Message.id.in_(
-            select(Delivery.message_id).where(Delivery.target == f.target)))
-    if f.since is not None:
-        stmt = stmt.where(Message.created_at >= f.since)
-    if f.until is not None:
-        stmt = stmt.where(Message.created_at < f.until)
+        conditions.append(Message.status.in_(f.status))
     if f.q:
-        stmt = stmt.where(_search(f.q.strip()))
+        conditions.append(_text_search(f.q))
+    return conditions
+
+
+def _text_search(q: str):
+    """``q``: a message id, text in the original file name (any case), or an external
+    or correlation id (exact). The file name part reads every row the other filters
+    leave, so on a large store combine it with a time range or a party."""
+    found = [func.lower(Message.original_filename).contains(q.lower(), autoescape=True),
+             Message.external_id == q, Message.correlation_id == q]
+    if q.isdigit() and len(q) < 19:
+        found.append(Message.id == int(q))
+    return or_(*found)
+
+
+def _message_query(f: MessageFilter) -> Select:
+    stmt = select(Message).where(*_message_conditions(f))
+    if f.target is not None:
+        # EXISTS, not IN: SQLite would first list every message id of the target
+        stmt = stmt.where(select(Delivery.id).where(
+            Delivery.message_id == Message.id, Delivery.target == f.target).exists())
+    if f.since is not None or f.until is not None:
+        # Newest first is by id: bound the ids by the window's lowest and highest (read
+        # from the (created_at, id) index alone), so the database reads the window's
+        # newest rows by primary key instead of every row of the window and a sort.
+        # "id + 0": otherwise PostgreSQL answers min(id) by walking the primary key
+        # from the oldest row, reading every row older than the window.
+        window = _in_time_range(select(Message.id), Message.created_at, f)
+        bound = Message.id + 0
+        stmt = _in_time_range(stmt, Message.created_at, f).where(
+            Message.id >= window.with_only_columns(func.min(bound)).scalar_subquery(),
+            Message.id <= window.with_only_columns(func.max(bound)).scalar_subquery())
     return stmt
 
 
-def _search(text: str):
-    """``q``: a message id, or a part of the file name, external or correlation id."""
-    pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    found = [column.ilike(pattern, escape="\\") for column in (
-        Message.original_filename, Message.external_id, Message.correlation_id)]
-    if text.isdigit():
-        found.append(Message.id == int(text))
-    return or_(*found)
+def _in_time_range(stmt: Select, column, f: MessageFilter) -> Select:
+    """``since`` inclusive, ``until`` exclusive."""
+    if f.since is not None:
+        stmt = stmt.where(column >= f.since)
+    if f.until is not None:
+        stmt = stmt.where(column < f.until)
+    return stmt
 
 
 def messages_by_id(session: Session, ids: list[int]) -> list[Message]:
@@ -108,15 +133,42 @@ def message_history(session: Session, message_id: int) -> list[HistoryLine]:
         HistoryLine.message_id == message_id).order_by(HistoryLine.id)))
 
 
+def delivery_query(filters: DeliveryFilter, columns=(Delivery,)) -> Select:
+    """Deliveries matching ``filters`` (also what the bulk redeliver selects)."""
+    _check_values("status", filters.status, MessageStatus)
+    _check_values("state", filters.state, DeliveryState)
+    stmt = select(*columns)
+    on_message = _message_conditions(filters)
+    if on_message:
+        stmt = stmt.join(Message, Message.id == Delivery.message_id).where(*on_message)
+    for column, value in ((Delivery.target, filters.target),
+                          (Delivery.message_id, filters.message_id)):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    if filters.state:
+        stmt = stmt.where(Delivery.state.in_(filters.state))
+    return _in_time_range(stmt, Delivery.created_at, filters)
+
+
 def list_deliveries(session: Session, filters: DeliveryFilter, limit: int,
                     after: int | None = None) -> Page:
     """Deliveries matching ``filters``, newest first."""
-    _check_values("state", filters.state, DeliveryState)
-    stmt = select(Delivery)
-    if filters.target is not None:
-        stmt = stmt.where(Delivery.target == filters.target)
-    if filters.state:
-        stmt = stmt.where(Delivery.state.in_(filters.state))
-    if filters.message_id is not None:
-        stmt = stmt.where(Delivery.message_id == filters.message_id)
-    return keyset_page(session, stmt, Delivery.id, limit, after, descending=True)
+    return keyset_page(session, delivery_query(filters), Delivery.id, limit, after,
+                       descending=True)
+
+
+def redeliver_matching(session: Session, filters: DeliveryFilter, max_count: int,
+                       actor: str, now: datetime) -> tuple[list[int], bool]:
+    """Redeliver (as the single action does, a history line each naming ``actor``) the
+    failed, stalled or retrying deliveries matching ``filters``, oldest first, at most
+    ``max_count``; True as second value when more matched. All or nothing: if one of
+    them changes meanwhile the whole call is refused and the caller rolls back."""
+    allowed = sorted(operator.REDELIVERABLE)
+    states = [state for state in (filters.state or allowed) if state in allowed]
+    if not states:
+        return [], False
+    query = delivery_query(replace(filters, state=states), (Delivery.id,))
+    ids = list(session.scalars(query.order_by(Delivery.id).limit(max_count + 1)))
+    for delivery_id in ids[:max_count]:
+        operator.redeliver(session, delivery_id, actor, now)
+    return ids[:max_count], len(ids) > max_count

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from b2bhub.models import ApiToken, User, utcnow
+from b2bhub.services.errors import Conflict, NotFound
+from b2bhub.services.pages import Page
 
 ROLES = ("viewer", "operator", "admin")
 LAST_USED_PRECISION = timedelta(minutes=1)
@@ -22,14 +24,49 @@ def _hash(token: str) -> str:
 def create_token(session: Session, name: str, role: str = "admin",
                  user: User | None = None) -> str:
     """A new token, returned once. A user's token takes the user's role and name."""
+    return new_token(session, name, role, user)[1]
+
+
+def new_token(session: Session, name: str, role: str = "admin",
+              user: User | None = None) -> tuple[ApiToken, str]:
+    """The new token's row (flushed, ``user_name`` set) and the token itself."""
     if user is not None:
         role = user.role
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}")
     token = "b2b_" + secrets.token_urlsafe(32)
-    session.add(ApiToken(name=name, token_hash=_hash(token), role=role,
-                         user_id=user.id if user is not None else None))
-    return token
+    row = ApiToken(name=name, token_hash=_hash(token), role=role,
+                   user_id=user.id if user is not None else None)
+    session.add(row)
+    session.flush()
+    row.user_name = user.name if user is not None else None
+    return row, token
+
+
+def list_tokens(session: Session, limit: int, after: int | None = None,
+                revoked: bool = False) -> Page:
+    """Tokens by id, each with ``user_name`` set (None for a token of its own)."""
+    stmt = select(ApiToken, User.name).outerjoin(User, User.id == ApiToken.user_id)
+    if not revoked:
+        stmt = stmt.where(ApiToken.revoked_at.is_(None))
+    if after is not None:
+        stmt = stmt.where(ApiToken.id > after)
+    rows = session.execute(stmt.order_by(ApiToken.id).limit(limit + 1)).all()
+    for row, user_name in rows:
+        row.user_name = user_name
+    items = [row for row, _name in rows[:limit]]
+    return Page(items, items[-1].id if len(rows) > limit else None)
+
+
+def revoke_token(session: Session, token_id: int, now: datetime) -> ApiToken:
+    row = session.get(ApiToken, token_id)
+    if row is None:
+        raise NotFound(f"no token {token_id}")
+    if row.revoked_at is not None:
+        raise Conflict(f"token {token_id} ({row.name}) was revoked already",
+                       code="already_revoked")
+    row.revoked_at = now
+    return row
 
 
 def authenticate(session: Session, token: str) -> tuple[ApiToken, str, str] | None:

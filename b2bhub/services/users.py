@@ -7,15 +7,21 @@ their tokens stop working.
 
 from __future__ import annotations
 
+import logging
 import re
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from b2bhub.engine.history import add_line
 from b2bhub.models import User, utcnow
-from b2bhub.services.errors import Conflict, ServiceError
+from b2bhub.services.errors import Conflict, NotFound, ServiceError
+from b2bhub.services.pages import Page, keyset_page
 from b2bhub.services.tokens import ROLES
+
+log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 MIN_PASSWORD = 8
@@ -65,3 +71,67 @@ def check_login(session: Session, name: str, password: str) -> User | None:
 
 def find_user(session: Session, name: str) -> User | None:
     return session.scalar(select(User).where(User.name == name))
+
+
+# --- administration through the API ---------------------------------------------------
+# Each change is a history line (without a message) naming the admin, and a log record.
+
+def audit(session: Session, type_: str, text: str, actor: str, now: datetime,
+          data: dict | None = None) -> None:
+    """Record an administrative action: a history line without a message, and the log."""
+    add_line(session, None, type_, text, actor=actor, data=data, now=now)
+    log.info("%s", text)
+
+
+def get_user(session: Session, name: str) -> User:
+    user = find_user(session, name)
+    if user is None:
+        raise NotFound(f"no user named '{name}'")
+    return user
+
+
+def list_users(session: Session, limit: int, after: str | None = None) -> Page:
+    return keyset_page(session, select(User), User.name, limit, after)
+
+
+def add_user(session: Session, name: str, password: str, role: str, actor: str,
+             now: datetime) -> User:
+    user = create_user(session, name, password, role)
+    audit(session, "user_created", f"{actor} created user {name} ({role})", actor, now,
+          {"user": name, "role": role})
+    return user
+
+
+def change_user(session: Session, name: str, changes: dict, actor: str,
+                now: datetime) -> User:
+    """Set ``role``, ``password`` and/or ``disabled``. Admins cannot demote or disable
+    themselves, so a hub is not locked out by a slip."""
+    user = get_user(session, name)
+    if name == actor and (changes.get("disabled") or
+                          changes.get("role", user.role) != user.role):
+        raise Conflict("you cannot disable yourself or change your own role; ask "
+                       "another admin", code="self_change")
+    said = []
+    if "role" in changes and changes["role"] != user.role:
+        validate(user.name, None, changes["role"])
+        said.append(f"role {user.role} -> {changes['role']}")
+        user.role = changes["role"]
+    if "password" in changes:
+        set_password(user, changes["password"])
+        said.append("password changed")
+    if "disabled" in changes and changes["disabled"] != (user.disabled_at is not None):
+        user.disabled_at = now if changes["disabled"] else None
+        said.append("disabled" if changes["disabled"] else "enabled")
+    if said:
+        audit(session, "user_changed", f"{actor} changed user {name}: {', '.join(said)}",
+              actor, now, {"user": name, "changes": said})
+    return user
+
+
+def delete_user(session: Session, name: str, actor: str, now: datetime) -> None:
+    """Delete a user and the user's tokens; history lines keep the name."""
+    if name == actor:
+        raise Conflict("you cannot delete yourself; ask another admin", code="self_change")
+    session.delete(get_user(session, name))
+    audit(session, "user_deleted", f"{actor} deleted user {name} and the user's tokens",
+          actor, now, {"user": name})

@@ -31,7 +31,8 @@ from flask import (
 from flask_login import current_user
 from werkzeug.exceptions import HTTPException
 
-from b2bhub.api.auth import RANK, required_role, requires  # noqa: F401  (the API's roles)
+from b2bhub.api.auth import RANK, requires  # noqa: F401  (the API's roles)
+from b2bhub.api.blueprint import role_for
 from b2bhub.domain.states import LABELS
 from b2bhub.engine.history import add_line
 from b2bhub.engine.operator import ActionRefused, UnknownObject
@@ -56,7 +57,8 @@ def check_login_and_role():
         return None
     if not current_user.is_authenticated:
         return redirect(url_for("ui.login", next=request.full_path.rstrip("?")))
-    needed = required_role(current_app.view_functions.get(request.endpoint or ""))
+    needed = role_for(current_app.view_functions.get(request.endpoint or ""),
+                      request.method) or "viewer"
     if not can(needed):
         abort(403, f"this needs the {needed} role; '{current_user.name}' has the "
                    f"{current_user.role} role")

@@ -1,0 +1,148 @@
+"""The API's blueprint and its OpenAPI document (flask-smorest: marshmallow + apispec).
+
+:class:`ApiBlueprint` is flask-smorest's Blueprint that also documents, for every view,
+the role it needs (``x-required-role``), the bearer security and the 401/403 refusals;
+a plain Flask view added with ``@bp.get`` is documented the same way, with the default
+error response. :class:`HubApi` serves the document at ``/api/v1/openapi.json`` and
+leaves error handling to the blueprint (flask-smorest's own handler would answer every
+HTTP error of the whole app, UI pages included, in its own shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flask import Flask
+from flask_smorest import Api
+from flask_smorest import Blueprint as SmorestBlueprint
+from webargs.flaskparser import FlaskParser
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+SECURITY_SCHEME = "bearer"
+
+
+def role_for(view: Callable, method: str) -> str | None:
+    """The least role a call needs; None for a public view. Reads need ``viewer``; any
+    other method needs ``admin`` unless the view names its role with ``requires``."""
+    if getattr(view, "public", False):
+        return None
+    default = "viewer" if method in READ_METHODS else "admin"
+    return getattr(view, "required_role", default)
+
+
+class ApiError(Exception):
+    """An HTTP-level refusal (bad JSON, a missing token) with the error shape's fields."""
+
+    def __init__(self, status: int, code: str, message: str, details: dict | None = None):
+        super().__init__(message)
+        self.status, self.code, self.message, self.details = status, code, message, details
+
+
+class Parser(FlaskParser):
+    """webargs' parser, refusing bad input in the API's error shape: 400 ``invalid``
+    with one message per field in ``details``."""
+
+    DEFAULT_VALIDATION_STATUS = 400
+    # unknown fields: what each schema says (RAISE unless it says otherwise), in the
+    # query string too, where webargs would otherwise drop them silently
+    DEFAULT_UNKNOWN_BY_LOCATION: dict = {}
+
+    def handle_error(self, error, req, schema, *, error_status_code, error_headers):
+        details = _flatten(error.messages)
+        # webargs files the messages under the location they were read from
+        if len(details) == 1 and next(iter(details)) in self.__location_map__:
+            details = next(iter(details.values()))
+            details = details if isinstance(details, dict) else {"_body": details}
+        details = {key: _text(value) for key, value in details.items()}
+        summary = "; ".join(_sentence(key, text) for key, text in details.items())
+        raise ApiError(400, "invalid", summary or "the request is not valid",
+                       {k: v for k, v in details.items() if not k.startswith("_")})
+
+    def _handle_invalid_json_error(self, error, req, *args, **kwargs):
+        raise ApiError(400, "invalid", "the request body is not valid JSON")
+
+
+def _flatten(messages) -> dict:
+    return messages if isinstance(messages, dict) else {"_body": messages}
+
+
+def _text(value) -> str | dict:
+    """A field's messages as one sentence; a nested object's as a dict of them."""
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {k: _text(v) for k, v in value.items()}
+        return "; ".join(f"item {k}: {_text(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return "; ".join(str(v) for v in value)
+    return str(value)
+
+
+def _sentence(field: str, text) -> str:
+    if field in ("_schema", "_body"):
+        return "the request body must be a JSON object" if "Invalid input type" in \
+            str(text) else str(text)
+    if text == "Missing data for required field.":
+        return f"missing field: {field}"
+    if text == "Unknown field.":
+        return f"unknown field: {field}"
+    return f"{field}: {text}"
+
+
+class ApiBlueprint(SmorestBlueprint):
+    ARGUMENTS_PARSER = Parser()
+
+    def add_url_rule(self, rule, endpoint=None, view_func=None,
+                     provide_automatic_options=None, **options):
+        super().add_url_rule(rule, endpoint, view_func, provide_automatic_options,
+                             **options)
+        docs = self._docs[self._endpoints[-1]]
+        for method, doc in docs.items():
+            if method == "parameters":
+                continue
+            role = role_for(view_func, method.upper())
+            manual = doc.setdefault("manual_doc", {})
+            if "response" not in doc and not doc.get("success"):
+                # a plain view (no @bp.response): documented as a JSON object whose fields
+                # its docstring describes, so a client and a checker know what comes back
+                manual.setdefault("responses", {}).setdefault(200, {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": {"type": "object"}}}})
+            if role is None:
+                manual.setdefault("security", [])
+                continue
+            manual["x-required-role"] = role
+            responses = manual.setdefault("responses", {})
+            responses.setdefault(401, "UNAUTHORIZED")
+            responses.setdefault(403, "FORBIDDEN")
+            doc["docstring"].setdefault("description", "")
+            doc["docstring"]["description"] = (
+                doc["docstring"]["description"] + f"\n\nRole: {role}.").strip()
+
+
+class HubApi(Api):
+    def _register_error_handlers(self):
+        """The blueprint's handlers answer in the API's shape; nothing app-wide here."""
+
+
+def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
+    from b2bhub.api.schemas import ErrorSchema
+    app.config.setdefault("API_TITLE", "b2bhub")
+    app.config.setdefault("API_VERSION", "v1")
+    app.config.setdefault("OPENAPI_VERSION", "3.0.3")
+    app.config.setdefault("OPENAPI_URL_PREFIX", blueprint.url_prefix)
+    app.config.setdefault("OPENAPI_JSON_PATH", "openapi.json")
+    app.config.setdefault("API_SPEC_OPTIONS", {
+        "info": {"description": "The b2bhub REST API. Every call but health needs "
+                 "`Authorization: Bearer <token>` (`b2bhub token create`); "
+                 "`x-required-role` names the least role it needs (viewer < operator "
+                 "< admin). Errors: `{\"error\": {\"code\", \"message\", \"details\"}}`. "
+                 "Lists: `limit` and `cursor` (the `next_cursor` of the previous page)."},
+        "security": [{SECURITY_SCHEME: []}],
+        "components": {"securitySchemes": {SECURITY_SCHEME: {
+            "type": "http", "scheme": "bearer",
+            "description": "an API token from `b2bhub token create` or POST /tokens"}}},
+    })
+    HubApi.ERROR_SCHEMA = ErrorSchema
+    api = HubApi(app)
+    api.register_blueprint(blueprint)
+    return api

@@ -1,0 +1,517 @@
+"""The marshmallow schemas of the API: what each call takes and answers.
+
+The same schemas validate requests, serialize responses and make the OpenAPI document
+(``/api/v1/openapi.json``), so the document cannot drift from the code.
+
+Times are ISO 8601 UTC with a ``Z``. Field names are snake_case, except that routes and
+message filters say ``from`` and ``to`` as the SPEC does. Lists are pages: ``items`` and
+``next_cursor`` (null on the last page); ``limit`` (1-500, default 50) and ``cursor`` in
+the query ask for one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from marshmallow import RAISE, Schema, ValidationError, fields, validate
+
+from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
+from b2bhub.services.config import SECRET_MASK
+from b2bhub.services.tokens import ROLES
+
+MAX_ID = 2**63 - 1  # what a BIGINT holds
+MAX_SMALL_ID = 2**31 - 1  # routes, tokens and users have INTEGER ids
+#: the URL rule part of an id of those tables
+SMALL_ID = f"int(max={MAX_SMALL_ID})"
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+STATUSES = [s.value for s in MessageStatus]
+STATES = [s.value for s in DeliveryState]
+
+
+# --- fields -------------------------------------------------------------------------
+
+class UtcDateTime(fields.DateTime):
+    """A naive UTC time of a row, written as ISO 8601 with a ``Z``; read from a query
+    string with or without an offset (one with an offset becomes naive UTC)."""
+
+    def _serialize(self, value, attr, obj, **kwargs):
+        return None if value is None else value.isoformat() + "Z"
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, str):
+            raise ValidationError("must be an ISO 8601 time, e.g. 2024-05-01T12:00:00Z")
+        if "T" in value:  # an unescaped "+" of an offset arrives as a space
+            value = value.replace(" ", "+")
+        try:
+            moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValidationError(
+                "must be an ISO 8601 time, e.g. 2024-05-01T12:00:00Z") from None
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(UTC).replace(tzinfo=None)
+        return moment
+
+
+class CommaList(fields.String):
+    """Several values in one query argument, comma-separated (``status=error,stalled``),
+    each one of ``choices``."""
+
+    def __init__(self, choices: list[str], **kwargs):
+        kwargs.setdefault("metadata", {})
+        kwargs["metadata"].setdefault(
+            "description", "one or more of: " + ", ".join(choices) + " (comma-separated)")
+        kwargs["metadata"]["pattern"] = "^(" + "|".join(choices) + ")(,(" + \
+            "|".join(choices) + "))*$"
+        super().__init__(**kwargs)
+        self.choices = choices
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        given = [v.strip() for v in super()._deserialize(value, attr, data, **kwargs)
+                 .split(",") if v.strip()]
+        wrong = [v for v in given if v not in self.choices]
+        if wrong:
+            raise ValidationError(f"unknown value(s) {', '.join(wrong)} "
+                                  f"(known: {', '.join(self.choices)})")
+        return given or None
+
+
+class Cursor(fields.String):
+    """The opaque position a list handed out as ``next_cursor``; ``kind`` is the type of
+    the key it stands for (int or str)."""
+
+    def __init__(self, kind: type, max_key: int = MAX_ID, **kwargs):
+        super().__init__(metadata={"description": "next_cursor of the previous page"},
+                         **kwargs)
+        self.kind, self.max_key = kind, max_key
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        value = super()._deserialize(value, attr, data, **kwargs)
+        try:
+            key = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+        except (binascii.Error, ValueError):
+            key = None
+        if not isinstance(key, self.kind) or isinstance(key, bool) or \
+                (isinstance(key, int) and not 0 <= key <= self.max_key):
+            raise ValidationError("cursor is not one this list handed out")
+        return key
+
+
+def encode_cursor(key: Any) -> str | None:
+    """The opaque cursor for a page that starts after ``key``; None when no more pages."""
+    if key is None:
+        return None
+    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+class StrictBoolean(fields.Boolean):
+    """true or false, not "yes" or 1."""
+
+    def _deserialize(self, value, attr, data, **kwargs):
+        if not isinstance(value, bool):
+            raise ValidationError("must be true or false")
+        return value
+
+
+def _int(**kwargs) -> fields.Integer:
+    return fields.Integer(strict=True, **kwargs)
+
+
+def _id(**kwargs) -> fields.Integer:
+    """A row id, as a query argument (strict=False) or in a JSON body."""
+    return fields.Integer(validate=validate.Range(1, MAX_ID), **kwargs)
+
+
+def _name(**kwargs) -> fields.String:
+    return fields.String(validate=validate.Length(min=1, max=64), **kwargs)
+
+
+# --- common -------------------------------------------------------------------------
+
+class ErrorBody(Schema):
+    code = fields.String(required=True, metadata={"description": "machine-readable reason"})
+    message = fields.String(required=True, metadata={"description": "what went wrong"})
+    details = fields.Dict(required=True, metadata={
+        "description": "per field, what is wrong with it (may be empty)"})
+
+
+class ErrorSchema(Schema):
+    """Every refusal: ``{"error": {"code", "message", "details"}}``."""
+
+    error = fields.Nested(ErrorBody, required=True)
+
+
+class PageArgs(Schema):
+    """A query argument no list knows is refused: a misspelt filter must not quietly
+    return everything."""
+
+    class Meta:
+        unknown = RAISE
+
+    limit = fields.Integer(load_default=DEFAULT_LIMIT,
+                           validate=validate.Range(1, MAX_LIMIT, error=(
+                               f"limit must be a whole number from 1 to {MAX_LIMIT}")))
+
+
+class IdPageArgs(PageArgs):
+    cursor = Cursor(int)
+
+
+class SmallIdPageArgs(PageArgs):
+    cursor = Cursor(int, MAX_SMALL_ID)
+
+
+class NamePageArgs(PageArgs):
+    cursor = Cursor(str)
+
+
+def page_of(item: type[Schema], name: str) -> type[Schema]:
+    """The schema of a page of ``item``s."""
+    return Schema.from_dict({
+        "items": fields.List(fields.Nested(item), required=True),
+        "next_cursor": fields.String(required=True, allow_none=True, metadata={
+            "description": "pass as cursor for the next page; null on the last page"}),
+    }, name=name)
+
+
+def page_json(page) -> dict[str, Any]:
+    """A :class:`b2bhub.services.pages.Page` as the page schemas take it."""
+    return {"items": page.items, "next_cursor": encode_cursor(page.next_key)}
+
+
+class ActionResult(Schema):
+    changed = fields.Boolean(required=True)
+    message = fields.String(required=True)
+    deliveries = fields.List(fields.Integer(), required=True,
+                             metadata={"description": "ids of the deliveries it moved"})
+
+
+# --- parties ------------------------------------------------------------------------
+
+class Party(Schema):
+    name = fields.String(required=True)
+    display_name = fields.String(required=True)
+    kind = fields.String(required=True, validate=validate.OneOf(["organization", "partner"]))
+    created_at = UtcDateTime(required=True)
+
+
+class PartyCreate(Schema):
+    name = _name(required=True)
+    display_name = fields.String(load_default="", validate=validate.Length(max=200))
+
+
+class PartyUpdate(Schema):
+    name = _name(metadata={"description": "may be sent, but must be the current name"})
+    display_name = fields.String(required=True, validate=validate.Length(max=200))
+
+
+PartyPage = page_of(Party, "PartyPage")
+
+
+# --- plugins ------------------------------------------------------------------------
+
+class PluginType(Schema):
+    name = fields.String(required=True)
+    roles = fields.List(fields.String(validate=validate.OneOf(["source", "target"])),
+                        required=True)
+    description = fields.String(required=True)
+    schema = fields.Dict(required=True, metadata={
+        "description": "JSON Schema of the type's configuration"})
+
+
+PluginTypePage = page_of(PluginType, "PluginTypePage")
+
+
+class InstanceFields(Schema):
+    """What a plugin instance takes; the type's own schema checks ``config``."""
+
+    name = _name()
+    type = fields.String()
+    enabled = StrictBoolean()
+    config = fields.Dict(metadata={
+        "description": f"the type's settings; a secret shown as {SECRET_MASK} and sent "
+                       "back unchanged keeps its stored value"})
+    max_concurrent_deliveries = _int(validate=validate.Range(min=1))
+    retry_policy = fields.Dict(allow_none=True, metadata={
+        "description": "strategy (fixed, exponential), base_delay, max_attempts, ..."})
+    ordered = StrictBoolean()
+    queue = fields.String(allow_none=True)
+    probe_interval = _int(validate=validate.Range(min=0))
+    retention_days = _int(allow_none=True, validate=validate.Range(min=0))
+
+
+class InstanceCreate(InstanceFields):
+    name = _name(required=True)
+    type = fields.String(required=True)
+
+
+class Instance(Schema):
+    name = fields.String(required=True)
+    type = fields.String(required=True)
+    enabled = fields.Boolean(required=True)
+    config = fields.Dict(required=True)
+    max_concurrent_deliveries = fields.Integer(required=True)
+    retry_policy = fields.Dict(required=True, allow_none=True)
+    ordered = fields.Boolean(required=True)
+    queue = fields.String(required=True, allow_none=True)
+    probe_interval = fields.Integer(required=True)
+    retention_days = fields.Integer(required=True, allow_none=True)
+    state = fields.String(required=True)
+    state_reason = fields.String(required=True, allow_none=True)
+    created_at = UtcDateTime(required=True)
+    updated_at = UtcDateTime(required=True)
+
+
+InstancePage = page_of(Instance, "InstancePage")
+
+
+# --- routes -------------------------------------------------------------------------
+
+class RouteCreate(Schema):
+    source = fields.String(required=True)
+    from_party = fields.String(data_key="from", load_default="*")
+    to_party = fields.String(data_key="to", load_default="*")
+    target = fields.String(required=True)
+
+
+class RouteTestArgs(Schema):
+    source = fields.String(required=True)
+    from_party = fields.String(data_key="from", load_default="*")
+    to_party = fields.String(data_key="to", load_default="*")
+
+
+class Route(Schema):
+    id = fields.Integer(required=True)
+    source = fields.String(required=True)
+    from_party = fields.String(data_key="from", required=True)
+    to_party = fields.String(data_key="to", required=True)
+    target = fields.String(required=True)
+    created_at = UtcDateTime(required=True)
+    created_by = fields.String(required=True)
+
+
+RoutePage = page_of(Route, "RoutePage")
+
+
+class RouteTestResult(Schema):
+    targets = fields.List(fields.String(), required=True)
+    routes = fields.List(fields.Dict(), required=True, metadata={
+        "description": "every route of the source: target, matched and the reason"})
+
+
+# --- messages and deliveries ----------------------------------------------------------
+
+class MessageFilterArgs(IdPageArgs):
+    status = CommaList(STATUSES)
+    from_party = fields.String(data_key="from")
+    to_party = fields.String(data_key="to")
+    source = fields.String()
+    target = fields.String(metadata={"description": "has a delivery to this target"})
+    since = UtcDateTime(metadata={"description": "created at or after (ISO 8601)"})
+    until = UtcDateTime(metadata={"description": "created before (ISO 8601)"})
+    q = fields.String(validate=validate.Length(min=1, max=200), metadata={
+        "description": "a message id, or text found in the original file name "
+                       "(any case), or an external or correlation id (exact)"})
+
+
+class DeliveryFilterArgs(MessageFilterArgs):
+    status = CommaList(STATUSES, metadata={"description": "of the delivery's message"})
+    target = fields.String()
+    state = CommaList(STATES)
+    message = _id(metadata={"description": "deliveries of this message"})
+    since = UtcDateTime(metadata={"description": "delivery created at or after"})
+    until = UtcDateTime(metadata={"description": "delivery created before"})
+
+
+class BulkRedeliverArgs(Schema):
+    """The filters of ``GET /deliveries``; only failed, stalled or retrying deliveries
+    are taken (a ``state`` narrows that further)."""
+
+    status = fields.List(fields.String(validate=validate.OneOf(STATUSES)))
+    from_party = fields.String(data_key="from")
+    to_party = fields.String(data_key="to")
+    source = fields.String()
+    target = fields.String()
+    state = fields.List(fields.String(validate=validate.OneOf(
+        ["failed", "stalled", "retrying"])))
+    message = _id(strict=True)
+    since = UtcDateTime()
+    until = UtcDateTime()
+    q = fields.String(validate=validate.Length(min=1, max=200))
+    max = _int(load_default=500, validate=validate.Range(1, 5000), metadata={
+        "description": "at most this many in one call (1-5000, default 500)"})
+
+
+class BulkRedeliverResult(Schema):
+    redelivered = fields.List(fields.Integer(), required=True)
+    more = fields.Boolean(required=True, metadata={
+        "description": "true when more deliveries matched than max: call again"})
+
+
+class Message(Schema):
+    id = fields.Integer(required=True)
+    source = fields.String(required=True)
+    from_party = fields.String(data_key="from", required=True)
+    to_party = fields.String(data_key="to", required=True)
+    direction = fields.String(required=True)
+    status = fields.String(required=True, validate=validate.OneOf(STATUSES))
+    status_text = fields.String(required=True)
+    original_filename = fields.String(required=True, allow_none=True)
+    external_id = fields.String(required=True, allow_none=True)
+    correlation_id = fields.String(required=True, allow_none=True)
+    sequence_key = fields.String(required=True, allow_none=True)
+    size = fields.Integer(required=True)
+    sha256 = fields.String(required=True, allow_none=True)
+    created_at = UtcDateTime(required=True)
+    updated_at = UtcDateTime(required=True)
+
+
+class Delivery(Schema):
+    id = fields.Integer(required=True)
+    message_id = fields.Integer(required=True)
+    target = fields.String(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(STATES))
+    failure_kind = fields.String(required=True, allow_none=True, validate=validate.OneOf(
+        [k.value for k in FailureKind]))
+    attempt = fields.Integer(required=True)
+    failures = fields.Integer(required=True)
+    due_at = UtcDateTime(required=True, allow_none=True)
+    wake_count = fields.Integer(required=True)
+    lease_until = UtcDateTime(required=True, allow_none=True)
+    receipt_ref = fields.String(required=True, allow_none=True)
+    receipt_deadline = UtcDateTime(required=True, allow_none=True)
+    sequence_key = fields.String(required=True, allow_none=True)
+    last_result = fields.String(required=True)
+    created_at = UtcDateTime(required=True)
+    updated_at = UtcDateTime(required=True)
+    settled_at = UtcDateTime(required=True, allow_none=True)
+
+
+class HistoryLine(Schema):
+    id = fields.Integer(required=True)
+    type = fields.String(required=True)
+    actor = fields.String(required=True)
+    text = fields.String(required=True)
+    delivery_id = fields.Integer(required=True, allow_none=True)
+    data = fields.Dict(required=True, allow_none=True)
+    created_at = UtcDateTime(required=True)
+
+
+class PayloadStage(Schema):
+    stage = fields.String(required=True)
+    size = fields.Integer(required=True)
+    digest = fields.String(required=True)
+    created_at = UtcDateTime(required=True)
+
+
+class MessageDetail(Message):
+    deliveries = fields.List(fields.Nested(Delivery), required=True)
+    history = fields.List(fields.Nested(HistoryLine), required=True)
+    payloads = fields.List(fields.Nested(PayloadStage), required=True)
+
+
+MessagePage = page_of(Message, "MessagePage")
+DeliveryPage = page_of(Delivery, "DeliveryPage")
+
+
+class PayloadArgs(Schema):
+    stage = fields.String(load_default="unpacked", metadata={
+        "description": "raw, unpacked, sent or receipt"})
+
+
+class SendForm(Schema):
+    """Send Message by hand: a multipart form."""
+
+    file = fields.Raw(required=True, metadata={"type": "string", "format": "binary"})
+    from_party = fields.String(data_key="from", required=True)
+    to_party = fields.String(data_key="to", required=True)
+    target = fields.String(metadata={
+        "description": "needed when the routes from sender to recipient give not one"})
+
+
+# --- alerts -------------------------------------------------------------------------
+
+class AlertArgs(IdPageArgs):
+    state = fields.String(load_default="open", validate=validate.OneOf(
+        ["open", "unacknowledged", "resolved", "all"]), metadata={
+        "description": "open (default): not resolved; unacknowledged: open and not "
+                       "acknowledged; resolved; all"})
+    kind = fields.String()
+
+
+class Alert(Schema):
+    id = fields.Integer(required=True)
+    kind = fields.String(required=True)
+    subject = fields.String(required=True)
+    text = fields.String(required=True)
+    message_id = fields.Integer(required=True, allow_none=True)
+    created_at = UtcDateTime(required=True)
+    acknowledged_at = UtcDateTime(required=True, allow_none=True)
+    acknowledged_by = fields.String(required=True, allow_none=True)
+    resolved_at = UtcDateTime(required=True, allow_none=True)
+
+
+AlertPage = page_of(Alert, "AlertPage")
+
+
+# --- users and tokens -----------------------------------------------------------------
+
+class User(Schema):
+    name = fields.String(required=True)
+    role = fields.String(required=True, validate=validate.OneOf(ROLES))
+    disabled = fields.Function(lambda user: user.disabled_at is not None,
+                               required=True, metadata={"type": "boolean"})
+    created_at = UtcDateTime(required=True)
+    disabled_at = UtcDateTime(required=True, allow_none=True)
+    last_login_at = UtcDateTime(required=True, allow_none=True)
+
+
+UserPage = page_of(User, "UserPage")
+
+
+class UserCreate(Schema):
+    name = fields.String(required=True)
+    password = fields.String(required=True, load_only=True)
+    role = fields.String(load_default="viewer", validate=validate.OneOf(ROLES))
+
+
+class UserUpdate(Schema):
+    role = fields.String(validate=validate.OneOf(ROLES))
+    password = fields.String(load_only=True)
+    disabled = StrictBoolean()
+
+
+class Token(Schema):
+    id = fields.Integer(required=True)
+    name = fields.String(required=True)
+    user = fields.Function(lambda row: row.user_name, required=True, allow_none=True,
+                           metadata={"type": "string", "nullable": True})
+    role = fields.String(required=True)
+    created_at = UtcDateTime(required=True)
+    revoked_at = UtcDateTime(required=True, allow_none=True)
+    last_used_at = UtcDateTime(required=True, allow_none=True)
+
+
+TokenPage = page_of(Token, "TokenPage")
+
+
+class TokenCreate(Schema):
+    name = fields.String(required=True, validate=validate.Length(min=1, max=100))
+    user = fields.String(metadata={"description": "the user the token acts as"})
+    role = fields.String(validate=validate.OneOf(ROLES), metadata={
+        "description": "a token without a user acts under its own name with this role "
+                       "(default viewer); a user's token has the user's role"})
+
+
+class TokenCreated(Token):
+    token = fields.String(required=True, metadata={
+        "description": "the bearer token; shown this once, only its hash is kept"})
+
+
+class TokenArgs(SmallIdPageArgs):
+    revoked = fields.Boolean(load_default=False,
+                             metadata={"description": "include revoked tokens"})
