@@ -108,6 +108,10 @@ class PickedFile(Protocol):
         """Remove the file if it is unchanged: True when it is gone from the place, False
         when a different file stands there now (left alone); OSError if removal failed."""
 
+    # optional: def sync_removal(self) -> None, and a hashable ``directory``:
+    #     make the removal durable (fsync the directory); OSError if it could not be.
+    #     After removing a batch, the context calls it once per ``directory``.
+
 
 class SourceContext(Protocol):
     """The narrow view of the core a source gets. Party kinds are ``"organization"``
