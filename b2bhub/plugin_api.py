@@ -177,6 +177,14 @@ class Plugin:
                 context: TargetContext) -> Outcome:
         raise NotImplementedError
 
+    def before_settle(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Called by the worker before it records the outcomes of this instance's
+        attempts gathered so far (one settlement for several attempts of a claimed
+        batch): make durable what they report, once for the group. Returns the outcomes
+        to record, same length and order; an outcome whose effect could not be made
+        durable becomes an error (retried)."""
+        return outcomes
+
     def probe(self) -> bool | None:
         """True online, False offline, None: this type has no probe."""
         return None
