@@ -1,15 +1,21 @@
 """The content-addressed payload store on the filesystem (SPEC 11).
 
 A payload is stored once under its sha256: ``<root>/<d[0:2]>/<d[2:4]>/<digest>``. It is
-written to ``<root>/tmp`` first, fsynced and renamed into place, so a reader never sees
-half a file, and it is written *before* the transaction that references it; the nightly
-cleanup therefore only removes unreferenced files older than a grace period. Reads check
+written to ``<root>/tmp`` first, made durable and renamed into place (the rename made
+durable too), so a reader never sees half a file, and it is written *before* the
+transaction that references it; the nightly cleanup therefore only removes unreferenced
+files older than a grace period. :meth:`PayloadStore.batch` stores many payloads with
+the same order but their durability paid once per batch: all data made durable, then
+all renamed, then all renames made durable (``syncfs`` of the store's file system where
+the system has it, else an fsync per file and one per directory). Reads check
 the sha256 at the end of the stream, so silent corruption on disk is never handed on as
 a good payload. Plain Python: no Flask, no Celery, no SQLAlchemy.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import io
 import os
@@ -24,6 +30,7 @@ from typing import BinaryIO
 __all__ = [
     "PayloadCorrupt",
     "PayloadError",
+    "PayloadBatch",
     "PayloadMissing",
     "PayloadStore",
     "StoredPayload",
@@ -134,31 +141,51 @@ class PayloadStore:
     def put(self, data: bytes | BinaryIO, chunk_size: int = 1 << 20) -> StoredPayload:
         """Store ``data`` (bytes or a binary stream read in chunks, never whole) and
         return its digest and size. Storing content that is already there keeps one copy."""
+        fd, tmp, stored = self._write_temp(data, chunk_size)
+        try:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._place(tmp, stored)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return stored
+
+    def batch(self) -> PayloadBatch:
+        """A batch of payloads made durable together (see :class:`PayloadBatch`)."""
+        return PayloadBatch(self)
+
+    def _write_temp(self, data: bytes | BinaryIO, chunk_size: int
+                    ) -> tuple[int, Path, StoredPayload]:
+        """Write ``data`` to a new temp file; its open descriptor, path and digest."""
         tmp_dir = self.root / TMP_DIR
         tmp_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(dir=tmp_dir, prefix="put-")
         try:
-            with os.fdopen(fd, "wb") as out:
+            with open(fd, "wb", closefd=False) as out:
                 stored = _copy_hashing(_chunks(data, chunk_size), out)
-                out.flush()
-                os.fsync(out.fileno())
-            self._place(Path(tmp_name), stored)
         except BaseException:
+            os.close(fd)
             Path(tmp_name).unlink(missing_ok=True)
             raise
-        return stored
+        return fd, Path(tmp_name), stored
 
-    def _place(self, tmp: Path, stored: StoredPayload) -> None:
-        """Move a written temp file to its place, or drop it if the content is there."""
+    def _place(self, tmp: Path, stored: StoredPayload, sync_dir: bool = True) -> Path | None:
+        """Move a written temp file to its place, or drop it if the content is there;
+        the directory that got a new name (fsynced unless ``sync_dir`` is off)."""
         final = self.path(stored.digest)
         final.parent.mkdir(parents=True, exist_ok=True)
         if _same_size(final, stored.size):
             tmp.unlink()
             # Refresh the age so the orphan cleanup gives the new reference its grace period.
             os.utime(final)
-            return
+            return None
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        if sync_dir:
+            _fsync_dir(final.parent)
+        return final.parent
 
     # reading -----------------------------------------------------------------
     def path(self, digest: str) -> Path:
@@ -237,6 +264,116 @@ class PayloadStore:
         if not tmp_dir.is_dir():
             return 0
         return sum(_unlink(path) for path in tmp_dir.iterdir() if _older(path, cutoff))
+
+
+class PayloadBatch:
+    """Payloads stored together: :meth:`put` writes each to a temp file and returns its
+    digest; :meth:`commit` makes them all durable and puts them in place, in that order,
+    paying durability once for the batch. Nothing is in place before :meth:`commit`;
+    :meth:`discard` (or a process that dies) leaves only temp files, which the orphan
+    cleanup removes. Use the digests in a transaction only after :meth:`commit`."""
+
+    def __init__(self, store: PayloadStore):
+        self.store = store
+        self._written: list[tuple[int, Path, StoredPayload]] = []
+
+    def __len__(self) -> int:
+        return len(self._written)
+
+    def put(self, data: bytes | BinaryIO, chunk_size: int = 1 << 20) -> StoredPayload:
+        """Write ``data`` (read in chunks, never whole) to a temp file of the batch."""
+        written = self.store._write_temp(data, chunk_size)
+        self._written.append(written)
+        return written[2]
+
+    def drop(self, stored: StoredPayload) -> None:
+        """Forget a payload :meth:`put` returned (its file is not wanted after all)."""
+        keep = []
+        for written in self._written:
+            if written[2] is stored:
+                _remove_temp(written)
+            else:
+                keep.append(written)
+        self._written = keep
+
+    def commit(self) -> None:
+        """Data durable, then every payload in place, then the new names durable."""
+        written, self._written = self._written, []
+        if not written:
+            return
+        try:
+            if not _syncfs(written[0][0]):
+                for fd, _tmp, _stored in written:
+                    os.fsync(fd)
+        except BaseException:
+            for item in written:
+                _remove_temp(item)
+            raise
+        for fd, _tmp, _stored in written:
+            os.close(fd)
+        dirs: set[Path] = set()
+        try:
+            for _fd, tmp, stored in written:
+                placed = self.store._place(tmp, stored, sync_dir=False)
+                if placed is not None:
+                    dirs.update((placed, placed.parent))
+        finally:
+            for _fd, tmp, _stored in written:
+                tmp.unlink(missing_ok=True)
+        if dirs and not _syncfs_path(self.store.root):
+            for path in sorted(dirs):
+                _fsync_dir(path)
+
+    def discard(self) -> None:
+        """Remove the temp files of payloads not committed."""
+        written, self._written = self._written, []
+        for item in written:
+            _remove_temp(item)
+
+
+def _remove_temp(written: tuple[int, Path, StoredPayload]) -> None:
+    fd, tmp, _stored = written
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+    tmp.unlink(missing_ok=True)
+
+
+def _load_syncfs():
+    """libc's ``syncfs`` (Linux), or None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        function = libc.syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+_SYNCFS = _load_syncfs()
+
+
+def _syncfs(fd: int) -> bool:
+    """Make everything written to the file system of ``fd`` durable in one call (one
+    journal commit instead of one per file); False where the system has no syncfs."""
+    if _SYNCFS is None:
+        return False
+    if _SYNCFS(fd) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"syncfs: {os.strerror(err)}")
+    return True
+
+
+def _syncfs_path(path: Path) -> bool:
+    if _SYNCFS is None:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return _syncfs(fd)
+    finally:
+        os.close(fd)
 
 
 def _chunks(data: bytes | BinaryIO, chunk_size: int) -> Iterator[bytes]:

@@ -108,6 +108,10 @@ class PickedFile(Protocol):
         """Remove the file if it is unchanged: True when it is gone from the place, False
         when a different file stands there now (left alone); OSError if removal failed."""
 
+    # optional: def sync_removal(self) -> None, and a hashable ``directory``:
+    #     make the removal durable (fsync the directory); OSError if it could not be.
+    #     After removing a batch, the context calls it once per ``directory``.
+
 
 class SourceContext(Protocol):
     """The narrow view of the core a source gets. Party kinds are ``"organization"``
@@ -172,6 +176,14 @@ class Plugin:
     def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
                 context: TargetContext) -> Outcome:
         raise NotImplementedError
+
+    def before_settle(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Called by the worker before it records the outcomes of this instance's
+        attempts gathered so far (one settlement for several attempts of a claimed
+        batch): make durable what they report, once for the group. Returns the outcomes
+        to record, same length and order; an outcome whose effect could not be made
+        durable becomes an error (retried)."""
+        return outcomes
 
     def probe(self) -> bool | None:
         """True online, False offline, None: this type has no probe."""

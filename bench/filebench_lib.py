@@ -31,8 +31,9 @@ from sqlalchemy import create_engine, text  # noqa: E402
 
 from tests.procs import Processes  # noqa: E402
 
-PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-REDIS_URL = "redis://127.0.0.1:6379/7"
+PG_ADMIN_URL = os.environ.get("B2BHUB_BENCH_PG_URL",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("B2BHUB_BENCH_REDIS_URL", "redis://127.0.0.1:6379/7")
 ORGANIZATION, PARTNER = "mycompany", "acme"
 POLLER, WRITER = "poller", "writer"
 
@@ -65,15 +66,17 @@ def arguments(description: str, extra: Callable[[argparse.ArgumentParser], None]
 
 
 @contextmanager
-def fresh_bench(backend: str, keep: bool = False) -> Iterator[Bench]:
-    """A migrated backend with mycompany, acme, poller -> writer and a route."""
+def fresh_bench(backend: str, keep: bool = False, writer_concurrency: int = 4
+                ) -> Iterator[Bench]:
+    """A migrated backend with mycompany, acme, poller -> writer (its Max Concurrent
+    Deliveries ``writer_concurrency``) and a route."""
     tmp = Path(tempfile.mkdtemp(prefix="b2bhub-fbench-"))
     bench = Bench(backend, {}, tmp, tmp / "in", tmp / "out", tmp / "staging")
     bench.staging.mkdir()
     drop_db = None
     try:
         bench.urls, drop_db = _create_backend(backend, tmp)
-        _migrate_and_configure(bench)
+        _migrate_and_configure(bench, writer_concurrency)
         yield bench
     finally:
         if bench.procs is not None:
@@ -109,7 +112,7 @@ def _create_backend(backend: str, tmp: Path) -> tuple[dict[str, str], Callable |
     return {"database_url": url, "broker_url": REDIS_URL, "data_dir": str(data_dir)}, drop
 
 
-def _migrate_and_configure(bench: Bench) -> None:
+def _migrate_and_configure(bench: Bench, writer_concurrency: int) -> None:
     from flask_migrate import upgrade
 
     from b2bhub import create_app, hub
@@ -132,6 +135,7 @@ def _migrate_and_configure(bench: Bench) -> None:
                        "polling_interval": 1}})
         svc.save_instance(session, registry, {
             "name": WRITER, "type": "file_writer",
+            "max_concurrent_deliveries": writer_concurrency,
             "config": {"base_directory": str(bench.outbox),
                        "filename_pattern": "{original_filename}"}})
         svc.create_route(session, registry, POLLER, "*", PARTNER, WRITER)
@@ -201,6 +205,50 @@ def environment(bench: Bench, workers: int) -> list[str]:
             f"python: {platform.python_version()}",
             f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
             f"commit: {commit}{' (with local changes)' if dirty else ''}"]
+
+
+class CpuMeter:
+    """CPU seconds (user + system, from ``/proc``) that each worker, beat and the
+    PostgreSQL backends serving the bench's database spend between :meth:`start` and
+    :meth:`stop`: what a message costs, apart from what the machine's other work takes.
+    A backend that connects after :meth:`start` counts from zero."""
+
+    def __init__(self, bench: Bench):
+        self.bench = bench
+        self._start: dict[int, float] = {}
+
+    def _pids(self) -> dict[int, str]:
+        pids = {p.pid: p.name for p in self.bench.procs.procs}
+        if self.bench.backend == "postgres":
+            name = self.bench.urls["database_url"].rsplit("/", 1)[1]
+            engine = create_engine(PG_ADMIN_URL)
+            try:
+                with engine.connect() as conn:
+                    pids.update({pid: "postgres" for pid in conn.scalars(text(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = :name"
+                        " AND pid <> pg_backend_pid()"), {"name": name})})
+            finally:
+                engine.dispose()
+        return pids
+
+    def start(self) -> None:
+        self._start = {pid: _cpu_seconds(pid) for pid in self._pids()}
+
+    def stop(self) -> dict[str, float]:
+        """Seconds per process name (PostgreSQL backends summed as ``postgres``)."""
+        spent: Counter[str] = Counter()
+        for pid, name in self._pids().items():
+            spent[name] += _cpu_seconds(pid) - self._start.get(pid, 0.0)
+        return dict(spent)
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Profiler:

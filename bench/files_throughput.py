@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from filebench_lib import (
+    CpuMeter,
     Profiler,
     arguments,
     delivered_count,
@@ -32,6 +33,9 @@ def _options(parser) -> None:
     parser.add_argument("--files", type=int, default=10000)
     parser.add_argument("--size", type=int, default=2048, help="bytes per file")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--writer-concurrency", type=int, metavar="N",
+                        help="the writer's Max Concurrent Deliveries (default 16 x "
+                             "workers, so that every worker can claim a batch)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record each worker with py-spy into DIR and print the top "
                              "costs")
@@ -55,10 +59,13 @@ def drop_all(bench, files: int, size: int) -> tuple[float, float]:
 
 def main() -> None:
     args = arguments(__doc__.splitlines()[0], _options)
-    with fresh_bench(args.backend, keep=args.keep) as bench:
+    concurrency = args.writer_concurrency or 16 * args.workers
+    with fresh_bench(args.backend, keep=args.keep, writer_concurrency=concurrency) as bench:
         procs = start_processes(bench, args.workers)
         profiler = Profiler(args.profile, procs)
         before = environment(bench, args.workers)
+        meter = CpuMeter(bench)
+        meter.start()
         first, dropped = drop_all(bench, args.files, args.size)
         last_report = [time.monotonic()]
 
@@ -73,15 +80,21 @@ def main() -> None:
         settled = wait_until(
             lambda: delivered_count(bench.urls["database_url"]) >= args.files,
             120, "every delivery Delivered", every=0.2)
+        cpu = meter.stop()
         seconds = written - first
         profile = profiler.stop()
         print("\n".join(before))
         print(f"load average after: {' '.join(f'{x:.2f}' for x in _load())}")
-        print(f"files: {args.files} x {args.size} bytes")
+        print(f"files: {args.files} x {args.size} bytes; writer's Max Concurrent "
+              f"Deliveries {concurrency}")
         print(f"dropped in: {dropped - first:.2f} s")
         print(f"first dropped -> last written: {seconds:.2f} s")
         print(f"first dropped -> all Delivered in the database: {settled - first:.2f} s")
         print(f"msgs/s: {args.files / seconds:.1f}")
+        print("CPU seconds during the run: " + ", ".join(
+            f"{name} {spent:.1f}" for name, spent in sorted(cpu.items()))
+            + f" (total {sum(cpu.values()):.1f}; "
+              f"{1000 * sum(cpu.values()) / args.files:.2f} ms per message)")
         print(f"message statuses: {status_counts(bench.urls['database_url'])}")
         print("\n".join(profile))
 

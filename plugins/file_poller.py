@@ -316,6 +316,7 @@ class LocalFile:
     def __init__(self, base: Path, parts: Parts, size: int, mtime_ns: int):
         self.base, self.parts, self.size, self.mtime_ns = base, parts, size, mtime_ns
         self.relative = record_text(parts)
+        self.directory = (str(base), parts[:-1])  # what sync_removal fsyncs
 
     def open(self) -> IO[bytes]:
         fd = open_dir(self.base, self.parts[:-1])
@@ -350,6 +351,14 @@ class LocalFile:
         finally:
             os.close(fd)
         return True
+
+    def sync_removal(self) -> None:
+        """Make the removal durable: fsync the directory it was in."""
+        fd = open_dir(self.base, self.parts[:-1])
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def move_unroutable(base: Path, parts: Parts, reason: str) -> Parts:

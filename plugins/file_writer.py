@@ -10,9 +10,12 @@ Any other failure (permission, disk full, read-only file system...) is an error 
 The write is atomic and streamed: the payload is copied in chunks to a temporary file in
 the target directory, fsynced, then moved into place with ``os.replace`` (overwrite on)
 or ``os.link`` (overwrite off: the link fails if the name was taken meanwhile, so no
-file is ever clobbered), and the directory is fsynced. A re-attempt that finds the file
-already holding exactly the payload (same size, same sha256) counts as written, so an
-attempt cut short after the rename does not fail its retry.
+file is ever clobbered). The directory is fsynced once for the writes of a claimed batch,
+before their outcomes are recorded (:meth:`FileWriter.before_settle`): a write is never
+recorded as delivered before its name is durable, and a directory that cannot be
+fsynced turns those outcomes into storage errors (retried). A re-attempt that finds the
+file already holding exactly the payload (same size, same sha256) counts as written, so
+an attempt cut short after the rename does not fail its retry.
 
 Directories are walked one element at a time with directory descriptors, and each one's
 resolved path must lie below the resolved base directory, so a symbolic link can never
@@ -38,6 +41,7 @@ from b2bhub.domain.filename_pattern import (
     placeholder_values,
 )
 from b2bhub.domain.retry import FILE_WRITER_DEFAULT
+from b2bhub.domain.outcome import OutcomeKind
 from b2bhub.payloads import PayloadError
 from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader, Plugin, TargetContext
 
@@ -72,7 +76,7 @@ class FileWriter(Plugin):
     roles = frozenset({"target"})
     description = "Writes each message to a file below a directory."
     default_retry_policy = FILE_WRITER_DEFAULT
-    claim_batch = 8
+    claim_batch = 16
     config_schema = [
         Field("base_directory", "path", required=True, validate=_absolute_problem,
               help="absolute directory below which files are written; created if missing"),
@@ -97,6 +101,8 @@ class FileWriter(Plugin):
             self.pattern_problem = ""
         except PatternError as exc:  # saved before a rule existed: fail, do not crash
             self.pattern, self.pattern_problem = None, str(exc)
+        # directories written into since the last before_settle: (dev, inode) -> fd
+        self._unsynced: dict[tuple[int, int], int] = {}
 
     def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
                 context: TargetContext) -> Outcome:
@@ -141,8 +147,35 @@ class FileWriter(Plugin):
                     return self._taken(dir_fd, name, relative, payload, reattempt)
             finally:
                 _unlink_quietly(dir_fd, tmp)
-            os.fsync(dir_fd)
+            self._sync_later(dir_fd)
         return Outcome.delivered(f"wrote {relative} ({size} bytes)", file=relative, size=size)
+
+    def _sync_later(self, dir_fd: int) -> None:
+        """Have :meth:`before_settle` fsync this directory."""
+        info = os.fstat(dir_fd)
+        key = (info.st_dev, info.st_ino)
+        if key not in self._unsynced:
+            self._unsynced[key] = os.dup(dir_fd)
+
+    def before_settle(self, outcomes: list[Outcome]) -> list[Outcome]:
+        """Fsync each directory written into since the last call, once; if one fails,
+        the delivered outcomes become storage errors (the retry finds the file already
+        there and counts it as written)."""
+        pending, self._unsynced = self._unsynced, {}
+        failure = None
+        for fd in pending.values():
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                failure = exc
+            finally:
+                os.close(fd)
+        if failure is None:
+            return outcomes
+        return [Outcome.error("storage", f"could not make the write durable below "
+                              f"{self.base}: {_reason(failure)}", **outcome.data)
+                if outcome.kind == OutcomeKind.DELIVERED else outcome
+                for outcome in outcomes]
 
     def _place(self, dir_fd: int, tmp: str, name: str) -> bool:
         """Move the written temp file to ``name``; False if overwrite is off and the
@@ -166,6 +199,7 @@ class FileWriter(Plugin):
                reattempt: bool) -> Outcome:
         """The name exists and overwrite is off: written already, or failed."""
         if reattempt and _holds(dir_fd, name, payload, self.stage):
+            self._sync_later(dir_fd)  # the attempt that wrote it may not have
             size = payload.size(self.stage)
             return Outcome.delivered(
                 f"{relative} already holds this payload ({size} bytes); counted as written",

@@ -492,6 +492,29 @@ def test_a_failed_removal_is_retried_not_stored_again(poller, runner, clock, bas
     assert count(session, Message) == 1 and count(session, PollerPickup) == 0
 
 
+def test_a_removal_not_made_durable_keeps_its_pickup_until_the_next_scan(
+        poller, runner, clock, base, session, monkeypatch):
+    """After removing a batch's files the poller fsyncs their directory; until that
+    succeeds the pickup rows stay, so a removal lost in a crash could not bring back a
+    file the hub forgot it stored. The next scan finds the files gone and forgets them."""
+    poller()
+    paths = [put(base, f"acme/o{i}.xml", b"o%d" % i) for i in range(3)]
+    scan(runner, clock)
+    synced = []
+
+    def sync_fails(self):
+        synced.append(self.relative)
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(file_poller.LocalFile, "sync_removal", sync_fails)
+    scan(runner, clock)
+    assert synced == ["acme/o0.xml"]  # once for their one directory
+    assert not any(p.exists() for p in paths)
+    assert count(session, Message) == 3 and count(session, PollerPickup) == 3
+    monkeypatch.undo()
+    scan(runner, clock)
+    assert count(session, Message) == 3 and count(session, PollerPickup) == 0
+
+
 def test_a_file_replaced_after_the_commit_is_not_removed(poller, runner, clock, base,
                                                          session, monkeypatch):
     poller()

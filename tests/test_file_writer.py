@@ -6,9 +6,11 @@ the delivery state, the message status, the history text and the alerts."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
+import stat
 import tracemalloc
 from datetime import timedelta
 from pathlib import Path
@@ -315,6 +317,61 @@ def test_a_storage_failure_is_retried_after_30s_2min_10min_then_fails(
                for line in failures)
     assert lines[-1].endswith("(attempts used up (4))")
     assert open_alerts(session, message) == ["message_failed"]
+
+
+def test_a_write_whose_directory_cannot_be_made_durable_is_not_recorded_as_delivered(
+        hub, session, registry, clock, writer, out, monkeypatch):
+    """The directory is fsynced once per claimed batch, before the settlement; when that
+    fails (the disk reports an I/O error) the batch's writes are storage errors, and the
+    retry finds each file already holding its payload."""
+    writer()
+    messages = [hub.message(source="inbox", body=BODY + bytes([n]), filename=f"o{n}.xml",
+                            now=clock()) for n in range(3)]
+    fsync = os.fsync
+
+    def failing_on_directories(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EIO, "Input/output error")
+        return fsync(fd)
+    monkeypatch.setattr(os, "fsync", failing_on_directories)
+    drain(hub, registry, clock)
+    for message in messages:
+        assert state(session, message) == ("retrying", "retrying", 1)
+        assert history(session, message)[-1].startswith(
+            f"writer: attempt 1 failed: could not make the write durable below {out}: "
+            "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    clock.advance(30)
+    drain(hub, registry, clock)
+    for n, message in enumerate(messages):
+        assert state(session, message) == ("delivered", "delivered", 2)
+        assert history(session, message)[-1].endswith(
+            f"o{n}.xml already holds this payload ({len(BODY) + 1} bytes); counted as "
+            "written")
+
+
+def test_a_batch_fsyncs_each_directory_once_before_its_settlement(
+        hub, session, registry, clock, writer, out, monkeypatch):
+    """Four messages are one claimed batch (Max Concurrent Deliveries 4)."""
+    writer(filename_pattern="{original_filename}")
+    for n in range(4):
+        hub.message(source="inbox", body=BODY + bytes([n]), filename=f"o{n}.xml",
+                    now=clock())
+    synced = []
+    fsync = os.fsync
+
+    def recording(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced.append(os.fstat(fd).st_ino)
+        return fsync(fd)
+    monkeypatch.setattr(os, "fsync", recording)
+    runner = TargetRunner(new_session, registry, hub.store, "test-worker", clock=clock)
+    runner.settle_window = 60  # one settlement for the batch, however slow the machine
+    runner.drain("writer", budget=30)
+
+    assert sorted(p.name for p in out.iterdir()) == [f"o{n}.xml" for n in range(4)]
+    assert synced == [out.stat().st_ino]
 
 
 def test_redeliver_after_the_directory_is_fixed_writes_the_file(

@@ -216,3 +216,60 @@ def test_old_temp_files_are_removed_and_fresh_ones_kept(store):
 def test_iter_digests_on_an_empty_store(store):
     assert list(store.iter_digests()) == []
     assert store.remove_orphans(set()) == 0
+
+
+# --- a batch: durability paid once, nothing in place before the commit ---------------
+
+def temp_files(store) -> list:
+    tmp = store.root / "tmp"
+    return sorted(tmp.iterdir()) if tmp.is_dir() else []
+
+
+def test_a_batch_puts_nothing_in_place_before_its_commit(store):
+    batch = store.batch()
+    first = batch.put(DOC)
+    second = batch.put(io.BytesIO(DOC[::-1]), chunk_size=1000)
+    assert (first, second) == (StoredPayload(sha(DOC), len(DOC)),
+                               StoredPayload(sha(DOC[::-1]), len(DOC)))
+    assert not store.exists(first.digest) and not store.exists(second.digest)
+
+    batch.commit()
+    with store.open(first.digest) as a, store.open(second.digest) as b:
+        assert (a.read(), b.read()) == (DOC, DOC[::-1])
+    assert temp_files(store) == []
+    assert len(batch) == 0
+
+
+def test_a_batch_keeps_one_copy_of_content_already_stored_or_put_twice(store):
+    store.put(DOC)
+    batch = store.batch()
+    batch.put(DOC)
+    batch.put(b"twice")
+    batch.put(b"twice")
+    batch.commit()
+    assert sorted(store.iter_digests()) == sorted([sha(DOC), sha(b"twice")])
+    assert temp_files(store) == []
+
+
+def test_a_dropped_or_discarded_payload_leaves_nothing(store):
+    batch = store.batch()
+    kept = batch.put(b"kept")
+    batch.drop(batch.put(b"changed while read"))
+    batch.commit()
+    assert list(store.iter_digests()) == [kept.digest]
+
+    batch.put(b"never committed")
+    batch.discard()
+    batch.commit()
+    assert list(store.iter_digests()) == [kept.digest]
+    assert temp_files(store) == []
+
+
+def test_a_batch_whose_put_fails_keeps_the_others(store):
+    batch = store.batch()
+    batch.put(b"one")
+    with pytest.raises(TypeError):
+        batch.put(io.StringIO("text"))
+    batch.commit()
+    assert list(store.iter_digests()) == [sha(b"one")]
+    assert temp_files(store) == []

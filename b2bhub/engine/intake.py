@@ -1,9 +1,10 @@
 """The context a source instance stores messages through (DESIGN "Sources").
 
-Payload stages go to the payload store first; then one transaction inserts the messages
-of a batch of files, their deliveries and history, and a ``poller_pickups`` row per file
-(path, size, mtime, sha256). Files are removed only after that commit, and their rows
-deleted after the removal. A process that dies in between leaves rows behind: the next
+Payload stages go to the payload store first (a batch's files made durable together,
+before the transaction); then one transaction inserts the messages of the batch, their
+deliveries and history, and a ``poller_pickups`` row per file (path, size, mtime,
+sha256). Files are removed only after that commit, and their rows deleted after the
+removals are durable. A process that dies in between leaves rows behind: the next
 scan removes each file that still matches its row instead of storing it again. The scan
 is therefore safe to kill at any point: a file is stored once and never lost.
 """
@@ -22,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
 from b2bhub.models import Party, PollerPickup, utcnow
-from b2bhub.payloads import PayloadStore, StoredPayload
+from b2bhub.payloads import PayloadBatch, PayloadStore, StoredPayload
 from b2bhub.plugin_api import PickedFile
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class SourceIntake:
         self.batch_size = batch_size
         self.made: list[int] = []
         self._staged: list[_Staged] = []
+        self._payloads: PayloadBatch = store.batch()
         self._parties: dict[str, str] | None = None
 
     # parties -----------------------------------------------------------------
@@ -123,9 +125,10 @@ class SourceIntake:
     def _stage(self, file: PickedFile) -> StoredPayload | None:
         try:
             with file.open() as stream:
-                stored = self.store.put(_KeepAlive(stream, self.fence))
+                stored = self._payloads.put(_KeepAlive(stream, self.fence))
             if stored.size == file.size and file.unchanged():
                 return stored
+            self._payloads.drop(stored)
             reason = "it changed while being read"
         except OSError as exc:
             reason = f"it could not be read: {exc}"
@@ -138,10 +141,21 @@ class SourceIntake:
         batch, self._staged = self._staged, []
         if not batch:
             return []
+        try:
+            self._payloads.commit()  # durable and in place before the transaction
+        except BaseException:
+            self._payloads.discard()
+            raise
         pickups, made = self._commit(batch)
         self._remove(batch, pickups)
         self.made.extend(made)
         return made
+
+    def discard(self) -> None:
+        """Drop what was staged and not committed (the scan ended early); the files
+        stay where they are for the next scan."""
+        self._staged = []
+        self._payloads.discard()
 
     def _commit(self, batch: list[_Staged]) -> tuple[list[int], list[int]]:
         """One transaction: the new files' messages in one bulk dispatch, their pickup
@@ -191,10 +205,12 @@ class SourceIntake:
         return {(r.path, r.size, r.mtime_ns, r.sha256): r.id for r in rows}
 
     def _remove(self, batch: list[_Staged], pickups: list[int]) -> None:
-        """After the commit: remove each file, then forget the pickups of those gone."""
-        done = [row_id for staged, row_id in zip(batch, pickups, strict=True)
+        """After the commit: remove each file, make the removals durable, then forget
+        the pickups of those gone."""
+        done = [(staged.file, row_id) for staged, row_id in zip(batch, pickups, strict=True)
                 if _removed(staged.file, self.instance_name)]
-        self._forget(done)
+        durable = _removals_durable([file for file, _row_id in done], self.instance_name)
+        self._forget([row_id for file, row_id in done if file in durable])
 
     def _forget(self, ids: list[int]) -> None:
         if ids:
@@ -207,18 +223,41 @@ class SourceIntake:
         rows = self.session.scalars(select(PollerPickup).where(
             PollerPickup.instance == self.instance_name).order_by(PollerPickup.id)).all()
         self.session.commit()
-        removed, done = 0, []
+        removed, done = [], []
         for row in rows:
             file = find(row.path)
             if file is not None and _same_file(file, row):
                 if not _removed(file, self.instance_name):
                     continue
-                removed += 1
+                removed.append(file)
                 log.info("%s: %s was stored as message %s before a restart; removed",
                          self.instance_name, row.path, row.message_id)
             done.append(row.id)
+        if len(_removals_durable(removed, self.instance_name)) < len(removed):
+            return len(removed)  # the rows stay; the next scan finds the files gone
         self._forget(done)
-        return removed
+        return len(removed)
+
+
+def _removals_durable(files: list[PickedFile], instance: str) -> list[PickedFile]:
+    """Make removals durable before their pickup rows may go (a removal lost in a crash
+    would bring back a file the hub no longer knows it stored): the files' own
+    ``sync_removal``, called once per ``directory`` they name. Returns the files whose
+    removal is durable."""
+    done: dict[object, bool] = {}
+    for file in files:
+        sync = getattr(file, "sync_removal", None)
+        key = getattr(file, "directory", id(file))
+        if sync is None or key in done:
+            continue
+        try:
+            sync()
+            done[key] = True
+        except OSError as exc:
+            log.warning("%s: the removal of %s could not be made durable: %s; its "
+                        "pickup is kept", instance, file.relative, exc)
+            done[key] = False
+    return [f for f in files if done.get(getattr(f, "directory", id(f)), True)]
 
 
 class _KeepAlive:

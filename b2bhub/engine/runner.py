@@ -91,8 +91,9 @@ class PendingOutcomes:
     writer finds its file already holding the payload).
     """
 
-    def __init__(self, window: float):
-        self.window = window
+    def __init__(self, window: float,
+                 before: Callable[[list[Outcome]], list[Outcome]] | None = None):
+        self.window, self._before = window, before  # the plugin's before_settle
         self._items: list[tuple[Claim, Outcome]] = []
         self._since = 0.0
 
@@ -105,7 +106,11 @@ class PendingOutcomes:
         return bool(self._items) and time.monotonic() - self._since >= self.window
 
     def take(self) -> list[tuple[Claim, Outcome]]:
+        """The outcomes to settle now, after the plugin made them durable."""
         items, self._items = self._items, []
+        if items and self._before is not None:
+            outcomes = self._before([outcome for _claim, outcome in items])
+            items = list(zip([claim for claim, _o in items], outcomes, strict=True))
         return items
 
 
@@ -161,7 +166,7 @@ class TargetRunner:
                     policy: RetryPolicy, claims: list[Claim], report: DrainReport) -> None:
         """Attempt each claim in turn; settle the outcomes by group commit."""
         infos = _delivery_infos(session, claims, self.store)
-        pending = PendingOutcomes(self.settle_window)
+        pending = PendingOutcomes(self.settle_window, getattr(plugin, "before_settle", None))
         for index, claim in enumerate(claims):
             if self.stop.requested.is_set():
                 self._settle(session, pending.take(), policy, report)

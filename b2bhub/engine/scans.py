@@ -212,6 +212,8 @@ class SourceRunner:
         except Exception as exc:
             log.exception("%s: the scan failed", row.name)
             report.reason = f"the scan failed: {exc}"
+        finally:
+            intake.discard()
         report.messages = intake.made
         return report
 
