@@ -37,4 +37,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     from b2bhub.api import bp as api_bp
     app.register_blueprint(api_bp)
     csrf.exempt(api_bp)
+    from b2bhub.as2.views import bp as as2_bp
+    app.register_blueprint(as2_bp)
+    csrf.exempt(as2_bp)  # authenticated by signatures and profiles, not by a session
     return app

@@ -29,7 +29,8 @@ def test_pyas2lib_builds_and_parses_a_message_here():
     out.build(b"UNA:+.? 'UNB+UNOC:3'", filename="order.edi", content_type="application/edi")
     incoming = Message()
     status, exc, mdn = incoming.parse(
-        out.headers_str + b"\r\n" + out.content, find_org_cb=lambda _h: Organization(as2_name="acme"),
+        out.headers_str + b"\r\n" + out.content,
+        find_org_cb=lambda _h: Organization(as2_name="acme"),
         find_partner_cb=lambda _h: Partner(as2_name="hub"))
     assert status == "processed", exc
     assert incoming.content == b"UNA:+.? 'UNB+UNOC:3'"

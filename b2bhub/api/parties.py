@@ -7,8 +7,9 @@ from flask import jsonify, url_for
 from b2bhub.api import bp
 from b2bhub.api.inputs import bad_request, cursor_arg, json_object, limit_arg
 from b2bhub.api.shapes import page_json, party_json
+from b2bhub.as2 import profiles
 from b2bhub.extensions import db
-from b2bhub.models import ORGANIZATION, PARTNER
+from b2bhub.models import ORGANIZATION, PARTNER, utcnow
 from b2bhub.services import config as svc
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
@@ -51,5 +52,32 @@ def update_party(collection: str, name: str):
 @bp.delete(COLLECTION + "/<name>")
 def delete_party(collection: str, name: str):
     svc.delete_party(db.session, KINDS[collection], name)
+    db.session.commit()
+    return "", 204
+
+
+# --- AS2 profiles (SPEC 2) -------------------------------------------------------------
+
+PROFILE = COLLECTION + "/<name>/profiles/as2"
+
+
+@bp.get(PROFILE)
+def get_as2_profile(collection: str, name: str):
+    profile = profiles.get_profile(db.session, KINDS[collection], name)
+    return jsonify(profiles.profile_json(profile, utcnow()))
+
+
+@bp.put(PROFILE)
+def put_as2_profile(collection: str, name: str):
+    """Create or replace the choices given; a private key or password is never shown."""
+    body = json_object(tuple(profiles.FIELDS))
+    profile = profiles.save_profile(db.session, KINDS[collection], name, body)
+    db.session.commit()
+    return jsonify(profiles.profile_json(profile, utcnow()))
+
+
+@bp.delete(PROFILE)
+def delete_as2_profile(collection: str, name: str):
+    profiles.delete_profile(db.session, KINDS[collection], name)
     db.session.commit()
     return "", 204

