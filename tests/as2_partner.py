@@ -26,6 +26,7 @@ CONFIG: dict = {}
 RECEIVED: list[dict] = []
 MDNS: list[dict] = []
 SENT: dict[str, Message] = {}
+HELD: list[tuple] = []
 LOCK = threading.Lock()
 
 
@@ -89,6 +90,13 @@ class Handler(BaseHTTPRequestHandler):
             self._mdn(raw)
         elif self.path == "/send":
             self._json(send(json.loads(body)))
+        elif self.path == "/release":
+            with LOCK:
+                held = HELD[:]
+                HELD.clear()
+            for job in held:
+                _post_mdn(*job)
+            self._json({"posted": len(held)})
         elif self.path == "/config":
             CONFIG.update(json.loads(body))
             self._json({"ok": True})
@@ -119,8 +127,12 @@ class Handler(BaseHTTPRequestHandler):
             content = mdn.content
             if CONFIG.get("async_no_original_recipient"):
                 content = _drop_original_recipient(mdn)
-            threading.Thread(target=_post_mdn, args=(mdn.mdn_url, dict(mdn.headers),
-                                                     content), daemon=True).start()
+            job = (mdn.mdn_url, dict(mdn.headers), content)
+            if CONFIG.get("hold_async"):
+                with LOCK:
+                    HELD.append(job)
+            else:
+                threading.Thread(target=_post_mdn, args=job, daemon=True).start()
 
     def _mdn(self, raw: bytes) -> None:
         result = Mdn().parse(raw, lambda mid, _r: SENT.get(mid))

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from werkzeug.serving import make_server
 from b2bhub.as2 import profiles
 from b2bhub.as2.mdn_out import send_due_mdns
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+from b2bhub.engine.machine import fail_overdue_receipts
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
@@ -74,6 +76,10 @@ class Partner:
 
     def mdns(self) -> list[dict]:
         return requests.get(self.url + "/mdns", timeout=10).json()
+
+    def release_async(self) -> int:
+        """Post the async MDNs held back (a partner that answers late)."""
+        return requests.post(self.url + "/release", timeout=30).json()["posted"]
 
 
 @pytest.fixture
@@ -220,3 +226,117 @@ def test_hub_to_partner(as2, case):
     stages = as2.stages(message.id)
     assert stages["unpacked"] == DATA and b"as2-to:" in stages["sent"].lower()
     assert ("receipt" in stages) is (mode != "none")
+
+
+# --- duplicates, quirks, bad input, Receipt Timeout ------------------------------------
+
+def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2):
+    as2.choose(sign=True, encrypt=True)
+    first = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                             mdn_signed=True, message_id="replay-1")
+    again = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                             mdn_signed=True, message_id="replay-1")
+    assert first["mdn_status"] == again["mdn_status"] == "processed"
+    [message] = as2.messages()
+    assert as2.lines(message.id, "duplicate_received")
+
+
+def test_partner_quirks_micalg_dash_and_binary_canonicalisation_and_no_chunking(as2):
+    as2.choose(sign=True, encrypt=False, mdn_mode="sync", mdn_signed=True, chunked=False,
+               canonicalize_as_binary=True)  # the partner signs text: the other form works
+    result = as2.partner.send(as2.url, sign=True, mdn_mode="sync", mdn_signed=True,
+                              micalg_dash=True)
+    assert result["mdn_status"] == "processed", result
+    as2.partner.configure(refuse_chunked=True, micalg_dash=True)
+    try:
+        message = as2.outbound()
+        as2.drain()
+        assert as2.delivery(message.id).state == "delivered", as2.delivery(
+            message.id).last_result
+    finally:
+        as2.partner.configure(refuse_chunked=False, micalg_dash=False)
+
+
+def test_async_mdn_without_original_recipient_settles(as2):
+    as2.choose(sign=True, encrypt=True, mdn_mode="async", mdn_signed=False)
+    as2.partner.configure(async_no_original_recipient=True)
+    try:
+        message = as2.outbound()
+        as2.drain()
+        assert wait_for(lambda: as2.delivery(message.id).state == "delivered")
+    finally:
+        as2.partner.configure(async_no_original_recipient=False)
+
+
+def post(as2, body: bytes, **headers) -> requests.Response:
+    base = {"AS2-From": "ACME", "AS2-To": "HUB", "Message-ID": "<bad-1@acme>",
+            "AS2-Version": "1.2", "Content-Type": "application/pkcs7-mime; "
+            "smime-type=enveloped-data", "Disposition-Notification-To": "x@acme"}
+    return requests.post(as2.url, data=body, headers={**base, **headers}, timeout=30)
+
+
+@pytest.mark.parametrize("problem", ["malformed", "truncated", "unknown_to", "unknown_from",
+                                     "oversize", "wrong_certificate"])
+def test_bad_input_is_refused_with_a_reason_never_500(as2, certs, problem):
+    as2.choose(sign=True, encrypt=True)
+    if problem == "wrong_certificate":
+        profiles.save_profile(as2.session, "partner", "acme",
+                              {"certificate": {"pem": certs["other"][0]}})
+        as2.session.commit()
+        answer = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync")
+        assert answer["http_status"] == 200 and answer["mdn_status"] != "processed"
+        reason = answer["mdn_detail"]
+    else:
+        body = {"malformed": b"\x00\xff not mime at all",
+                "truncated": b"0\x82\x05\x00\x06\x09*\x86H\x86\xf7\r\x01\x07\x03",
+                "oversize": b"x" * ((1 << 20) + 10)}.get(problem, b"hello")
+        extra = {"unknown_to": {"AS2-To": "NOBODY"},
+                 "unknown_from": {"AS2-From": "STRANGER"}}.get(problem, {})
+        answer = post(as2, body, **extra)
+        assert answer.status_code in (200, 400, 403, 413), answer.text
+        reason = answer.text
+        if answer.headers.get("Content-Type", "").startswith("multipart"):
+            assert b"processed/Error" in answer.content or b"failed" in answer.content
+    [message] = as2.messages()
+    assert message.status == "refused"
+    assert as2.lines(message.id, "refused"), reason
+    assert not as2.session.scalars(select(Delivery)).all()
+    if problem != "oversize":
+        assert "raw" in as2.stages(message.id)  # what came is kept
+
+
+def test_receipt_timeout_fails_the_delivery_and_a_late_mdn_is_unattributable(as2):
+    as2.choose(sign=True, encrypt=True, mdn_mode="async", mdn_signed=True,
+               receipt_timeout=3600)
+    as2.partner.configure(hold_async=True)
+    message = as2.outbound()
+    start = utcnow()
+    as2.drain(clock=lambda: start)
+    assert as2.delivery(message.id).state == "awaiting_receipt"
+    fail_overdue_receipts(as2.session, start + timedelta(hours=1, seconds=1), 100)
+    as2.session.commit()
+    delivery = as2.delivery(message.id)
+    assert delivery.state == "failed" and delivery.last_result == "no receipt within 1h"
+    late = as2.partner.release_async()
+    assert late == 1
+    assert wait_for(lambda: as2.lines(message.id, "mdn_refused"))
+    assert as2.delivery(message.id).state == "failed"
+    as2.partner.configure(hold_async=False)
+
+
+def test_profile_api_hides_keys_and_certificate_expiry_raises_an_alert(as2, api, certs):
+    got = api.get("/api/v1/organizations/mycompany/profiles/as2").get_json()
+    assert got["as2_id"] == "HUB" and got["certificates"][0]["has_private_key"]
+    assert "PRIVATE" not in json.dumps(got)
+    soon = make_pair("soon.example", days=10)
+    answer = api.put("/api/v1/partners/acme/profiles/as2",
+                     json={"certificate": {"pem": soon[0]}, "mdn_mode": "async"})
+    assert answer.status_code == 200, answer.get_json()
+    assert answer.get_json()["certificates"][0]["days_left"] in (9, 10)
+    bad = api.put("/api/v1/partners/acme/profiles/as2", json={"mdn_mode": "sometimes"})
+    assert bad.status_code == 400
+    from b2bhub.models import Alert
+    assert profiles.check_certificates(as2.session, utcnow()) == 1
+    as2.session.commit()
+    [alert] = as2.session.scalars(select(Alert).where(Alert.kind == "certificate_expiring"))
+    assert "acme" in alert.text
