@@ -340,3 +340,48 @@ def test_profile_api_hides_keys_and_certificate_expiry_raises_an_alert(as2, api,
     as2.session.commit()
     [alert] = as2.session.scalars(select(Alert).where(Alert.kind == "certificate_expiring"))
     assert "acme" in alert.text
+
+
+def test_openssl_cms_client_signed_encrypted_and_the_signed_mdn_verifies(as2, certs,
+                                                                         tmp_path):
+    """A client made of ``openssl cms`` and requests only: the hub decrypts and verifies
+    its message, and its signed MDN verifies with ``openssl cms -verify``, carrying the
+    MIC openssl computes over the signed entity."""
+    as2.choose(sign=True, encrypt=True)
+    files = {}
+    for name, text in (("acme.pem", certs["acme"][0]), ("acme.key", certs["acme"][1]),
+                       ("hub.pem", certs["hub"][0])):
+        files[name] = tmp_path / name
+        files[name].write_text(text)
+    entity = tmp_path / "entity"
+    entity.write_bytes(b"Content-Type: application/edi-x12\r\n\r\n" + DATA)
+
+    def openssl(*args) -> bytes:
+        return subprocess.run(["openssl", *args], check=True, capture_output=True).stdout
+
+    signed = openssl("cms", "-sign", "-in", str(entity), "-signer", str(files["acme.pem"]),
+                     "-inkey", str(files["acme.key"]), "-md", "sha256", "-binary",
+                     "-outform", "SMIME")
+    (tmp_path / "signed").write_bytes(signed.replace(b"\n", b"\r\n").replace(b"\r\r\n",
+                                                                             b"\r\n"))
+    encrypted = openssl("cms", "-encrypt", "-in", str(tmp_path / "signed"), "-binary",
+                        "-aes256", "-outform", "DER", str(files["hub.pem"]))
+    answer = requests.post(as2.url, data=encrypted, timeout=30, headers={
+        "AS2-From": "ACME", "AS2-To": "HUB", "AS2-Version": "1.2",
+        "Message-ID": "<openssl-1@acme.example>",
+        "Content-Type": 'application/pkcs7-mime; smime-type=enveloped-data; name="smime.p7m"',
+        "Disposition-Notification-To": "edi@acme.example",
+        "Disposition-Notification-Options": "signed-receipt-protocol=required, "
+        "pkcs7-signature; signed-receipt-micalg=required, sha256"})
+    assert answer.status_code == 200
+    assert answer.headers["Content-Type"].startswith("multipart/signed")
+    mdn = tmp_path / "mdn"
+    mdn.write_bytes(f"Content-Type: {answer.headers['Content-Type']}\r\n\r\n".encode()
+                    + answer.content)
+    report = openssl("cms", "-verify", "-in", str(mdn), "-inform", "SMIME", "-noverify",
+                     "-certfile", str(files["hub.pem"]))
+    assert b"processed" in report and b"processed/" not in report
+    digest = base64.b64encode(openssl("dgst", "-sha256", "-binary", str(entity))).decode()
+    assert f"Received-content-MIC: {digest}, sha256".lower() in report.decode().lower()
+    [message] = as2.messages()
+    assert as2.stages(message.id)["unpacked"] == DATA
