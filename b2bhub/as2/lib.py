@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email
+import threading
 from email import policy
 
 from pyas2lib import Mdn, Message, Organization, Partner
@@ -11,9 +12,25 @@ from b2bhub.as2.profiles import As2Profile
 
 
 def organization(profile: As2Profile, domain: str | None = None) -> Organization:
-    key = (profile.key_pem + profile.cert_pem).encode() if profile.key_pem else None
-    return Organization(as2_name=profile.as2_id, sign_key=key, decrypt_key=key,
-                        mdn_url=profile.get("mdn_url"), domain=domain)
+    """Our side, its key loaded once per profile version (loading a key costs more than
+    parsing a small message); pyas2lib only reads these objects."""
+    key = (profile.party, profile.updated_at, profile.as2_id, profile.key_pem,
+           profile.get("mdn_url"), domain)
+    with _lock:
+        org = _orgs.get(key)
+    if org is None:
+        pem = (profile.key_pem + profile.cert_pem).encode() if profile.key_pem else None
+        org = Organization(as2_name=profile.as2_id, sign_key=pem, decrypt_key=pem,
+                           mdn_url=profile.get("mdn_url"), domain=domain)
+        with _lock:
+            if len(_orgs) > 256:
+                _orgs.clear()
+            _orgs[key] = org
+    return org
+
+
+_orgs: dict[tuple, Organization] = {}
+_lock = threading.Lock()
 
 
 def partner(profile: As2Profile, binary: bool | None = None) -> Partner:
