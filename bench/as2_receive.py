@@ -248,7 +248,7 @@ def send_child(mb: int) -> None:
         TargetRunner(new_session, app.extensions["b2bhub.registry"], store, "bench").drain(
             "as2out", budget=600)
         with new_session() as session:
-            state = session.query(Delivery.state).scalar()
+            state = session.query(Delivery.state).filter(Delivery.target == "as2out").scalar()
     print(f"{peak_rss_mb(os.getpid()):.0f} ({state})")
 
 
