@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from b2bhub.as2.certs import CertificateError, read_upload
 from b2bhub.engine.history import raise_alert, resolve_alert
@@ -196,29 +196,30 @@ def _iso(moment: datetime | None) -> str | None:
 
 # --- lookup for receiving and sending ----------------------------------------------
 
-def _as_profile(profile: ProtocolProfile) -> As2Profile:
-    cert = profile.certificates[0] if profile.certificates else None
-    return As2Profile(party=profile.party.name, kind=profile.party.kind,
-                      as2_id=profile.address, settings=dict(profile.settings or {}),
-                      cert_pem=cert.pem if cert else None,
-                      key_pem=cert.private_key_pem if cert else None,
-                      updated_at=profile.updated_at)
+_LOOKUP = (select(Party.name, Party.kind, ProtocolProfile.address, ProtocolProfile.settings,
+                  ProtocolProfile.updated_at, Certificate.pem, Certificate.private_key_pem)
+           .join(ProtocolProfile, ProtocolProfile.party_id == Party.id)
+           .outerjoin(Certificate, Certificate.profile_id == ProtocolProfile.id)
+           .where(ProtocolProfile.protocol == PROTOCOL)
+           .order_by(Certificate.id.desc()).limit(1))
+
+
+def _lookup(session: Session, *where) -> As2Profile | None:
+    """One statement per lookup: each AS2 request looks up two profiles."""
+    row = session.execute(_LOOKUP.where(*where)).first()
+    if row is None:
+        return None
+    return As2Profile(party=row.name, kind=row.kind, as2_id=row.address,
+                      settings=dict(row.settings or {}), cert_pem=row.pem,
+                      key_pem=row.private_key_pem, updated_at=row.updated_at)
 
 
 def by_as2_id(session: Session, as2_id: str, kind: str) -> As2Profile | None:
-    profile = session.scalar(
-        select(ProtocolProfile).join(Party).where(
-            ProtocolProfile.protocol == PROTOCOL, ProtocolProfile.address == as2_id,
-            Party.kind == kind).options(selectinload(ProtocolProfile.certificates)))
-    return _as_profile(profile) if profile is not None else None
+    return _lookup(session, ProtocolProfile.address == as2_id, Party.kind == kind)
 
 
 def by_party(session: Session, name: str) -> As2Profile | None:
-    profile = session.scalar(
-        select(ProtocolProfile).join(Party).where(
-            ProtocolProfile.protocol == PROTOCOL, Party.name == name)
-        .options(selectinload(ProtocolProfile.certificates)))
-    return _as_profile(profile) if profile is not None else None
+    return _lookup(session, Party.name == name)
 
 
 # --- certificate expiry (beat, daily) ------------------------------------------------

@@ -136,13 +136,24 @@ def _accepted_key(partner: str, msgid: str) -> str:
     return f"{partner}\n{msgid}"[:330]
 
 
+class BuiltMdn:
+    """An MDN pyas2lib built, serialised once (its ``content`` re-serialises the MIME
+    tree on every read, which costs as much as parsing a small message)."""
+
+    def __init__(self, mdn):
+        self.headers = dict(mdn.headers)
+        self.content = mdn.content
+        self.mdn_mode, self.mdn_url = mdn.mdn_mode, mdn.mdn_url
+        self.headers_str = lib.header_block(self.headers.items())
+
+
 def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Profile | None,
            binary: bool | None = None):
     message = lib.Message()
     status, (exc, _tb), mdn = message.parse(
         raw, find_org_cb=lambda _id: lib.organization(org) if org else None,
         find_partner_cb=lambda _id: lib.partner(partner, binary) if partner else None)
-    return message, status, exc, mdn
+    return message, status, exc, BuiltMdn(mdn) if mdn is not None else None
 
 
 def _parse_and_store(session, store, instance, raw, stored_raw, found, org, partner, msgid,
@@ -244,7 +255,7 @@ def _negative_mdn(found: dict, msgid: str | None, reason: str):
                   mdn_url=found.get("receipt-delivery-option"))
     mdn.build(message=stub, status="processed/Error",
               detailed_status=re.sub(r"[\r\n]+", " ", reason)[:200])
-    return mdn
+    return BuiltMdn(mdn)
 
 
 def _mdn_mode(mdn) -> str:
