@@ -385,3 +385,22 @@ def test_openssl_cms_client_signed_encrypted_and_the_signed_mdn_verifies(as2, ce
     assert f"Received-content-MIC: {digest}, sha256".lower() in report.decode().lower()
     [message] = as2.messages()
     assert as2.stages(message.id)["unpacked"] == DATA
+
+
+def test_fixtures_load_as2_profiles(app, session, certs):
+    from b2bhub.services.fixtures import load_fixtures
+    from plugins.as2_sender import As2Sender
+    data = {"organizations": [{"name": "mycompany"}], "partners": [{"name": "acme"}],
+            "profiles": [
+                {"party": "mycompany", "protocol": "as2", "as2_id": "HUB",
+                 "certificate": {"pem": certs["hub"][0] + certs["hub"][1]}},
+                {"party": "acme", "as2_id": "ACME", "url": "https://acme.example/as2",
+                 "mdn_mode": "async", "certificate": {"pem": certs["acme"][0]}}]}
+    from b2bhub.registry import PluginRegistry
+    registry = PluginRegistry()
+    registry.register(As2Sender)
+    counts = load_fixtures(session, data, registry=registry)
+    session.commit()
+    assert counts["profiles"] == 2
+    assert profiles.by_party(session, "acme").get("mdn_mode") == "async"
+    assert profiles.by_party(session, "mycompany").key_pem.startswith("-----BEGIN PRIVATE")
