@@ -90,6 +90,8 @@ class Handler(BaseHTTPRequestHandler):
             self._mdn(raw)
         elif self.path == "/send":
             self._json(send(json.loads(body)))
+        elif self.path == "/busy":
+            self._reply(503, b"busy")
         elif self.path == "/release":
             with LOCK:
                 held = HELD[:]

@@ -404,3 +404,29 @@ def test_fixtures_load_as2_profiles(app, session, certs):
     assert counts["profiles"] == 2
     assert profiles.by_party(session, "acme").get("mdn_mode") == "async"
     assert profiles.by_party(session, "mycompany").key_pem.startswith("-----BEGIN PRIVATE")
+
+
+def test_send_again_repeats_the_same_as2_message_id_and_a_5xx_is_retried(as2, partner):
+    from b2bhub.engine.operator import send_again
+    as2.choose(sign=True, encrypt=True, mdn_mode="sync", mdn_signed=True)
+    seen = len(as2.partner.received())
+    message = as2.outbound()
+    as2.drain()
+    delivery = as2.delivery(message.id)
+    assert delivery.state == "delivered"
+    send_again(as2.session, delivery.id, "alice", utcnow())
+    as2.session.commit()
+    as2.drain()
+    first, again = as2.partner.received()[seen:]
+    assert first["message_id"] == again["message_id"]
+    assert as2.delivery(message.id).state == "delivered"
+    as2.choose(url=as2.partner.url + "/busy")  # 503: retried later
+    busy = as2.outbound()
+    as2.drain()
+    assert as2.delivery(busy.id).state == "retrying"
+    assert "HTTP 503" in as2.delivery(busy.id).last_result
+    as2.choose(url=as2.served + "/as2/missing")  # 404: not retried, failed
+    gone = as2.outbound()
+    as2.drain()
+    assert as2.delivery(gone.id).state == "failed"
+    assert "HTTP 404" in as2.delivery(gone.id).last_result
