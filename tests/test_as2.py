@@ -89,6 +89,11 @@ def served(app):
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+    server.server_close()
+    # each test's app has its own engine: close its pooled connections now, not at
+    # garbage collection (PostgreSQL counts them against max_connections meanwhile)
+    app.extensions["sqlalchemy"].session.remove()
+    app.extensions["sqlalchemy"].engines[None].dispose()
 
 
 @pytest.fixture
