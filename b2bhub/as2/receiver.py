@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO
@@ -41,6 +42,32 @@ from b2bhub.payloads import PayloadStore
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SIZE = 100 * 1024 * 1024
 CHUNK = 1 << 20
+
+
+#: payload writes run here so that their fsyncs overlap parsing and each other
+_writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="as2-store")
+
+
+class _Pending:
+    """A payload being written: its digest and size once the write is done."""
+
+    def __init__(self, future: Future):
+        self._future = future
+
+    @property
+    def digest(self) -> str:
+        return self._future.result().digest
+
+    @property
+    def size(self) -> int:
+        return self._future.result().size
+
+
+def _stage(write: Future | None) -> tuple[str, int] | None:
+    if write is None:
+        return None
+    stored = write.result()
+    return stored.digest, stored.size
 
 
 @dataclass
@@ -90,7 +117,7 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict,
                              f"the body is over the size limit of {max_size} bytes",
                              status=413)
     raw = block + b"\r\n" + data
-    stored_raw = store.put(raw)
+    stored_raw = _Pending(_writer.submit(store.put, raw))  # its fsync overlaps the parse
     if mdn_in.looks_like_mdn(found, data):
         return mdn_in.receive_mdn(session, store, raw, stored_raw, found, now)
     as2_from, as2_to = (lib.unquote(found.get("as2-from")), lib.unquote(found.get("as2-to")))
@@ -169,7 +196,13 @@ def _parse_and_store(session, store, instance, raw, stored_raw, found, org, part
         log.info("AS2 message could not be parsed: %r", error)
         return _refuse_early(session, store, instance, found, stored_raw, now,
                              f"malformed AS2 message: {error}")
-    mdn_stage = _mdn_stage(store, mdn)
+    # the receipt and the business document are written (and fsynced) side by side
+    mdn_write = _writer.submit(store.put, mdn.headers_str + b"\r\n" + mdn.content) \
+        if mdn is not None else None
+    unpacked_write = _writer.submit(
+        store.put, message.content if isinstance(message.content, bytes) else b"") \
+        if status == "processed" else None
+    mdn_stage = _stage(mdn_write)
     from_party = partner.party if partner else _party_name(lib.unquote(found.get("as2-from")))
     to_party = org.party if org else _party_name(lib.unquote(found.get("as2-to")))
     stages = {"raw": (stored_raw.digest, stored_raw.size)}
@@ -181,9 +214,7 @@ def _parse_and_store(session, store, instance, raw, stored_raw, found, org, part
         return _store_refusal(session, instance, NewMessage(
             source=instance, from_party=from_party, to_party=to_party, stages=stages,
             external_id=msgid), reason, mdn, mode, mdn_stage, now)
-    unpacked = store.put(message.content if isinstance(message.content, bytes)
-                         else b"")
-    stages["unpacked"] = (unpacked.digest, unpacked.size)
+    stages["unpacked"] = _stage(unpacked_write)
     new = NewMessage(source=instance, from_party=from_party, to_party=to_party,
                      stages=stages, external_id=msgid, original_filename=_filename(message))
     try:
