@@ -44,6 +44,10 @@ beat_schedule = {
                          "options": {"expires": 2.0}},
     "housekeeping": {"task": "b2bhub.housekeeping", "schedule": 60.0,
                      "options": {"expires": 60.0}},
+    "as2-mdns": {"task": "b2bhub.as2_send_mdns", "schedule": 5.0,
+                 "options": {"expires": 5.0}},
+    "certificates": {"task": "b2bhub.check_certificates", "schedule": 86400.0,
+                     "options": {"expires": 3600.0}},
     "broker-cleanup": {"task": "b2bhub.broker_cleanup", "schedule": 300.0,
                        "options": {"expires": 60.0}},
 }

@@ -158,3 +158,21 @@ def _stop_claiming(sig=None, how=None, **kwargs) -> None:
     grace = float(flask_app.config["STOP_GRACE"])
     log.info("stopping (%s): no new claims, running attempt has %.0f s", sig, grace)
     stop_control.request(grace)
+
+
+@shared_task(name="b2bhub.as2_send_mdns", ignore_result=True)
+def as2_send_mdns() -> int:
+    """Send the asynchronous MDNs that are due (beat every 5 s, and after a receipt)."""
+    from b2bhub.as2.mdn_out import send_due_mdns
+    with hub.new_session() as session:
+        return send_due_mdns(session, hub.store(), utcnow())
+
+
+@shared_task(name="b2bhub.check_certificates", ignore_result=True)
+def check_certificates() -> int:
+    """Raise ``certificate_expiring`` for AS2 certificates ending within 30 days."""
+    from b2bhub.as2.profiles import check_certificates as check
+    with hub.new_session() as session:
+        expiring = check(session, utcnow())
+        session.commit()
+    return expiring

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from flask import url_for
+from flask import jsonify, url_for
 
 from b2bhub.api import bp
 from b2bhub.api import schemas as s
 from b2bhub.api.blueprint import ApiError
+from b2bhub.api.inputs import json_object
+from b2bhub.as2 import profiles
 from b2bhub.extensions import db
-from b2bhub.models import ORGANIZATION, PARTNER
+from b2bhub.models import ORGANIZATION, PARTNER, utcnow
 from b2bhub.services import config as svc
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
@@ -60,3 +62,30 @@ def delete_party(collection: str, name: str):
     """Refused (409 ``in_use``) while a route names the party."""
     svc.delete_party(db.session, KINDS[collection], name)
     db.session.commit()
+
+
+# --- AS2 profiles (SPEC 2) -------------------------------------------------------------
+
+PROFILE = COLLECTION + "/<name>/profiles/as2"
+
+
+@bp.get(PROFILE)
+def get_as2_profile(collection: str, name: str):
+    profile = profiles.get_profile(db.session, KINDS[collection], name)
+    return jsonify(profiles.profile_json(profile, utcnow()))
+
+
+@bp.put(PROFILE)
+def put_as2_profile(collection: str, name: str):
+    """Create or replace the choices given; a private key or password is never shown."""
+    body = json_object(tuple(profiles.FIELDS))
+    profile = profiles.save_profile(db.session, KINDS[collection], name, body)
+    db.session.commit()
+    return jsonify(profiles.profile_json(profile, utcnow()))
+
+
+@bp.delete(PROFILE)
+def delete_as2_profile(collection: str, name: str):
+    profiles.delete_profile(db.session, KINDS[collection], name)
+    db.session.commit()
+    return "", 204

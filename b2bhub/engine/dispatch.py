@@ -253,3 +253,25 @@ def _by_actor(batch: list[NewMessage], ids: list[int]) -> dict[str, list[int]]:
     for mid, new in zip(ids, batch, strict=True):
         groups.setdefault(new.actor, []).append(mid)
     return groups
+
+
+def store_refused(session: Session, new: NewMessage, reason: str, now: datetime) -> int:
+    """Record a message a source turned down on its merits (status Refused, no
+    deliveries, no alert), with what was received and the reason in its history."""
+    names = [new.from_party, new.to_party]
+    kinds = dict(session.execute(select(Party.name, Party.kind).where(
+        Party.name.in_(names))).all())
+    row = _message_row(new, kinds, now)
+    row["status"], row["status_text"] = MessageStatus.REFUSED, reason[:2000]
+    message_id = session.scalar(insert(Message).returning(Message.id), row)
+    if new.stages:
+        session.execute(insert(Payload), [
+            {"message_id": message_id, "stage": stage, "digest": digest, "size": size,
+             "created_at": now} for stage, (digest, size) in new.stages.items()])
+    add_lines(session, [
+        {"message_id": message_id, "type": "received", "actor": new.actor,
+         "text": _received_text(new), "data": {"size": _main_stage(new)[1]}},
+        {"message_id": message_id, "type": "refused", "actor": new.actor, "text": reason},
+        {"message_id": message_id, "type": "status_changed", "actor": new.actor,
+         "text": "Refused", "data": {"to": MessageStatus.REFUSED}}], now)
+    return message_id

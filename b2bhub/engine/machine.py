@@ -468,3 +468,38 @@ def _duration(delta: timedelta) -> str:
 def _json_safe(data: dict) -> dict:
     return {k: v for k, v in data.items() if isinstance(v, str | int | float | bool | None)}
 
+
+
+def settle_receipt(session: Session, delivery_id: int, ref: str, ok: bool, text: str,
+                   now: datetime, actor: str = "") -> bool:
+    """Settle a delivery awaiting this receipt: delivered when ``ok``, else failed.
+
+    A second settlement, or one after the deadline failed the delivery, changes nothing:
+    it is recorded as ``mdn_refused`` (unattributable) and False is returned."""
+    row = session.execute(select(Delivery.message_id, Delivery.target, Delivery.state)
+                          .where(Delivery.id == delivery_id)).first()
+    if row is None:
+        return False
+    values = ({"state": S.DELIVERED, "failure_kind": None} if ok
+              else {"state": S.FAILED, "failure_kind": FailureKind.TECHNICAL})
+    done = session.execute(update(Delivery).where(
+        Delivery.id == delivery_id, Delivery.state == S.AWAITING_RECEIPT,
+        Delivery.receipt_ref == ref,
+    ).values(**values, settled_at=now, updated_at=now, last_result=text,
+             receipt_deadline=None)
+        .execution_options(synchronize_session=False)).rowcount
+    if not done:
+        add_line(session, row.message_id, "mdn_refused",
+                 f"{row.target}: receipt {ref} is unattributable: the delivery is "
+                 f"{LABELS[row.state]}; {text}", actor=actor, delivery_id=delivery_id,
+                 now=now)
+        return False
+    add_lines(session, [
+        {"message_id": row.message_id, "delivery_id": delivery_id, "type": "mdn_received",
+         "actor": actor, "text": f"{row.target}: {text}"},
+        {"message_id": row.message_id, "delivery_id": delivery_id,
+         "type": "delivery_changed", "actor": actor,
+         "text": f"{row.target}: {LABELS[values['state']]}",
+         "data": {"state": values["state"]}}], now)
+    refresh_statuses(session, [row.message_id], now, actor=actor)
+    return True

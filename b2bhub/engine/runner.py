@@ -66,9 +66,13 @@ class StoredPayloads:
 class AttemptContext:
     """The TargetContext of one attempt."""
 
-    def __init__(self, now: datetime, instance: PluginInstance):
+    def __init__(self, now: datetime, instance: PluginInstance,
+                 open_session: Callable[[], Session] | None = None,
+                 store: PayloadStore | None = None):
         self.now = now
         self.instance_name = instance.name
+        # for built-in protocol targets (AS2) that keep their own records and stages
+        self.open_session, self.store = open_session, store
         self.wire = False
         self.outcome: Outcome | None = None
 
@@ -172,7 +176,8 @@ class TargetRunner:
                 self._settle(session, pending.take(), policy, report)
                 self._release(session, claims[index:], "worker stopping before the attempt")
                 return
-            context = AttemptContext(self.clock(), instance)
+            context = AttemptContext(self.clock(), instance, self.session_factory,
+                                     self.store)
             try:
                 with self.stop.attempt():
                     self._attempt(plugin, infos[claim.delivery_id], context)

@@ -1,0 +1,85 @@
+"""pyas2lib objects built from b2bhub's AS2 profiles, and the wire form of messages."""
+
+from __future__ import annotations
+
+import email
+import threading
+from email import policy
+
+from pyas2lib import Mdn, Message, Organization, Partner
+
+from b2bhub.as2.profiles import As2Profile
+
+
+def organization(profile: As2Profile, domain: str | None = None) -> Organization:
+    """Our side, its key loaded once per profile version (loading a key costs more than
+    parsing a small message); pyas2lib only reads these objects."""
+    key = (profile.party, profile.updated_at, profile.as2_id, profile.key_pem,
+           profile.get("mdn_url"), domain)
+    with _lock:
+        org = _orgs.get(key)
+    if org is None:
+        pem = (profile.key_pem + profile.cert_pem).encode() if profile.key_pem else None
+        org = Organization(as2_name=profile.as2_id, sign_key=pem, decrypt_key=pem,
+                           mdn_url=profile.get("mdn_url"), domain=domain)
+        with _lock:
+            if len(_orgs) > 256:
+                _orgs.clear()
+            _orgs[key] = org
+    return org
+
+
+_orgs: dict[tuple, Organization] = {}
+_lock = threading.Lock()
+
+
+def partner(profile: As2Profile, binary: bool | None = None) -> Partner:
+    cert = profile.cert_pem.encode() if profile.cert_pem else None
+    mode = profile.get("mdn_mode")
+    return Partner(
+        as2_name=profile.as2_id, verify_cert=cert, encrypt_cert=cert, validate_certs=False,
+        compress=profile.get("compress"), sign=profile.get("sign"),
+        digest_alg=profile.get("digest_alg"), encrypt=profile.get("encrypt"),
+        enc_alg=profile.get("encryption_alg"),
+        mdn_mode={"sync": "SYNC", "async": "ASYNC"}.get(mode),
+        mdn_digest_alg=profile.get("mdn_digest_alg") if profile.get("mdn_signed") else None,
+        canonicalize_as_binary=(profile.get("canonicalize_as_binary")
+                                if binary is None else binary))
+
+
+def header_block(headers) -> bytes:
+    """HTTP headers as the MIME header block pyas2lib parses (one line each)."""
+    return "".join(f"{k}: {v}\r\n" for k, v in headers).encode("utf-8", "replace")
+
+
+def wire(headers, body: bytes) -> bytes:
+    return header_block(headers) + b"\r\n" + body
+
+
+def read_headers(block: bytes) -> dict[str, str]:
+    """Lower-cased header names to values, from a header block (never raises)."""
+    parsed = email.message_from_bytes(block + b"\r\n", policy=policy.compat32)
+    return {k.lower(): str(v) for k, v in parsed.items()}
+
+
+def message_id_of(value: str | None) -> str | None:
+    return value.strip().lstrip("<").rstrip(">").strip() if value else None
+
+
+__all__ = ["Mdn", "Message", "Organization", "Partner", "header_block", "message_id_of",
+           "organization", "partner", "read_headers", "wire"]
+
+
+def unquote(value: str | None) -> str | None:
+    """An AS2 name as sent (quoted when it holds spaces), or None."""
+    if value is None:
+        return None
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return value or None
+
+
+def email_message():
+    from email.message import Message as EmailMessage
+    return EmailMessage()

@@ -1,0 +1,243 @@
+"""AS2 profiles of organizations and partners (SPEC 2): validation, storage, lookup.
+
+A profile is a ``protocol_profiles`` row (protocol ``as2``, ``address`` the AS2 ID, the
+choices in ``settings``) with its certificates. An organization's certificate is ours and
+comes with its private key (signing what we send and our MDNs, decrypting what we get);
+a partner's certificate verifies its signatures and encrypts what we send it. AS2 IDs are
+unique across all AS2 profiles. Choices left out of a PUT keep their stored values; a
+certificate left out keeps the stored one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from b2bhub.as2.certs import CertificateError, read_upload
+from b2bhub.engine.history import raise_alert, resolve_alert
+from b2bhub.models import ORGANIZATION, Certificate, Party, ProtocolProfile
+from b2bhub.services.errors import Conflict, NotFound, ServiceError
+
+PROTOCOL = "as2"
+MDN_MODES = ("none", "sync", "async")
+DIGESTS = ("sha1", "sha224", "sha256", "sha384", "sha512")
+CIPHERS = ("tripledes_192_cbc", "rc2_128_cbc", "rc4_128_cbc", "aes_128_cbc",
+           "aes_192_cbc", "aes_256_cbc")
+EXPIRY_WARNING = timedelta(days=30)
+DEFAULT_RECEIPT_TIMEOUT = 24 * 3600
+
+#: choice -> (default, check); the check returns an error text or None
+def _bool(v):
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def _one_of(options):
+    return lambda v: None if v in options else f"must be one of {', '.join(options)}"
+
+
+def _url(v):
+    if v is None or (isinstance(v, str) and v.startswith(("http://", "https://"))
+                     and len(v) < 2000):
+        return None
+    return "must be an http:// or https:// URL"
+
+
+def _seconds(v):
+    return None if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 90 * 86400 \
+        else "must be whole seconds from 1 to 90 days"
+
+
+def _text(v):
+    return None if isinstance(v, str) and len(v) <= 200 else "must be text (200 at most)"
+
+
+CHOICES: dict[str, tuple[Any, Any]] = {
+    "url": (None, _url),  # a partner's AS2 endpoint
+    "mdn_url": (None, _url),  # an organization's: where partners post asynchronous MDNs
+    "sign": (True, _bool),
+    "digest_alg": ("sha256", _one_of(DIGESTS)),
+    "encrypt": (True, _bool),
+    "encryption_alg": ("aes_256_cbc", _one_of(CIPHERS)),
+    "compress": (False, _bool),
+    "mdn_mode": ("sync", _one_of(MDN_MODES)),
+    "mdn_signed": (True, _bool),
+    "mdn_digest_alg": ("sha256", _one_of(DIGESTS)),
+    "receipt_timeout": (DEFAULT_RECEIPT_TIMEOUT, _seconds),
+    "canonicalize_as_binary": (False, _bool),
+    "chunked": (True, _bool),  # False: send with Content-Length
+    "content_type": ("application/edi-consent", _text),
+    "subject": ("AS2 Message", _text),
+}
+FIELDS = {"as2_id", "certificate", *CHOICES}
+
+
+@dataclass(frozen=True)
+class As2Profile:
+    """What the AS2 code needs of a profile, read in one go (plain values)."""
+
+    party: str
+    kind: str
+    as2_id: str
+    settings: dict
+    cert_pem: str | None
+    key_pem: str | None
+    updated_at: datetime
+
+    def get(self, choice: str):
+        return self.settings.get(choice, CHOICES[choice][0])
+
+
+def _check_as2_id(value: Any) -> str:
+    if (not isinstance(value, str) or not 1 <= len(value) <= 128
+            or not value.isprintable() or value != value.strip()):
+        raise ServiceError("as2_id must be 1 to 128 printable characters without leading or "
+                           "trailing spaces", {"as2_id": "invalid"})
+    return value
+
+
+def _party(session: Session, kind: str, name: str) -> Party:
+    party = session.scalar(select(Party).where(Party.name == name, Party.kind == kind))
+    if party is None:
+        raise NotFound(f"no {kind} named '{name}'")
+    return party
+
+
+def get_profile(session: Session, kind: str, name: str) -> ProtocolProfile:
+    party = _party(session, kind, name)
+    profile = next((p for p in party.profiles if p.protocol == PROTOCOL), None)
+    if profile is None:
+        raise NotFound(f"{kind} '{name}' has no AS2 profile")
+    return profile
+
+
+def save_profile(session: Session, kind: str, name: str, body: dict) -> ProtocolProfile:
+    """Create or update the AS2 profile of a party from the API shape; all or nothing."""
+    unknown = set(body) - FIELDS
+    if unknown:
+        raise ServiceError(f"unknown fields: {', '.join(sorted(unknown))}",
+                           {f: "unknown" for f in unknown})
+    party = _party(session, kind, name)
+    profile = next((p for p in party.profiles if p.protocol == PROTOCOL), None)
+    as2_id = _check_as2_id(body.get("as2_id", profile.address if profile else None))
+    clash = session.scalar(select(ProtocolProfile).where(
+        ProtocolProfile.protocol == PROTOCOL, ProtocolProfile.address == as2_id,
+        ProtocolProfile.party_id != party.id))
+    if clash is not None:
+        raise Conflict(f"AS2 ID '{as2_id}' belongs to '{clash.party.name}' already",
+                       {"as2_id": "taken"})
+    settings = dict(profile.settings or {}) if profile else {}
+    problems = {}
+    for choice, (_default, check) in CHOICES.items():
+        if choice in body:
+            problem = check(body[choice])
+            if problem:
+                problems[choice] = problem
+            else:
+                settings[choice] = body[choice]
+    if problems:
+        raise ServiceError("invalid AS2 profile: " + "; ".join(
+            f"{k} {v}" for k, v in problems.items()), problems)
+    pair = None
+    if body.get("certificate") is not None:
+        try:
+            pair = read_upload(body["certificate"], need_key=kind == ORGANIZATION)
+        except CertificateError as exc:
+            raise ServiceError(str(exc), {"certificate": str(exc)}) from None
+    elif profile is None or not profile.certificates:
+        raise ServiceError("an AS2 profile needs a certificate",
+                           {"certificate": "required"})
+    if kind != ORGANIZATION and settings.get("url") is None and profile is None:
+        raise ServiceError("a partner's AS2 profile needs its url", {"url": "required"})
+    if profile is None:
+        profile = ProtocolProfile(party=party, protocol=PROTOCOL, address=as2_id,
+                                  settings=settings)
+        session.add(profile)
+    profile.address, profile.settings = as2_id, settings
+    if pair is not None:
+        profile.certificates.clear()
+        profile.certificates.append(Certificate(
+            usage="own" if kind == ORGANIZATION else "partner", pem=pair.pem,
+            private_key_pem=pair.private_key_pem, subject=pair.subject[:500],
+            issuer=pair.issuer[:500], not_before=pair.not_before, not_after=pair.not_after))
+    session.flush()
+    return profile
+
+
+def delete_profile(session: Session, kind: str, name: str) -> None:
+    session.delete(get_profile(session, kind, name))
+    session.flush()
+
+
+def profile_json(profile: ProtocolProfile, now: datetime) -> dict:
+    """The API shape: choices with their defaults filled in, certificates without keys."""
+    settings = {choice: (profile.settings or {}).get(choice, default)
+                for choice, (default, _c) in CHOICES.items()}
+    return {"party": profile.party.name, "kind": profile.party.kind, "as2_id": profile.address,
+            **settings, "certificates": [_cert_json(c, now) for c in profile.certificates]}
+
+
+def _cert_json(cert: Certificate, now: datetime) -> dict:
+    left = (cert.not_after - now) if cert.not_after else None
+    return {"usage": cert.usage, "subject": cert.subject, "issuer": cert.issuer,
+            "not_before": _iso(cert.not_before), "not_after": _iso(cert.not_after),
+            "valid": bool(cert.not_before and cert.not_after
+                          and cert.not_before <= now <= cert.not_after),
+            "days_left": left.days if left is not None else None,
+            "has_private_key": cert.private_key_pem is not None}
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() + "Z" if moment else None
+
+
+# --- lookup for receiving and sending ----------------------------------------------
+
+_LOOKUP = (select(Party.name, Party.kind, ProtocolProfile.address, ProtocolProfile.settings,
+                  ProtocolProfile.updated_at, Certificate.pem, Certificate.private_key_pem)
+           .join(ProtocolProfile, ProtocolProfile.party_id == Party.id)
+           .outerjoin(Certificate, Certificate.profile_id == ProtocolProfile.id)
+           .where(ProtocolProfile.protocol == PROTOCOL)
+           .order_by(Certificate.id.desc()).limit(1))
+
+
+def _lookup(session: Session, *where) -> As2Profile | None:
+    """One statement per lookup: each AS2 request looks up two profiles."""
+    row = session.execute(_LOOKUP.where(*where)).first()
+    if row is None:
+        return None
+    return As2Profile(party=row.name, kind=row.kind, as2_id=row.address,
+                      settings=dict(row.settings or {}), cert_pem=row.pem,
+                      key_pem=row.private_key_pem, updated_at=row.updated_at)
+
+
+def by_as2_id(session: Session, as2_id: str, kind: str) -> As2Profile | None:
+    return _lookup(session, ProtocolProfile.address == as2_id, Party.kind == kind)
+
+
+def by_party(session: Session, name: str) -> As2Profile | None:
+    return _lookup(session, Party.name == name)
+
+
+# --- certificate expiry (beat, daily) ------------------------------------------------
+
+def check_certificates(session: Session, now: datetime) -> int:
+    """Raise ``certificate_expiring`` for each certificate that expires within 30 days
+    (or has expired); resolve it for one renewed. Returns how many are expiring."""
+    expiring = 0
+    rows = session.execute(select(Certificate, Party.name).join(
+        ProtocolProfile, Certificate.profile_id == ProtocolProfile.id).join(Party)).all()
+    for cert, party in rows:
+        subject = f"certificate:{party}:{cert.id}"
+        if cert.not_after is not None and cert.not_after - now <= EXPIRY_WARNING:
+            expiring += 1
+            when = "expired" if cert.not_after <= now else "expires"
+            raise_alert(session, "certificate_expiring", subject,
+                        f"the AS2 certificate of {party} ({cert.subject}) {when} "
+                        f"{cert.not_after:%Y-%m-%d %H:%M} UTC", now=now)
+        else:
+            resolve_alert(session, "certificate_expiring", subject, now)
+    return expiring

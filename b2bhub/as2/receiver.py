@@ -1,0 +1,334 @@
+"""Receiving AS2 (SPEC 9 ``as2_receiver``): messages from partners and MDNs for ours.
+
+:func:`receive` takes what came over HTTP and returns the reply; it never raises for bad
+input. The order of work:
+
+1. Over ``max_size`` (by Content-Length, or while reading) → Refused without reading on.
+2. The raw stage (HTTP headers + body, what pyas2lib parses) goes to the payload store.
+3. An MDN (multipart/report, signed or not) settles a delivery of ours (:mod:`.mdn_in`).
+4. AS2-From/AS2-To are looked up in the profiles; a Message-ID the same partner had
+   accepted already gets the stored receipt and a ``duplicate_received`` line, no message.
+5. pyas2lib decrypts, decompresses, verifies the signature and computes the MIC. A
+   signature that fails with the partner's canonicalisation is tried once with the other
+   (text vs binary): partners differ on it.
+6. Accepted: raw, unpacked and receipt stages, the message, its deliveries and the
+   ``as2_inbound`` row commit in one transaction; the positive MDN is returned (sync) or
+   owed (async, sent by a worker) only after that commit. Refused: the message is stored
+   with status Refused, the reason in its history, and a negative MDN where the partner
+   asked for one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import IO
+
+from pyas2lib.exceptions import IntegrityError as SignatureError
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from b2bhub.as2 import lib, mdn_in, profiles
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_refused
+from b2bhub.engine.history import add_line
+from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound
+from b2bhub.payloads import PayloadStore
+
+log = logging.getLogger(__name__)
+DEFAULT_MAX_SIZE = 100 * 1024 * 1024
+CHUNK = 1 << 20
+
+
+#: payload writes run here so that their fsyncs overlap parsing and each other
+_writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="as2-store")
+
+
+class _Pending:
+    """A payload being written: its digest and size once the write is done."""
+
+    def __init__(self, future: Future):
+        self._future = future
+
+    @property
+    def digest(self) -> str:
+        return self._future.result().digest
+
+    @property
+    def size(self) -> int:
+        return self._future.result().size
+
+
+def _stage(write: Future | None) -> tuple[str, int] | None:
+    if write is None:
+        return None
+    stored = write.result()
+    return stored.digest, stored.size
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    message_id: int | None = None
+    mdn_owed: bool = False  # an asynchronous MDN row is due: wake the sender
+
+
+def _text(status: int, text: str, **kw) -> Reply:
+    return Reply(status, {"Content-Type": "text/plain; charset=utf-8"},
+                 (text + "\n").encode(), **kw)
+
+
+def _party_name(as2_id: str | None) -> str:
+    """A Refused message from an unknown AS2 ID records the ID itself (shortened)."""
+    return (as2_id or "?")[:64]
+
+
+def read_limited(stream: IO[bytes], limit: int) -> bytes | None:
+    """The body, or None once it passes ``limit`` bytes (the rest is not read)."""
+    parts, total = [], 0
+    while True:
+        chunk = stream.read(CHUNK)
+        if not chunk:
+            return b"".join(parts)
+        total += len(chunk)
+        if total > limit:
+            return None
+        parts.append(chunk)
+
+
+def receive(session: Session, store: PayloadStore, instance: str, config: dict,
+            headers: list[tuple[str, str]], body: IO[bytes], content_length: int | None,
+            now: datetime) -> Reply:
+    max_size = int(config.get("max_size") or DEFAULT_MAX_SIZE)
+    block = lib.header_block(headers)
+    found = lib.read_headers(block)
+    if content_length is not None and content_length > max_size:
+        data = None
+    else:
+        data = read_limited(body, max_size)
+    if data is None:
+        return _refuse_early(session, store, instance, found, None, now,
+                             f"the body is over the size limit of {max_size} bytes",
+                             status=413)
+    raw = block + b"\r\n" + data
+    stored_raw = _Pending(_writer.submit(store.put, raw))  # its fsync overlaps the parse
+    if mdn_in.looks_like_mdn(found, data):
+        return mdn_in.receive_mdn(session, store, raw, stored_raw, found, now)
+    as2_from, as2_to = (lib.unquote(found.get("as2-from")), lib.unquote(found.get("as2-to")))
+    msgid = lib.message_id_of(found.get("message-id"))
+    if not (as2_from and as2_to and msgid):
+        missing = [h for h, v in (("AS2-From", as2_from), ("AS2-To", as2_to),
+                                  ("Message-ID", msgid)) if not v]
+        return _refuse_early(session, store, instance, found, stored_raw, now,
+                             f"not an AS2 message: no {', '.join(missing)} header")
+    org = profiles.by_as2_id(session, as2_to, ORGANIZATION)
+    partner = profiles.by_as2_id(session, as2_from, PARTNER)
+    if partner is not None and org is not None:
+        duplicate = _duplicate(session, store, partner.party, msgid, now)
+        if duplicate is not None:
+            return duplicate
+    return _parse_and_store(session, store, instance, raw, stored_raw, found, org, partner,
+                            msgid, now)
+
+
+def _duplicate(session: Session, store: PayloadStore, partner: str, msgid: str,
+               now: datetime) -> Reply | None:
+    row = session.scalar(select(As2Inbound).where(
+        As2Inbound.accepted_key == _accepted_key(partner, msgid)))
+    if row is None:
+        return None
+    add_line(session, row.message_id, "duplicate_received",
+             f"{partner} sent Message-ID <{msgid}> again; the stored receipt was returned "
+             "and no new message made", now=now)
+    session.commit()
+    if row.mdn_state == "sync" and row.mdn_digest:
+        with store.open(row.mdn_digest) as f:
+            _head, _sep, mdn_body = f.read().partition(b"\r\n\r\n")
+        return Reply(200, dict(row.mdn_headers or {}), mdn_body, message_id=row.message_id)
+    if row.mdn_state in ("pending", "sent", "failed") and row.mdn_url:
+        row.mdn_state, row.mdn_due_at, row.mdn_attempts = "pending", now, 0
+        session.commit()
+        return _text(200, "duplicate: the receipt is sent again", message_id=row.message_id,
+                     mdn_owed=True)
+    return _text(200, f"duplicate of an accepted message ({msgid})", message_id=row.message_id)
+
+
+def _accepted_key(partner: str, msgid: str) -> str:
+    return f"{partner}\n{msgid}"[:330]
+
+
+class BuiltMdn:
+    """An MDN pyas2lib built, serialised once (its ``content`` re-serialises the MIME
+    tree on every read, which costs as much as parsing a small message)."""
+
+    def __init__(self, mdn):
+        self.headers = dict(mdn.headers)
+        self.content = mdn.content
+        self.mdn_mode, self.mdn_url = mdn.mdn_mode, mdn.mdn_url
+        self.headers_str = lib.header_block(self.headers.items())
+
+
+def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Profile | None,
+           binary: bool | None = None):
+    message = lib.Message()
+    status, (exc, _tb), mdn = message.parse(
+        raw, find_org_cb=lambda _id: lib.organization(org) if org else None,
+        find_partner_cb=lambda _id: lib.partner(partner, binary) if partner else None)
+    return message, status, exc, BuiltMdn(mdn) if mdn is not None else None
+
+
+def _parse_and_store(session, store, instance, raw, stored_raw, found, org, partner, msgid,
+                     now) -> Reply:
+    try:
+        message, status, exc, mdn = _parse(raw, org, partner)
+        if isinstance(exc, SignatureError) and partner is not None:
+            other = not partner.get("canonicalize_as_binary")
+            retry = _parse(raw, org, partner, binary=other)
+            if retry[1] == "processed":
+                message, status, exc, mdn = retry
+    except Exception as error:  # malformed MIME pyas2lib could not even start on
+        log.info("AS2 message could not be parsed: %r", error)
+        return _refuse_early(session, store, instance, found, stored_raw, now,
+                             f"malformed AS2 message: {error}")
+    # the receipt and the business document are written (and fsynced) side by side
+    mdn_write = _writer.submit(store.put, mdn.headers_str + b"\r\n" + mdn.content) \
+        if mdn is not None else None
+    unpacked_write = _writer.submit(
+        store.put, message.content if isinstance(message.content, bytes) else b"") \
+        if status == "processed" else None
+    mdn_stage = _stage(mdn_write)
+    from_party = partner.party if partner else _party_name(lib.unquote(found.get("as2-from")))
+    to_party = org.party if org else _party_name(lib.unquote(found.get("as2-to")))
+    stages = {"raw": (stored_raw.digest, stored_raw.size)}
+    if mdn_stage:
+        stages["receipt"] = mdn_stage
+    mode = _mdn_mode(mdn)
+    if status != "processed":
+        reason = _reason(status, exc, message)
+        return _store_refusal(session, instance, NewMessage(
+            source=instance, from_party=from_party, to_party=to_party, stages=stages,
+            external_id=msgid), reason, mdn, mode, mdn_stage, now)
+    stages["unpacked"] = _stage(unpacked_write)
+    new = NewMessage(source=instance, from_party=from_party, to_party=to_party,
+                     stages=stages, external_id=msgid, original_filename=_filename(message))
+    try:
+        made = store_and_dispatch(session, new, now)
+        session.add(As2Inbound(
+            instance=instance, partner=from_party, as2_message_id=msgid[:255],
+            accepted_key=_accepted_key(from_party, msgid), message_id=made.id,
+            mdn_digest=mdn_stage[0] if mdn_stage else None,
+            mdn_headers=dict(mdn.headers) if mdn else None,
+            mdn_url=mdn.mdn_url if mode == "pending" else None,
+            mdn_state=mode, mdn_due_at=now if mode == "pending" else None, created_at=now))
+        _mdn_line(session, made.id, mode, mdn, now)
+        session.commit()
+    except IntegrityError:  # the same Message-ID committed meanwhile by another request
+        session.rollback()
+        return _duplicate(session, store, from_party, msgid, now) or _text(
+            503, "try again")
+    return _reply(mdn, mode, made.id, "accepted")
+
+
+def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: str,
+                   mdn_stage, now) -> Reply:
+    message_id = store_refused(session, new, reason, now)
+    session.add(As2Inbound(
+        instance=instance, partner=new.from_party, as2_message_id=(new.external_id or "?")[:255],
+        message_id=message_id, mdn_digest=mdn_stage[0] if mdn_stage else None,
+        mdn_headers=dict(mdn.headers) if mdn else None,
+        mdn_url=mdn.mdn_url if mode == "pending" else None, mdn_state=mode,
+        mdn_due_at=now if mode == "pending" else None, created_at=now))
+    _mdn_line(session, message_id, mode, mdn, now)
+    session.commit()
+    log.info("AS2 message %s from %s refused: %s", new.external_id, new.from_party, reason)
+    if mode == "none":
+        return _text(403 if "unknown" in reason else 400, f"refused: {reason}",
+                     message_id=message_id)
+    return _reply(mdn, mode, message_id, f"refused: {reason}")
+
+
+def _refuse_early(session, store, instance, found, stored_raw, now, reason: str,
+                  status: int = 400) -> Reply:
+    """Refused before pyas2lib could read it: recorded with what was kept, the negative
+    MDN (unsigned, as nothing is verified) when the partner asked for one synchronously."""
+    stages = {"raw": (stored_raw.digest, stored_raw.size)} if stored_raw else {}
+    msgid = lib.message_id_of(found.get("message-id"))
+    mdn = _negative_mdn(found, msgid, reason) if found.get("disposition-notification-to") \
+        else None
+    mdn_stage = _mdn_stage(store, mdn)
+    if mdn_stage:
+        stages["receipt"] = mdn_stage
+    new = NewMessage(source=instance,
+                     from_party=_party_name(lib.unquote(found.get("as2-from"))),
+                     to_party=_party_name(lib.unquote(found.get("as2-to"))),
+                     stages=stages, external_id=msgid)
+    reply = _store_refusal(session, instance, new, reason, mdn, _mdn_mode(mdn), mdn_stage,
+                           now)
+    if mdn is None:
+        reply.status = status
+    return reply
+
+
+def _negative_mdn(found: dict, msgid: str | None, reason: str):
+    stub = lib.Message()
+    stub.payload = lib.email_message()
+    for key, value in found.items():
+        stub.payload[key] = value
+    stub.payload.set_type("application/octet-stream")
+    stub.message_id = msgid or "unknown"
+    mdn = lib.Mdn(mdn_mode="ASYNC" if found.get("receipt-delivery-option") else "SYNC",
+                  mdn_url=found.get("receipt-delivery-option"))
+    mdn.build(message=stub, status="processed/Error",
+              detailed_status=re.sub(r"[\r\n]+", " ", reason)[:200])
+    return BuiltMdn(mdn)
+
+
+def _mdn_mode(mdn) -> str:
+    if mdn is None:
+        return "none"
+    return "pending" if mdn.mdn_mode == "ASYNC" and mdn.mdn_url else "sync"
+
+
+def _mdn_stage(store: PayloadStore, mdn) -> tuple[str, int] | None:
+    if mdn is None:
+        return None
+    stored = store.put(mdn.headers_str + b"\r\n" + mdn.content)
+    return stored.digest, stored.size
+
+
+def _mdn_line(session, message_id: int, mode: str, mdn, now) -> None:
+    if mdn is None:
+        return
+    signed = "signed " if mdn.headers.get("Content-Type", "").startswith(
+        "multipart/signed") else ""
+    where = "returned in the response" if mode == "sync" else f"owed to {mdn.mdn_url}"
+    add_line(session, message_id, "mdn_sent" if mode == "sync" else "mdn_queued",
+             f"{signed}MDN {where}", now=now)
+
+
+def _reply(mdn, mode: str, message_id: int, text: str) -> Reply:
+    if mode == "sync":
+        return Reply(200, dict(mdn.headers), mdn.content, message_id=message_id)
+    return _text(200, text, message_id=message_id, mdn_owed=mode == "pending")
+
+
+def _reason(status: str, exc, message) -> str:
+    detail = getattr(exc, "disposition_modifier", None) or "unexpected-processing-error"
+    return f"{status}: {detail}: {exc}" if exc else f"{status}: {detail}"
+
+
+def _filename(message) -> str | None:
+    try:
+        name = message.payload.get_filename()
+    except Exception:
+        return None
+    if not name:
+        return None
+    name = os.path.basename(name.replace("\\", "/")).strip()
+    return name[:255] if name and name not in (".", "..") and "\x00" not in name else None

@@ -1,0 +1,104 @@
+"""Sending AS2 (SPEC 9 ``as2_sender``): build per the partner profile, post, read the MDN.
+
+Outcomes: a synchronous MDN that is positive with the MIC we computed → delivered; a
+negative one or a MIC that differs → failed; asynchronous MDN → awaiting receipt until
+the profile's Receipt Timeout; no MDN asked → delivered on a 2xx answer. 5xx, 429,
+timeouts and connection failures are errors the retry policy retries; other answers
+fail. The AS2 Message-ID is kept per (message, target) in ``as2_outbound``, so a retry
+or a Send again repeats the same Message-ID (and the partner can recognise it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import requests
+from sqlalchemy import select
+
+from b2bhub.as2 import lib, mdn_in, profiles
+from b2bhub.domain.outcome import Outcome
+from b2bhub.models import As2Outbound
+from b2bhub.plugin_api import DeliveryInfo, PayloadReader
+
+CHUNK = 1 << 16
+
+
+def _chunks(data: bytes) -> Iterator[bytes]:
+    for i in range(0, len(data), CHUNK):
+        yield data[i:i + CHUNK]
+
+
+def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) -> Outcome:
+    stage = config.get("payload_stage") or "unpacked"
+    if stage not in payload.stages():
+        return Outcome.failed(f"the message has no '{stage}' payload stage")
+    session = context.open_session()
+    try:
+        org = profiles.by_party(session, delivery.from_party)
+        partner = profiles.by_party(session, delivery.to_party)
+        if org is None or partner is None or org.kind != "organization":
+            missing = delivery.from_party if org is None else delivery.to_party
+            return Outcome.failed(f"no AS2 profile for '{missing}' (from must be an "
+                                  "organization, to a partner, both with AS2 profiles)")
+        if not partner.get("url"):
+            return Outcome.failed(f"the AS2 profile of '{partner.party}' has no url")
+        previous = session.scalar(select(As2Outbound).where(
+            As2Outbound.message_id == delivery.message_id,
+            As2Outbound.target == delivery.target))
+        with payload.open(stage) as f:
+            data = f.read()
+        left, domain = (previous.as2_message_id.rsplit("@", 1) if previous
+                        and "@" in previous.as2_message_id else (None, None))
+        message = lib.Message(lib.organization(org, domain=domain), lib.partner(partner))
+        message.build(data, filename=delivery.original_filename,
+                      content_type=partner.get("content_type"),
+                      subject=partner.get("subject"), message_id=left)
+        body = message.content if isinstance(message.content, bytes) else b""
+        headers = dict(message.headers)
+        sent = context.store.put(lib.wire(headers.items(), body))
+        mic = message.mic.decode() if message.mic else None
+        if previous is None:
+            previous = As2Outbound(message_id=delivery.message_id, target=delivery.target,
+                                   as2_message_id=message.message_id, partner=partner.party)
+            session.add(previous)
+        previous.mic, previous.digest_alg = mic, message.digest_alg
+        previous.mdn_signed = bool(partner.get("mdn_signed"))
+        mdn_in.record_stage(session, delivery.message_id, "sent", sent, context.now)
+        session.commit()
+        mode = partner.get("mdn_mode")
+        context.wire_started()
+        try:
+            answer = requests.post(
+                partner.get("url"), headers=headers,
+                data=_chunks(body) if partner.get("chunked") else body,
+                timeout=(10, float(config.get("timeout") or 120)))
+        except requests.Timeout as exc:
+            return Outcome.error("timeout", f"timed out: {exc}")
+        except requests.ConnectionError as exc:
+            return Outcome.error("connection", f"connection failed: {exc}")
+        code = answer.status_code
+        if code >= 500:
+            return Outcome.error("http_5xx", f"HTTP {code}: {answer.text[:200]}")
+        if code == 429 or code == 408:
+            return Outcome.error(f"http_{code}", f"HTTP {code}")
+        if not 200 <= code < 300:
+            return Outcome.failed(f"HTTP {code}: {answer.text[:200]}")
+        if mode == "async":
+            deadline = context.now + timedelta(seconds=partner.get("receipt_timeout"))
+            return Outcome.awaiting_receipt(message.message_id, deadline,
+                                            f"sent as <{message.message_id}>; MDN to follow")
+        if mode != "sync":
+            return Outcome.delivered(f"sent as <{message.message_id}>: HTTP {code}")
+        raw = lib.wire(answer.headers.items(), answer.content)
+        receipt = context.store.put(raw)
+        status, detail, _orig = mdn_in.read_mdn(
+            raw, lambda _i, _r: mdn_in.original_message(previous, org, partner))
+        mdn_in.record_receipt(session, delivery.message_id, receipt, context.now)
+        session.commit()
+        ok, text = mdn_in.outcome_text(status, detail)
+        text = f"sent as <{message.message_id}>: {text}"
+        return Outcome.delivered(text) if ok else Outcome.failed(text)
+    finally:
+        session.close()
+

@@ -1,0 +1,57 @@
+"""``POST /as2/<instance>``: the AS2 endpoint of each enabled ``as2_receiver`` instance.
+
+No login and no CSRF token: AS2 is authenticated by signatures and party profiles. The
+view never answers 500: an unexpected failure (the database unreachable, say) is logged
+and answered 503, which an AS2 sender retries; nothing was accepted then.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Blueprint, Response, request
+from sqlalchemy import select
+
+from b2bhub import hub
+from b2bhub.as2 import receiver
+from b2bhub.extensions import db
+from b2bhub.models import PluginInstance, utcnow
+
+bp = Blueprint("as2", __name__)
+log = logging.getLogger(__name__)
+TYPE = "as2_receiver"
+
+
+def _plain(status: int, text: str) -> Response:
+    return Response(text + "\n", status, {"Content-Type": "text/plain; charset=utf-8"})
+
+
+@bp.post("/as2/<instance>")
+def receive(instance: str):
+    try:
+        row = db.session.scalar(select(PluginInstance).where(
+            PluginInstance.name == instance, PluginInstance.type == TYPE))
+        if row is None or not row.enabled:
+            return _plain(404, f"no enabled AS2 receiver named '{instance}'")
+        config = dict(row.config or {})
+        db.session.commit()
+        reply = receiver.receive(
+            db.session, hub.store(), instance, config,
+            [(k, v) for k, v in request.headers.items() if k.lower() != "host"],
+            request.stream, request.content_length, utcnow())
+    except Exception:
+        db.session.rollback()
+        log.exception("AS2 receiver %s failed; answered 503", instance)
+        return _plain(503, "the hub could not take the message now; try again later")
+    if reply.mdn_owed:
+        _wake_mdn_sender()
+    return Response(reply.body, reply.status, reply.headers)
+
+
+def _wake_mdn_sender() -> None:
+    """Ask a worker to send the owed MDN now; beat asks every 5 s anyway."""
+    try:
+        from b2bhub.tasks import as2_send_mdns
+        as2_send_mdns.apply_async(retry=False, expires=60)
+    except Exception:
+        log.info("could not publish the MDN wake-up; beat sends it", exc_info=True)

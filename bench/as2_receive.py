@@ -1,0 +1,289 @@
+"""AS2 receive with a signed synchronous MDN against gunicorn, beside the bare pyas2lib
+cost of parsing the same messages and building the same MDNs, in the same run; and the
+peak RSS of receiving and of sending a large message.
+
+    python bench/as2_receive.py --backend embedded --sizes 10240 1048576 --count 40
+    python bench/as2_receive.py --rss-mb 100
+
+Messages are signed (sha256) and encrypted (AES-256) by a pyas2lib client built before
+the clock starts; each asks for a signed sync MDN. "hub" is the time from the request to
+the whole MDN received (gunicorn, 1 worker, 8 threads, ``B2BHUB_WEB_THREADS``); "bare" is
+``pyas2lib.Message.parse`` + MDN build of the same message in this process. 4 concurrent
+clients post the same number of messages from 4 threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import requests  # noqa: E402
+from benchlib import environment, fresh_backend, make_app, print_table  # noqa: E402
+from pyas2lib import Message, Organization, Partner  # noqa: E402
+
+from tests.as2kit import make_pair  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def configure(backend, certs, sink_url: str | None = None) -> None:
+    from b2bhub.as2 import profiles
+    from b2bhub.extensions import db
+    from b2bhub.services import config as svc
+    from plugins.as2_receiver import As2Receiver
+    from plugins.as2_sender import As2Sender
+    app = make_app(backend)
+    with app.app_context():
+        registry = app.extensions["b2bhub.registry"]
+        registry.register(As2Receiver)
+        registry.register(As2Sender)
+        svc.create_party(db.session, "organization", "mycompany")
+        svc.create_party(db.session, "partner", "acme")
+        profiles.save_profile(db.session, "organization", "mycompany", {
+            "as2_id": "HUB", "certificate": {"pem": certs["hub"][0],
+                                             "private_key_pem": certs["hub"][1]}})
+        profiles.save_profile(db.session, "partner", "acme", {
+            "as2_id": "ACME", "url": sink_url or "http://127.0.0.1:9/as2", "sign": True,
+            "encrypt": True, "mdn_mode": "none", "chunked": True,
+            "certificate": {"pem": certs["acme"][0]}})
+        svc.save_instance(db.session, registry, {
+            "name": "as2in", "type": "as2_receiver", "config": {"max_size": 300 << 20}})
+        svc.save_instance(db.session, registry, {"name": "sink", "type": "noop"})
+        svc.save_instance(db.session, registry, {"name": "as2out", "type": "as2_sender"})
+        svc.create_route(db.session, registry, "as2in", "*", "*", "sink", actor="bench")
+        db.session.commit()
+        app.extensions["sqlalchemy"].engines[None].dispose()
+
+
+def build(certs, size: int, n: int) -> list[tuple[dict, bytes]]:
+    key = (certs["acme"][1] + certs["acme"][0]).encode()
+    org = Organization(as2_name="ACME", sign_key=key, decrypt_key=key)
+    hub = Partner(as2_name="HUB", verify_cert=certs["hub"][0].encode(),
+                  encrypt_cert=certs["hub"][0].encode(), validate_certs=False, sign=True,
+                  encrypt=True, enc_alg="aes_256_cbc", mdn_mode="SYNC",
+                  mdn_digest_alg="sha256")
+    data = (b"ISA*00*" + os.urandom(size // 2).hex().encode())[:size]
+    out = []
+    for _ in range(n):
+        message = Message(org, hub)
+        message.build(data, filename="bench.edi", content_type="application/edi-x12")
+        out.append((dict(message.headers), message.content))
+    return out
+
+
+def bare_cost(certs, messages) -> list[float]:
+    """pyas2lib alone: parse (decrypt, verify, MIC) and the signed MDN, per message (our
+    key loaded once beforehand, as the hub keeps it loaded)."""
+    key = (certs["hub"][1] + certs["hub"][0]).encode()
+    org = Organization(as2_name="HUB", sign_key=key, decrypt_key=key)
+    times = []
+    for headers, body in messages:
+        raw = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() + b"\r\n" + body
+        start = time.perf_counter()
+        partner = Partner(as2_name="ACME", verify_cert=certs["acme"][0].encode(),
+                          validate_certs=False, sign=True, encrypt=True)
+        status, _exc, mdn = Message().parse(raw, find_org_cb=lambda _i: org,
+                                            find_partner_cb=lambda _i, p=partner: p)
+        _ = mdn.content
+        times.append(time.perf_counter() - start)
+        assert status == "processed"
+    return times
+
+
+def post(url: str, message) -> float:
+    headers, body = message
+    start = time.perf_counter()
+    answer = requests.post(url, data=body, headers=headers, timeout=300)
+    elapsed = time.perf_counter() - start
+    assert answer.status_code == 200 and b"processed" in answer.content, answer.text[:300]
+    assert answer.headers["Content-Type"].startswith("multipart/signed")
+    return elapsed
+
+
+def start_gunicorn(backend, port: int) -> subprocess.Popen:
+    env = {**backend.env(), "B2BHUB_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "--workers", "1",
+                             "--threads", "8", "--bind", f"127.0.0.1:{port}", "wsgi:app"],
+                            cwd=Path(__file__).resolve().parent.parent, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=2)
+            return proc
+        except requests.RequestException:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("gunicorn did not start")
+
+
+def worker_pid(master: int) -> int:
+    out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True)
+    return int(out.stdout.split()[0])
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_latency(args, certs) -> None:
+    rows = []
+    with fresh_backend(args.backend) as backend:
+        configure(backend, certs)
+        port = free_port()
+        server = start_gunicorn(backend, port)
+        url = f"http://127.0.0.1:{port}/as2/as2in"
+        try:
+            for size in args.sizes:
+                count = args.count if size < 500_000 else max(4, args.count // 4)
+                post(url, build(certs, size, 1)[0])  # warm up
+                seq = build(certs, size, count)
+                conc = build(certs, size, count)
+                bare = bare_cost(certs, build(certs, size, count))
+                hub = [post(url, m) for m in seq]
+                start = time.perf_counter()
+                with ThreadPoolExecutor(4) as pool:
+                    many = list(pool.map(lambda m: post(url, m), conc))
+                wall = time.perf_counter() - start
+                b, h, c = (statistics.median(x) * 1000 for x in (bare, hub, many))
+                rows.append([f"{size // 1024} KB", count, f"{b:.1f}", f"{h:.1f}",
+                             f"{h / b:.2f}x", f"{1000 / h:.1f}", f"{c:.1f}",
+                             f"{count / wall:.1f}"])
+        finally:
+            server.terminate()
+            server.wait(30)
+    print_table("AS2 receive, signed + encrypted, signed sync MDN (median latency)",
+                ["size", "messages", "bare ms", "hub ms", "hub/bare", "seq msg/s",
+                 "4 clients ms", "4 clients msg/s"], rows)
+
+
+class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            while True:
+                size = int(self.rfile.readline().strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                while size:
+                    size -= len(self.rfile.read(min(size, 1 << 20)))
+                self.rfile.readline()
+        else:
+            left = int(self.headers.get("Content-Length") or 0)
+            while left:
+                left -= len(self.rfile.read(min(left, 1 << 20)))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+def run_rss(args, certs) -> None:
+    size = args.rss_mb << 20
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    with fresh_backend(args.backend) as backend:
+        configure(backend, certs, f"http://127.0.0.1:{sink.server_port}/as2")
+        port = free_port()
+        server = start_gunicorn(backend, port)
+        try:
+            pid = worker_pid(server.pid)
+            idle = peak_rss_mb(pid)
+            [message] = build(certs, size, 1)
+            post(f"http://127.0.0.1:{port}/as2/as2in", message)
+            received = peak_rss_mb(pid)
+        finally:
+            server.terminate()
+            server.wait(30)
+        del message
+        child = subprocess.run([sys.executable, __file__, "--send-child", str(args.rss_mb)],
+                               env=backend.env(), capture_output=True, text=True)
+        sent = child.stdout.strip() or child.stderr[-500:]
+    print_table(f"Peak RSS with a {args.rss_mb} MB message",
+                ["process", "idle MB", "peak MB"],
+                [["web (gunicorn worker) receiving", f"{idle:.0f}", f"{received:.0f}"],
+                 ["sending (as2_sender attempt)", "", sent]])
+
+
+def send_child(mb: int) -> None:
+    """In a fresh process: one as2_sender attempt of an mb-MB message; prints peak RSS."""
+    from b2bhub import create_app
+    from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+    from b2bhub.engine.runner import TargetRunner
+    from b2bhub.hub import new_session
+    from b2bhub.models import Delivery, utcnow
+    app = create_app({"WAKEUP_PUBLISHER": lambda items: None})
+    with app.app_context():
+        store = app.extensions["b2bhub.store"]
+        stored = store.put(iter_file(mb))
+        with new_session() as session:
+            store_and_dispatch(session, NewMessage(
+                source="@operator", from_party="mycompany", to_party="acme",
+                stages={"unpacked": (stored.digest, stored.size)}, targets=["as2out"]),
+                utcnow())
+            session.commit()
+        TargetRunner(new_session, app.extensions["b2bhub.registry"], store, "bench").drain(
+            "as2out", budget=600)
+        with new_session() as session:
+            state = session.query(Delivery.state).filter(Delivery.target == "as2out").scalar()
+    print(f"{peak_rss_mb(os.getpid()):.0f} ({state})")
+
+
+class iter_file:
+    """A readable stream of mb MB of text made on the fly."""
+
+    def __init__(self, mb: int):
+        self.left = mb << 20
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return b"A" * n
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--send-child":
+        send_child(int(sys.argv[2]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="embedded", choices=("embedded", "postgres"))
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10240, 1048576])
+    parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--rss-mb", type=int, default=0,
+                        help="measure peak RSS with a message this large instead")
+    args = parser.parse_args()
+    certs = {"hub": make_pair("hub.bench"), "acme": make_pair("acme.bench")}
+    for name, value in environment([args.backend]):
+        print(f"{name}: {value}")
+    if args.rss_mb:
+        run_rss(args, certs)
+    else:
+        run_latency(args, certs)
+    print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

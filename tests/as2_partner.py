@@ -1,0 +1,199 @@
+"""A trading partner simulated with pyas2lib, run as a separate process on loopback.
+
+``python -m tests.as2_partner CONFIG.json`` serves, on the port it prints:
+
+* ``POST /as2``: AS2 messages from the hub, answered with a sync MDN, or 200 and an
+  async MDN posted afterwards to the URL the hub asked for (per the request headers),
+  signed when the hub asked for a signed one. ``GET /received`` lists them.
+* ``POST /send`` (JSON): builds a message to the hub with the given choices, posts it,
+  verifies a sync MDN and its MIC; async MDNs come back to ``POST /mdn`` and are verified
+  there (``GET /mdns``). Quirks on request: ``micalg`` spelled ``sha-256`` in the
+  signed-receipt options, async MDNs without Original-Recipient.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import requests
+from pyas2lib import Mdn, Message, Organization, Partner
+
+CONFIG: dict = {}
+RECEIVED: list[dict] = []
+MDNS: list[dict] = []
+SENT: dict[str, Message] = {}
+HELD: list[tuple] = []
+LOCK = threading.Lock()
+
+
+def org(mdn_url=None) -> Organization:
+    key = (CONFIG["key"] + CONFIG["cert"]).encode()
+    return Organization(as2_name=CONFIG["as2_id"], sign_key=key, decrypt_key=key,
+                        mdn_url=mdn_url)
+
+
+def hub(**choices) -> Partner:
+    return Partner(as2_name=CONFIG["hub_as2_id"], verify_cert=CONFIG["hub_cert"].encode(),
+                   encrypt_cert=CONFIG["hub_cert"].encode(), validate_certs=False, **choices)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            if CONFIG.get("refuse_chunked"):
+                return None
+            parts = []
+            while True:
+                size = int(self.rfile.readline().strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _reply(self, status: int, body: bytes = b"", headers: dict | None = None):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            if k.lower() not in ("content-length", "transfer-encoding"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, data) -> None:
+        self._reply(200, json.dumps(data).encode(), {"Content-Type": "application/json"})
+
+    def do_GET(self):
+        with LOCK:
+            self._json(RECEIVED if self.path == "/received" else MDNS)
+
+    def do_POST(self):
+        body = self._body()
+        if body is None:
+            self._reply(411, b"chunked transfer encoding is not taken here")
+            return
+        raw = "".join(f"{k}: {v}\r\n" for k, v in self.headers.items()).encode() \
+            + b"\r\n" + body
+        if self.path == "/as2":
+            self._receive(raw)
+        elif self.path == "/mdn":
+            self._mdn(raw)
+        elif self.path == "/send":
+            self._json(send(json.loads(body)))
+        elif self.path == "/busy":
+            self._reply(503, b"busy")
+        elif self.path == "/release":
+            with LOCK:
+                held = HELD[:]
+                HELD.clear()
+            for job in held:
+                _post_mdn(*job)
+            self._json({"posted": len(held)})
+        elif self.path == "/config":
+            CONFIG.update(json.loads(body))
+            self._json({"ok": True})
+        else:
+            self._reply(404)
+
+    def _receive(self, raw: bytes) -> None:
+        message = Message()
+        status, (exc, _tb), mdn = message.parse(
+            raw, find_org_cb=lambda _i: org(), find_partner_cb=lambda _i: hub())
+        with LOCK:
+            RECEIVED.append({"message_id": message.message_id, "status": status,
+                             "error": repr(exc) if exc else None,
+                             "content": base64.b64encode(message.content or b"").decode()
+                             if status == "processed" else None,
+                             "signed": message.signed, "encrypted": message.encrypted,
+                             "compressed": message.compressed})
+        if mdn is None:
+            self._reply(200, b"ok")
+        elif mdn.mdn_mode == "SYNC":
+            headers = dict(mdn.headers)
+            if CONFIG.get("micalg_dash") and "micalg=" in headers.get("Content-Type", ""):
+                headers["Content-Type"] = headers["Content-Type"].replace(
+                    "micalg=sha256", "micalg=sha-256")
+            self._reply(200, mdn.content, headers)
+        else:
+            self._reply(200, b"ok")
+            content = mdn.content
+            if CONFIG.get("async_no_original_recipient"):
+                content = _drop_original_recipient(mdn)
+            job = (mdn.mdn_url, dict(mdn.headers), content)
+            if CONFIG.get("hold_async"):
+                with LOCK:
+                    HELD.append(job)
+            else:
+                threading.Thread(target=_post_mdn, args=job, daemon=True).start()
+
+    def _mdn(self, raw: bytes) -> None:
+        result = Mdn().parse(raw, lambda mid, _r: SENT.get(mid))
+        with LOCK:
+            MDNS.append({"status": result[0], "detail": result[1]})
+        self._reply(200, b"ok")
+
+
+def _drop_original_recipient(mdn) -> bytes:
+    """An unsigned MDN without Original-Recipient (some partners send it so)."""
+    return b"\r\n".join(line for line in mdn.content.split(b"\r\n")
+                        if not line.startswith(b"Original-Recipient"))
+
+
+def _post_mdn(url: str, headers: dict, content: bytes) -> None:
+    try:
+        requests.post(url, data=content, headers=headers, timeout=30)
+    except requests.RequestException:
+        pass
+
+
+def send(order: dict) -> dict:
+    mode = order.get("mdn_mode")
+    receiver = hub(sign=order.get("sign", False), encrypt=order.get("encrypt", False),
+                   compress=order.get("compress", False),
+                   enc_alg=order.get("enc_alg", "aes_256_cbc"),
+                   mdn_mode={"sync": "SYNC", "async": "ASYNC"}.get(mode),
+                   mdn_digest_alg="sha256" if order.get("mdn_signed") else None)
+    message = Message(org(CONFIG["url"] + "/mdn"), receiver)
+    message.build(base64.b64decode(order["data"]), filename=order.get("filename"),
+                  content_type="application/edi-x12", message_id=order.get("message_id"))
+    headers = dict(message.headers)
+    if order.get("micalg_dash") and "disposition-notification-options" in headers:
+        headers["disposition-notification-options"] = headers[
+            "disposition-notification-options"].replace("sha256", "sha-256")
+    SENT[message.message_id] = message
+    answer = requests.post(order["hub_url"], data=message.content, headers=headers,
+                           timeout=30)
+    result = {"http_status": answer.status_code, "message_id": message.message_id,
+              "text": answer.text if not answer.headers.get("Content-Type", "").startswith(
+                  "multipart") else "", "mdn_status": None}
+    if mode == "sync" and answer.headers.get("Content-Type", "").startswith("multipart"):
+        raw = "".join(f"{k}: {v}\r\n" for k, v in answer.headers.items()).encode() \
+            + b"\r\n" + answer.content
+        mdn = Mdn()
+        status, detail = mdn.parse(raw, lambda mid, _r: SENT.get(mid))
+        result.update(mdn_status=status, mdn_detail=detail,
+                      mdn_signed=answer.headers["Content-Type"].startswith("multipart/signed"))
+    return result
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        CONFIG.update(json.load(f))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    CONFIG["url"] = f"http://127.0.0.1:{server.server_port}"
+    print(server.server_port, flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,437 @@
+"""AS2 both ways between the hub and a partner simulated with pyas2lib in a separate
+process on loopback, for every combination of signing, encryption, compression and MDN
+(none, sync, async; signed and unsigned); partner quirks; bad input; Receipt Timeout.
+
+The hub runs in this process (its Flask app served on a loopback port in a thread, the
+sender attempted by a TargetRunner here); the partner process is started once per module.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import select
+from werkzeug.serving import make_server
+
+from b2bhub.as2 import profiles
+from b2bhub.as2.mdn_out import send_due_mdns
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+from b2bhub.engine.machine import fail_overdue_receipts
+from b2bhub.engine.runner import TargetRunner
+from b2bhub.hub import new_session
+from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
+from plugins.as2_receiver import As2Receiver
+from plugins.as2_sender import As2Sender
+from tests.as2kit import make_pair
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = b"ISA*00*          *00*          *ZZ*ACME~GS*PO*ACME*HUB~ST*850*0001~SE*2*0001~\r\n"
+
+
+@pytest.fixture(scope="module")
+def certs():
+    return {"hub": make_pair("hub.example"), "acme": make_pair("acme.example"),
+            "other": make_pair("intruder.example")}
+
+
+@pytest.fixture(scope="module")
+def partner(certs, tmp_path_factory):
+    cfg = tmp_path_factory.mktemp("partner") / "partner.json"
+    cfg.write_text(json.dumps({"as2_id": "ACME", "cert": certs["acme"][0],
+                               "key": certs["acme"][1], "hub_as2_id": "HUB",
+                               "hub_cert": certs["hub"][0]}))
+    proc = subprocess.Popen([sys.executable, "-m", "tests.as2_partner", str(cfg)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    yield Partner(f"http://127.0.0.1:{port}")
+    proc.terminate()
+    proc.wait(10)
+
+
+class Partner:
+    def __init__(self, url: str):
+        self.url = url
+
+    def configure(self, **config):
+        requests.post(self.url + "/config", json=config, timeout=10).raise_for_status()
+
+    def send(self, hub_url: str, data: bytes = DATA, **order) -> dict:
+        order = {"data": base64.b64encode(data).decode(), "hub_url": hub_url, **order}
+        answer = requests.post(self.url + "/send", json=order, timeout=60)
+        answer.raise_for_status()
+        return answer.json()
+
+    def received(self) -> list[dict]:
+        return requests.get(self.url + "/received", timeout=10).json()
+
+    def mdns(self) -> list[dict]:
+        return requests.get(self.url + "/mdns", timeout=10).json()
+
+    def release_async(self) -> int:
+        """Post the async MDNs held back (a partner that answers late)."""
+        return requests.post(self.url + "/release", timeout=30).json()["posted"]
+
+
+@pytest.fixture
+def served(app):
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+    # each test's app has its own engine: close its pooled connections now, not at
+    # garbage collection (PostgreSQL counts them against max_connections meanwhile)
+    app.extensions["sqlalchemy"].session.remove()
+    app.extensions["sqlalchemy"].engines[None].dispose()
+
+
+@pytest.fixture
+def as2(hub, registry, session, certs, partner, served):
+    registry.register(As2Receiver)
+    registry.register(As2Sender)
+    hub.parties(organizations=("mycompany",), partners=("acme",))
+    profiles.save_profile(session, "organization", "mycompany", {
+        "as2_id": "HUB", "mdn_url": served + "/as2/as2in",
+        "certificate": {"pem": certs["hub"][0], "private_key_pem": certs["hub"][1]}})
+    profiles.save_profile(session, "partner", "acme", {
+        "as2_id": "ACME", "url": partner.url + "/as2", "receipt_timeout": 3600,
+        "certificate": {"pem": certs["acme"][0]}})
+    session.commit()
+    hub.instance("as2in", "as2_receiver", enabled=True, config={"max_size": 1 << 20})
+    hub.instance("as2out", "as2_sender", enabled=True)
+    hub.instance("sink", "noop", enabled=True)
+    hub.route("as2in", "*", "*", "sink")
+    return Setup(hub, session, partner, served)
+
+
+class Setup:
+    def __init__(self, hub, session, partner, served):
+        self.hub, self.session, self.partner, self.served = hub, session, partner, served
+        self.url = served + "/as2/as2in"
+
+    def choose(self, **choices):
+        profiles.save_profile(self.session, "partner", "acme", choices)
+        self.session.commit()
+
+    def messages(self) -> list[Message]:
+        self.session.expire_all()
+        return list(self.session.scalars(select(Message).order_by(Message.id)))
+
+    def stages(self, message_id: int) -> dict[str, bytes]:
+        rows = self.session.scalars(select(Payload).where(Payload.message_id == message_id))
+        out = {}
+        for p in rows:
+            with self.hub.store.open(p.digest) as f:
+                out[p.stage] = f.read()
+        return out
+
+    def lines(self, message_id: int, type_: str | None = None) -> list[str]:
+        query = select(HistoryLine.text).where(HistoryLine.message_id == message_id)
+        if type_:
+            query = query.where(HistoryLine.type == type_)
+        return list(self.session.scalars(query.order_by(HistoryLine.id)))
+
+    def outbound(self, body: bytes = DATA) -> Message:
+        stored = self.hub.store.put(body)
+        message = store_and_dispatch(self.session, NewMessage(
+            source="@operator", from_party="mycompany", to_party="acme",
+            stages={"unpacked": (stored.digest, stored.size)}, original_filename="po.edi",
+            targets=["as2out"]), utcnow())
+        self.session.commit()
+        return message
+
+    def drain(self, clock=utcnow):
+        TargetRunner(new_session, self.hub.registry, self.hub.store, "test-worker",
+                     clock=clock).drain("as2out", budget=60)
+
+    def delivery(self, message_id: int) -> Delivery:
+        self.session.expire_all()
+        return self.session.scalar(select(Delivery).where(Delivery.message_id == message_id))
+
+
+def wait_for(check, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+MDNS = [("none", False), ("sync", False), ("sync", True), ("async", False), ("async", True)]
+MATRIX = [(s, e, c, m, ms) for s, e, c in itertools.product((False, True), repeat=3)
+          for m, ms in MDNS]
+
+
+def _ids(case):
+    s, e, c, m, ms = case
+    return "-".join(filter(None, ("signed" if s else "plain", "enc" if e else "clear",
+                                  "zip" if c else "raw", m, "smdn" if ms and m != "none"
+                                  else "")))
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[_ids(c) for c in MATRIX])
+def test_partner_to_hub(as2, case):
+    sign, encrypt, compress, mode, mdn_signed = case
+    as2.choose(sign=sign, encrypt=encrypt, compress=compress)
+    before = len(as2.partner.mdns())
+    result = as2.partner.send(as2.url, sign=sign, encrypt=encrypt, compress=compress,
+                              mdn_mode=mode if mode != "none" else None,
+                              mdn_signed=mdn_signed, filename="po.edi")
+    assert result["http_status"] == 200, result
+    [message] = as2.messages()
+    assert message.status == "received" and message.from_party == "acme"
+    assert message.to_party == "mycompany" and message.external_id == result["message_id"]
+    assert message.original_filename == "po.edi"
+    stages = as2.stages(message.id)
+    assert stages["unpacked"] == DATA
+    assert stages["raw"].lower().count(b"as2-from:") == 1
+    if mode == "sync":
+        assert result["mdn_status"] == "processed", result
+        assert result["mdn_signed"] is mdn_signed
+        assert b"processed" in stages["receipt"]
+    elif mode == "async":
+        assert send_due_mdns(as2.session, as2.hub.store, utcnow()) == 1
+        mdns = wait_for(lambda: as2.partner.mdns()[before:])
+        assert [m["status"] for m in mdns] == ["processed"], mdns
+        assert as2.lines(message.id, "mdn_sent")
+    else:
+        assert "receipt" not in stages
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[_ids(c) for c in MATRIX])
+def test_hub_to_partner(as2, case):
+    sign, encrypt, compress, mode, mdn_signed = case
+    as2.choose(sign=sign, encrypt=encrypt, compress=compress, mdn_mode=mode,
+               mdn_signed=mdn_signed)
+    seen = len(as2.partner.received())
+    message = as2.outbound()
+    as2.drain()
+    [got] = as2.partner.received()[seen:]
+    assert got["status"] == "processed", got
+    assert base64.b64decode(got["content"]) == DATA
+    assert (got["signed"], got["encrypted"], got["compressed"]) == (sign, encrypt, compress)
+    if mode == "async":
+        assert as2.delivery(message.id).state in ("awaiting_receipt", "delivered")
+        assert wait_for(lambda: as2.delivery(message.id).state == "delivered")
+    else:
+        assert as2.delivery(message.id).state == "delivered", as2.delivery(
+            message.id).last_result
+    stages = as2.stages(message.id)
+    assert stages["unpacked"] == DATA and b"as2-to:" in stages["sent"].lower()
+    assert ("receipt" in stages) is (mode != "none")
+
+
+# --- duplicates, quirks, bad input, Receipt Timeout ------------------------------------
+
+def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2):
+    as2.choose(sign=True, encrypt=True)
+    first = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                             mdn_signed=True, message_id="replay-1")
+    again = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                             mdn_signed=True, message_id="replay-1")
+    assert first["mdn_status"] == again["mdn_status"] == "processed"
+    [message] = as2.messages()
+    assert as2.lines(message.id, "duplicate_received")
+
+
+def test_partner_quirks_micalg_dash_and_binary_canonicalisation_and_no_chunking(as2):
+    as2.choose(sign=True, encrypt=False, mdn_mode="sync", mdn_signed=True, chunked=False,
+               canonicalize_as_binary=True)  # the partner signs text: the other form works
+    result = as2.partner.send(as2.url, sign=True, mdn_mode="sync", mdn_signed=True,
+                              micalg_dash=True)
+    assert result["mdn_status"] == "processed", result
+    as2.partner.configure(refuse_chunked=True, micalg_dash=True)
+    try:
+        message = as2.outbound()
+        as2.drain()
+        assert as2.delivery(message.id).state == "delivered", as2.delivery(
+            message.id).last_result
+    finally:
+        as2.partner.configure(refuse_chunked=False, micalg_dash=False)
+
+
+def test_async_mdn_without_original_recipient_settles(as2):
+    as2.choose(sign=True, encrypt=True, mdn_mode="async", mdn_signed=False)
+    as2.partner.configure(async_no_original_recipient=True)
+    try:
+        message = as2.outbound()
+        as2.drain()
+        assert wait_for(lambda: as2.delivery(message.id).state == "delivered")
+    finally:
+        as2.partner.configure(async_no_original_recipient=False)
+
+
+def post(as2, body: bytes, **headers) -> requests.Response:
+    base = {"AS2-From": "ACME", "AS2-To": "HUB", "Message-ID": "<bad-1@acme>",
+            "AS2-Version": "1.2", "Content-Type": "application/pkcs7-mime; "
+            "smime-type=enveloped-data", "Disposition-Notification-To": "x@acme"}
+    return requests.post(as2.url, data=body, headers={**base, **headers}, timeout=30)
+
+
+@pytest.mark.parametrize("problem", ["malformed", "truncated", "unknown_to", "unknown_from",
+                                     "oversize", "wrong_certificate"])
+def test_bad_input_is_refused_with_a_reason_never_500(as2, certs, problem):
+    as2.choose(sign=True, encrypt=True)
+    if problem == "wrong_certificate":
+        profiles.save_profile(as2.session, "partner", "acme",
+                              {"certificate": {"pem": certs["other"][0]}})
+        as2.session.commit()
+        answer = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync")
+        assert answer["http_status"] == 200 and answer["mdn_status"] != "processed"
+        reason = answer["mdn_detail"]
+    else:
+        body = {"malformed": b"\x00\xff not mime at all",
+                "truncated": b"0\x82\x05\x00\x06\x09*\x86H\x86\xf7\r\x01\x07\x03",
+                "oversize": b"x" * ((1 << 20) + 10)}.get(problem, b"hello")
+        extra = {"unknown_to": {"AS2-To": "NOBODY"},
+                 "unknown_from": {"AS2-From": "STRANGER"}}.get(problem, {})
+        answer = post(as2, body, **extra)
+        assert answer.status_code in (200, 400, 403, 413), answer.text
+        reason = answer.text
+        if answer.headers.get("Content-Type", "").startswith("multipart"):
+            assert b"processed/Error" in answer.content or b"failed" in answer.content
+    [message] = as2.messages()
+    assert message.status == "refused"
+    assert as2.lines(message.id, "refused"), reason
+    assert not as2.session.scalars(select(Delivery)).all()
+    if problem != "oversize":
+        assert "raw" in as2.stages(message.id)  # what came is kept
+
+
+def test_receipt_timeout_fails_the_delivery_and_a_late_mdn_is_unattributable(as2):
+    as2.choose(sign=True, encrypt=True, mdn_mode="async", mdn_signed=True,
+               receipt_timeout=3600)
+    as2.partner.configure(hold_async=True)
+    message = as2.outbound()
+    start = utcnow()
+    as2.drain(clock=lambda: start)
+    assert as2.delivery(message.id).state == "awaiting_receipt"
+    fail_overdue_receipts(as2.session, start + timedelta(hours=1, seconds=1), 100)
+    as2.session.commit()
+    delivery = as2.delivery(message.id)
+    assert delivery.state == "failed" and delivery.last_result == "no receipt within 1h"
+    late = as2.partner.release_async()
+    assert late == 1
+    assert wait_for(lambda: as2.lines(message.id, "mdn_refused"))
+    assert as2.delivery(message.id).state == "failed"
+    as2.partner.configure(hold_async=False)
+
+
+def test_profile_api_hides_keys_and_certificate_expiry_raises_an_alert(as2, api, certs):
+    got = api.get("/api/v1/organizations/mycompany/profiles/as2").get_json()
+    assert got["as2_id"] == "HUB" and got["certificates"][0]["has_private_key"]
+    assert "PRIVATE" not in json.dumps(got)
+    soon = make_pair("soon.example", days=10)
+    answer = api.put("/api/v1/partners/acme/profiles/as2",
+                     json={"certificate": {"pem": soon[0]}, "mdn_mode": "async"})
+    assert answer.status_code == 200, answer.get_json()
+    assert answer.get_json()["certificates"][0]["days_left"] in (9, 10)
+    bad = api.put("/api/v1/partners/acme/profiles/as2", json={"mdn_mode": "sometimes"})
+    assert bad.status_code == 400
+    from b2bhub.models import Alert
+    assert profiles.check_certificates(as2.session, utcnow()) == 1
+    as2.session.commit()
+    [alert] = as2.session.scalars(select(Alert).where(Alert.kind == "certificate_expiring"))
+    assert "acme" in alert.text
+
+
+def test_openssl_cms_client_signed_encrypted_and_the_signed_mdn_verifies(as2, certs,
+                                                                         tmp_path):
+    """A client made of ``openssl cms`` and requests only: the hub decrypts and verifies
+    its message, and its signed MDN verifies with ``openssl cms -verify``, carrying the
+    MIC openssl computes over the signed entity."""
+    as2.choose(sign=True, encrypt=True)
+    files = {}
+    for name, text in (("acme.pem", certs["acme"][0]), ("acme.key", certs["acme"][1]),
+                       ("hub.pem", certs["hub"][0])):
+        files[name] = tmp_path / name
+        files[name].write_text(text)
+    entity = tmp_path / "entity"
+    entity.write_bytes(b"Content-Type: application/edi-x12\r\n\r\n" + DATA)
+
+    def openssl(*args) -> bytes:
+        return subprocess.run(["openssl", *args], check=True, capture_output=True).stdout
+
+    signed = openssl("cms", "-sign", "-in", str(entity), "-signer", str(files["acme.pem"]),
+                     "-inkey", str(files["acme.key"]), "-md", "sha256", "-binary",
+                     "-outform", "SMIME")
+    (tmp_path / "signed").write_bytes(signed.replace(b"\n", b"\r\n").replace(b"\r\r\n",
+                                                                             b"\r\n"))
+    encrypted = openssl("cms", "-encrypt", "-in", str(tmp_path / "signed"), "-binary",
+                        "-aes256", "-outform", "DER", str(files["hub.pem"]))
+    answer = requests.post(as2.url, data=encrypted, timeout=30, headers={
+        "AS2-From": "ACME", "AS2-To": "HUB", "AS2-Version": "1.2",
+        "Message-ID": "<openssl-1@acme.example>",
+        "Content-Type": 'application/pkcs7-mime; smime-type=enveloped-data; name="smime.p7m"',
+        "Disposition-Notification-To": "edi@acme.example",
+        "Disposition-Notification-Options": "signed-receipt-protocol=required, "
+        "pkcs7-signature; signed-receipt-micalg=required, sha256"})
+    assert answer.status_code == 200
+    assert answer.headers["Content-Type"].startswith("multipart/signed")
+    mdn = tmp_path / "mdn"
+    mdn.write_bytes(f"Content-Type: {answer.headers['Content-Type']}\r\n\r\n".encode()
+                    + answer.content)
+    report = openssl("cms", "-verify", "-in", str(mdn), "-inform", "SMIME", "-noverify",
+                     "-certfile", str(files["hub.pem"]))
+    assert b"processed" in report and b"processed/" not in report
+    digest = base64.b64encode(openssl("dgst", "-sha256", "-binary", str(entity))).decode()
+    assert f"Received-content-MIC: {digest}, sha256".lower() in report.decode().lower()
+    [message] = as2.messages()
+    assert as2.stages(message.id)["unpacked"] == DATA
+
+
+def test_fixtures_load_as2_profiles(app, session, certs):
+    from b2bhub.services.fixtures import load_fixtures
+    from plugins.as2_sender import As2Sender
+    data = {"organizations": [{"name": "mycompany"}], "partners": [{"name": "acme"}],
+            "profiles": [
+                {"party": "mycompany", "protocol": "as2", "as2_id": "HUB",
+                 "certificate": {"pem": certs["hub"][0] + certs["hub"][1]}},
+                {"party": "acme", "as2_id": "ACME", "url": "https://acme.example/as2",
+                 "mdn_mode": "async", "certificate": {"pem": certs["acme"][0]}}]}
+    from b2bhub.registry import PluginRegistry
+    registry = PluginRegistry()
+    registry.register(As2Sender)
+    counts = load_fixtures(session, data, registry=registry)
+    session.commit()
+    assert counts["profiles"] == 2
+    assert profiles.by_party(session, "acme").get("mdn_mode") == "async"
+    assert profiles.by_party(session, "mycompany").key_pem.startswith("-----BEGIN PRIVATE")
+
+
+def test_send_again_repeats_the_same_as2_message_id_and_a_5xx_is_retried(as2, partner):
+    from b2bhub.engine.operator import send_again
+    as2.choose(sign=True, encrypt=True, mdn_mode="sync", mdn_signed=True)
+    seen = len(as2.partner.received())
+    message = as2.outbound()
+    as2.drain()
+    delivery = as2.delivery(message.id)
+    assert delivery.state == "delivered"
+    send_again(as2.session, delivery.id, "alice", utcnow())
+    as2.session.commit()
+    as2.drain()
+    first, again = as2.partner.received()[seen:]
+    assert first["message_id"] == again["message_id"]
+    assert as2.delivery(message.id).state == "delivered"
+    as2.choose(url=as2.partner.url + "/busy")  # 503: retried later
+    busy = as2.outbound()
+    as2.drain()
+    assert as2.delivery(busy.id).state == "retrying"
+    assert "HTTP 503" in as2.delivery(busy.id).last_result
+    as2.choose(url=as2.served + "/as2/missing")  # 404: not retried, failed
+    gone = as2.outbound()
+    as2.drain()
+    assert as2.delivery(gone.id).state == "failed"
+    assert "HTTP 404" in as2.delivery(gone.id).last_result
