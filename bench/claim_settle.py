@@ -103,9 +103,12 @@ UPDATE deliveries
 
 
 def _claim_sql(postgres: bool) -> str:
-    """The claim statement of the engine itself (not a copy that could drift)."""
+    """The claim statement of the engine itself (not a copy that could drift), bare:
+    ``LIMIT :n`` without the engine's live-lease count, and no column saying whether the
+    claimed row was stalled (which the engine returns to resolve that alert)."""
     from b2bhub.engine import machine
-    return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(ordered="")
+    return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(
+        limit=":n", ordered="", stalled="")
 
 
 def floor_process(backend: Backend, owner: str, ready, go) -> None:
@@ -122,7 +125,7 @@ def floor_process(backend: Backend, owner: str, ready, go) -> None:
             now = utcnow()
             rows = conn.execute(claim_sql, {
                 "target": TARGET, "now": now, "owner": owner, "n": BATCH,
-                "until": now + timedelta(seconds=300), "max_concurrent": 1_000_000}).all()
+                "until": now + timedelta(seconds=300)}).all()
             conn.commit()
             if not rows:
                 break
@@ -299,7 +302,7 @@ def _wait_all_delivered(backend: Backend, n: int, procs: Workers) -> None:
 
 # --- profile --------------------------------------------------------------------------
 
-def profile_drain(backend: Backend, n: int) -> None:
+def profile_drain(backend: Backend, n: int, sort: str = "cumulative") -> None:
     """cProfile of TargetRunner.drain in this process: where a settle's time goes."""
     from b2bhub import hub
     from b2bhub.engine.runner import TargetRunner
@@ -316,7 +319,7 @@ def profile_drain(backend: Backend, n: int) -> None:
     print(f"\nprofile: one process drained {report.settled} in {took:.2f} s "
           f"({report.settled / took:,.0f}/s, under cProfile)")
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
+    pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(30)
     print(out.getvalue())
 
 
@@ -346,13 +349,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="deliveries per run (default 10,000)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead: cProfile one in-process drain of N deliveries")
+    parser.add_argument("--sort", default="cumulative",
+                        help="pstats order of --profile (cumulative, tottime, ...)")
     args = parser.parse_args(argv)
     _print_environment(args.backend)
     if args.profile:
         for name in args.backend:
             with benchlib.fresh_backend(name) as backend:
                 benchlib.create_target(backend, max_concurrent=BATCH)
-                profile_drain(backend, args.profile)
+                profile_drain(backend, args.profile, args.sort)
         return 0
     results = []
     for name in args.backend:

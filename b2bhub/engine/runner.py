@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import IO
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome
@@ -119,6 +120,7 @@ class TargetRunner:
         self.session_factory, self.registry, self.store = session_factory, registry, store
         self.owner, self.stop, self.clock = owner, stop, clock
         self._plugins: dict[str, tuple[datetime, object]] = {}
+        self.leases = LeaseKeeper(clock)
 
     def drain(self, target: str, budget: float | None = None) -> DrainReport:
         """Claim and run the target's due deliveries until none is due or time is up."""
@@ -139,21 +141,22 @@ class TargetRunner:
 
     def _one_batch(self, session: Session, target: str, settings: DeliverySettings,
                    report: DrainReport) -> bool:
-        instance = session.scalar(select(PluginInstance).where(PluginInstance.name == target))
+        instance = machine.lock_target(session, target)  # a row lock on PostgreSQL
         plugin = self._plugin(instance) if instance is not None else None
         if plugin is None:
+            session.rollback()
             return False
         limit = max(1, min(getattr(plugin, "claim_batch", 1), settings.claim_batch_max))
         with serialized_writes(session):
             claims = machine.claim(session, target, self.owner, self.clock(), limit,
-                                   settings.lease_seconds)
+                                   settings.lease_seconds, instance)
             session.commit()
         if not claims:
             return False
         report.claimed += len(claims)
         policy = merge(instance.retry_policy,
                        getattr(plugin, "default_retry_policy", None) or RetryPolicy())
-        with LeaseKeeper(self.session_factory, claims, settings.lease_seconds, self.clock):
+        with self.leases.holding(session, claims, settings.lease_seconds):
             self._run_claims(session, instance, plugin, policy, claims, report)
         return True
 
@@ -236,14 +239,26 @@ class TargetRunner:
         return plugin
 
 
+_m, _p = Message.__table__, Payload.__table__
+_READ_INFOS = (select(_m.c.id, _m.c.source, _m.c.from_party, _m.c.to_party, _m.c.direction,
+                      _m.c.original_filename, _m.c.external_id, _m.c.correlation_id,
+                      _m.c.sequence_key, _m.c.created_at, _p.c.stage, _p.c.digest,
+                      _p.c.size)
+               .select_from(_m.outerjoin(_p, _p.c.message_id == _m.c.id))
+               .where(_m.c.id.in_(bindparam("ids", expanding=True))))
+
+
 def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
                     ) -> dict[int, tuple[DeliveryInfo, StoredPayloads]]:
-    """Read what the batch's attempts need in two queries."""
-    ids = [c.message_id for c in claims]
-    messages = {m.id: m for m in session.scalars(select(Message).where(Message.id.in_(ids)))}
-    stages: dict[int, dict[str, tuple[str, int]]] = {i: {} for i in ids}
-    for p in session.scalars(select(Payload).where(Payload.message_id.in_(ids))):
-        stages[p.message_id][p.stage] = (p.digest, p.size)
+    """Read what the batch's attempts need in one query."""
+    messages, stages = {}, {}
+    for row in session.connection().execute(_READ_INFOS,
+                                            {"ids": [c.message_id for c in claims]}):
+        messages[row.id] = row
+        found = stages.setdefault(row.id, {})
+        if row.stage is not None:
+            found[row.stage] = (row.digest, row.size)
+    session.commit()
     out = {}
     for c in claims:
         m = messages[c.message_id]
@@ -254,43 +269,80 @@ def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
             external_id=m.external_id, correlation_id=m.correlation_id,
             sequence_key=m.sequence_key, created_at=m.created_at,
             payload_stages=tuple(stages[m.id])), StoredPayloads(store, stages[m.id]))
-    session.commit()
     return out
 
 
 class LeaseKeeper:
-    """Renews the leases of the claims a worker holds, every third of the lease."""
+    """Renews the leases of the claims a worker holds, every third of the lease, on one
+    thread per runner started at first use (a thread per claimed batch cost more than a
+    no-op attempt). Each renewal is fenced like a settlement: attempt, owner, state.
 
-    def __init__(self, session_factory, claims: list[Claim], lease_seconds: int, clock):
-        self.session_factory, self.claims = session_factory, claims
-        self.lease, self.clock = lease_seconds, clock
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="lease-keeper")
+    The thread opens its sessions on the engine of the session that claimed (it has no
+    application context of its own)."""
 
-    def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
+    def __init__(self, clock: Callable[[], datetime]):
+        self.clock = clock
+        self._held: dict[int, _Held] = {}
+        self._next_token = 0
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
 
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join(timeout=5)
+    @contextmanager
+    def holding(self, session: Session, claims: list[Claim], lease_seconds: int
+                ) -> Iterator[None]:
+        """Keep these claims' leases alive while the block runs."""
+        with self._changed:
+            self._next_token += 1
+            token = self._next_token
+            self._held[token] = _Held(session.get_bind(), claims, lease_seconds,
+                                      time.monotonic() + lease_seconds / 3)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="lease-keeper")
+                self._thread.start()
+            self._changed.notify()
+        try:
+            yield
+        finally:
+            with self._changed:
+                del self._held[token]
 
     def _run(self) -> None:
-        while not self._done.wait(self.lease / 3):
-            try:
-                self.renew()
-            except Exception:
-                log.warning("could not renew leases", exc_info=True)
+        while True:
+            with self._changed:
+                due = [h for h in self._held.values() if h.renew_at <= time.monotonic()]
+                if not due:
+                    soonest = min((h.renew_at for h in self._held.values()), default=None)
+                    self._changed.wait(None if soonest is None
+                                       else max(0.0, soonest - time.monotonic()))
+                    continue
+                for held in due:
+                    held.renew_at = time.monotonic() + held.lease / 3
+            for held in due:
+                try:
+                    self.renew(held.bind, held.claims, held.lease)
+                except Exception:
+                    log.warning("could not renew leases", exc_info=True)
 
-    def renew(self) -> None:
-        session = self.session_factory()
-        try:
-            until = self.clock() + timedelta(seconds=self.lease)
-            for c in self.claims:
-                session.execute(update(Delivery).where(
-                    Delivery.id == c.delivery_id, Delivery.attempt == c.attempt,
-                    Delivery.lease_owner == c.owner, Delivery.state == "in_progress",
-                ).values(lease_until=until).execution_options(synchronize_session=False))
-            session.commit()
-        finally:
-            session.close()
+    def renew(self, bind, claims: list[Claim], lease_seconds: int) -> int:
+        """Extend the leases of the claims still held as claimed; how many were."""
+        until = self.clock() + timedelta(seconds=lease_seconds)
+        with Session(bind) as session, session.begin():
+            return session.connection().execute(_RENEW, [
+                {"_id": c.delivery_id, "_attempt": c.attempt, "_owner": c.owner,
+                 "_until": until} for c in claims]).rowcount
+
+
+@dataclass
+class _Held:
+    bind: object
+    claims: list[Claim]
+    lease: int
+    renew_at: float
+
+
+_d = Delivery.__table__
+_RENEW = (update(_d).where(_d.c.id == bindparam("_id"), _d.c.attempt == bindparam("_attempt"),
+                           _d.c.lease_owner == bindparam("_owner"),
+                           _d.c.state == "in_progress")
+          .values(lease_until=bindparam("_until")))

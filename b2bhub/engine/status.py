@@ -105,6 +105,8 @@ def _write_changes(session: Session, changed: dict[int, str], old: dict[int, str
 
 def _sync_loaded(session: Session, ids: list[int], status: str, now: datetime) -> None:
     """Keep Message objects this session holds in step with the Core UPDATE."""
+    if not session.identity_map:  # the claim and settle paths load no objects
+        return
     for message_id in ids:
         loaded = session.identity_map.get(identity_key(Message, message_id))
         if loaded is not None:
