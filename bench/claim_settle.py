@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -51,10 +52,16 @@ class Result:
     backend: str
     workers: int
     deliveries: int
+    round: int
     floor_rate: float
     engine_rate: float
     floor_seconds: float
     engine_seconds: float
+    load: float  # 1-minute load average when the round ended
+
+    @property
+    def ratio(self) -> float:
+        return self.engine_rate / self.floor_rate
 
 
 def utcnow() -> datetime:
@@ -325,18 +332,24 @@ def profile_drain(backend: Backend, n: int, sort: str = "cumulative") -> None:
 
 # --- main -----------------------------------------------------------------------------
 
-def measure(backend_name: str, workers: list[int], n: int) -> list[Result]:
+def measure(backend_name: str, workers: list[int], n: int, rounds: int) -> list[Result]:
+    """For each worker count, ``rounds`` rounds of floor then engine, back to back: a
+    ratio compares two runs taken under the same load on the machine."""
     results = []
     with benchlib.fresh_backend(backend_name) as backend:
         benchlib.create_target(backend, max_concurrent=BATCH * max(workers))
         for k in workers:
-            print(f"[{backend_name}] {k} processes, {n:,} deliveries: floor ...", flush=True)
-            floor = run_floor(backend, k, n)
-            print(f"[{backend_name}] {k} processes: floor {n / floor:,.0f}/s; engine ...",
-                  flush=True)
-            engine = run_engine(backend, k, n)
-            print(f"[{backend_name}] {k} processes: engine {n / engine:,.0f}/s", flush=True)
-            results.append(Result(backend_name, k, n, n / floor, n / engine, floor, engine))
+            for index in range(1, rounds + 1):
+                tag = f"[{backend_name}] {k} processes, round {index}/{rounds}"
+                print(f"{tag}, {n:,} deliveries: floor ...", flush=True)
+                floor = run_floor(backend, k, n)
+                print(f"{tag}: floor {n / floor:,.0f}/s; engine ...", flush=True)
+                engine = run_engine(backend, k, n)
+                result = Result(backend_name, k, n, index, n / floor, n / engine, floor,
+                                engine, os.getloadavg()[0])
+                print(f"{tag}: engine {n / engine:,.0f}/s, {100 * result.ratio:.0f}% of the "
+                      "floor", flush=True)
+                results.append(result)
     return results
 
 
@@ -345,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", nargs="+", choices=benchlib.BACKENDS,
                         default=["embedded"])
     parser.add_argument("--workers", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="floor + engine rounds per worker count (default 3)")
     parser.add_argument("--count", type=int, default=None,
                         help="deliveries per run (default 10,000)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
@@ -361,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results = []
     for name in args.backend:
-        results += measure(name, args.workers, args.count or DEFAULT_COUNTS[name])
+        results += measure(name, args.workers, args.count or DEFAULT_COUNTS[name],
+                           args.rounds)
     _print_results(results)
     return 0
 
@@ -372,13 +388,26 @@ def _print_environment(backends: list[str]) -> None:
 
 
 def _print_results(results: list[Result]) -> None:
-    rows = [[r.backend, r.workers, r.deliveries, r.floor_rate, r.engine_rate,
-             f"{100 * r.engine_rate / r.floor_rate:.0f}%", r.floor_seconds, r.engine_seconds]
+    rows = [[r.backend, r.workers, r.round, r.floor_rate, r.engine_rate,
+             f"{100 * r.ratio:.0f}%", r.floor_seconds, r.engine_seconds, f"{r.load:.1f}"]
             for r in results]
     benchlib.print_table(
-        "claim + settle, no-op target (claim batch 16), deliveries per second",
-        ["backend", "processes", "deliveries", "floor/s", "engine/s", "engine/floor",
-         "floor s", "engine s"], rows)
+        f"claim + settle, no-op target (claim batch 16), {results[0].deliveries:,} "
+        "deliveries, deliveries per second, each round",
+        ["backend", "processes", "round", "floor/s", "engine/s", "engine/floor",
+         "floor s", "engine s", "load"], rows)
+    summary = []
+    for key in dict.fromkeys((r.backend, r.workers) for r in results):
+        group = [r for r in results if (r.backend, r.workers) == key]
+        ratios = sorted(r.ratio for r in group)
+        summary.append([*key, len(group), statistics.median(r.floor_rate for r in group),
+                        statistics.median(r.engine_rate for r in group),
+                        f"{100 * statistics.median(ratios):.0f}%",
+                        f"{100 * ratios[0]:.0f}-{100 * ratios[-1]:.0f}%"])
+    benchlib.print_table(
+        "median of the rounds (engine/floor: median of the per-round ratios)",
+        ["backend", "processes", "rounds", "floor/s", "engine/s", "engine/floor", "range"],
+        summary)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average after the run: {load}")
 
