@@ -30,9 +30,10 @@ that way, and refusing it would only send the message twice.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import DateTime, bindparam, case, or_, select, text, update
 from sqlalchemy.orm import Session
@@ -139,19 +140,64 @@ def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
 
     ``instance`` is the row :func:`lock_target` returned in this transaction (read here
     when not given)."""
+    claims, lines = _take(session, target, owner, now, limit, lease_seconds, instance)
+    _record(session, lines, now)
+    return claims
+
+
+def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
+                     policy: RetryPolicy | None, target: str, owner: str, now: datetime,
+                     lease_seconds: int, batch_size: Callable[[Any], int]
+                     ) -> tuple[list[bool], list[Claim], Any]:
+    """Settle the outcomes of one batch and claim the next batch of the target, in the
+    caller's one transaction: one commit, one status derivation and one history INSERT
+    for both. Each outcome is fenced and recorded exactly as by :func:`settle_many`,
+    and the claim, made after the settlements, counts the live leases exactly as
+    :func:`claim`. The target row is locked after the settlements are written (on
+    PostgreSQL claimers take turns on it; settling first keeps that turn short).
+
+    ``batch_size(instance row)`` says how many to claim (0: none). Returns, per outcome,
+    whether it was written; the new claims; the target row (None: no such target).
+    """
+    written, lines = _write_outcomes(session, outcomes, policy, now)
+    instance = lock_target(session, target)
+    limit = batch_size(instance) if instance is not None else 0
+    claims, claimed = (_take(session, target, owner, now, limit, lease_seconds, instance)
+                       if limit > 0 else ([], []))
+    _record(session, lines + claimed, now)
+    return written, claims, instance
+
+
+def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
+          lease_seconds: int, instance) -> tuple[list[Claim], list[dict]]:
+    """The claim statement and its alerts; returns the claims and their history lines
+    (which :func:`_record` writes with the derived statuses)."""
     if instance is None:
         instance = lock_target(session, target)
     if instance is None or not instance.enabled or instance.online is False:
-        return []
+        return [], []
     params = {"target": target, "now": now, "owner": owner, "n": limit,
               "until": now + timedelta(seconds=lease_seconds),
               "max_concurrent": instance.max_concurrent_deliveries}
     statement = _claim_statement(_is_postgres(session), bool(instance.ordered))
     rows = connection(session).execute(statement, params).all()
     claims = [Claim(r[0], r[1], target, r[2], r[3], owner) for r in rows]
-    stalled = [c for c, r in zip(claims, rows, strict=True) if r[4]]
-    _record_claims(session, claims, stalled, now)
-    return claims
+    stalled = [f"delivery:{c.delivery_id}" for c, r in zip(claims, rows, strict=True) if r[4]]
+    if stalled:
+        connection(session).execute(_RESOLVE_STALLED, {"subjects": stalled, "now": now})
+    return claims, [
+        {"message_id": c.message_id, "delivery_id": c.delivery_id,
+         "type": "delivery_changed", "actor": c.owner,
+         "text": f"{c.target}: attempt {c.attempt} started",
+         "data": {"state": S.IN_PROGRESS, "attempt": c.attempt, "target": c.target}}
+        for c in claims]
+
+
+def _record(session: Session, lines: list[dict], now: datetime) -> None:
+    """Derive and store the status of the messages these lines are about, and write the
+    lines ahead of the status lines, in one INSERT."""
+    if lines:
+        refresh_statuses(session, [line["message_id"] for line in lines], now, lines=lines)
 
 
 @functools.cache
@@ -174,21 +220,6 @@ _RESOLVE_STALLED = (update(Alert.__table__)
                     .values(resolved_at=bindparam("now")))
 
 
-def _record_claims(session: Session, claims: list[Claim], stalled: list[Claim],
-                   now: datetime) -> None:
-    if not claims:
-        return
-    if stalled:
-        connection(session).execute(_RESOLVE_STALLED, {
-            "subjects": [f"delivery:{c.delivery_id}" for c in stalled], "now": now})
-    refresh_statuses(session, [c.message_id for c in claims], now, lines=[
-        {"message_id": c.message_id, "delivery_id": c.delivery_id,
-         "type": "delivery_changed", "actor": c.owner,
-         "text": f"{c.target}: attempt {c.attempt} started",
-         "data": {"state": S.IN_PROGRESS, "attempt": c.attempt, "target": c.target}}
-        for c in claims])
-
-
 # --- settle ------------------------------------------------------------------------
 
 def settle(session: Session, claim: Claim, outcome: Outcome, policy: RetryPolicy,
@@ -205,7 +236,17 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
     all of them go in one insert and the statuses of their messages are derived once.
     Returns, per outcome, whether it was written (False: stale, recorded as such).
     """
-    planned = [(claim, outcome, *_settlement(claim, outcome, policy, now))
+    written, lines = _write_outcomes(session, outcomes, policy, now)
+    _record(session, lines, now)
+    return written
+
+
+def _write_outcomes(session: Session, outcomes: list[tuple[Claim, Outcome]],
+                    policy: RetryPolicy | None, now: datetime
+                    ) -> tuple[list[bool], list[dict]]:
+    """The fenced writes of the outcomes; per outcome whether it was written, and the
+    history lines of those written (stale ones get their line here)."""
+    planned = [(claim, outcome, *_settlement(claim, outcome, policy or RetryPolicy(), now))
                for claim, outcome in outcomes]
     together = _deliver_together(session, [p for p in planned
                                             if p[1].kind is OutcomeKind.DELIVERED], now)
@@ -221,9 +262,7 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
                       "type": "delivery_changed", "actor": claim.owner, "text": line,
                       "data": {"state": values["state"], "attempt": claim.attempt,
                                "target": claim.target, **_json_safe(outcome.data)}})
-    if lines:
-        refresh_statuses(session, [line["message_id"] for line in lines], now, lines=lines)
-    return written
+    return written, lines
 
 
 def _deliver_together(session: Session, planned: list, now: datetime) -> dict[int, bool]:

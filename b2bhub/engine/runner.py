@@ -2,8 +2,10 @@
 
 A wake-up is a hint: the woken worker drains the target, claiming up to the plugin's
 ``claim_batch`` due deliveries at a time, until nothing is due or its time budget is
-spent. Each settlement is its own transaction. While attempts run, a thread renews
-their leases so a long attempt is not put back while it still works. Plain Python and
+spent. The outcomes a batch ends with settle in the transaction that claims the next
+batch (one commit for both); outcomes settled earlier (group commit window, stopping)
+and those of the last batch have a transaction of their own. While attempts run, a
+thread renews their leases so a long attempt is not put back while it still works. Plain Python and
 SQLAlchemy; the Celery task only calls :meth:`TargetRunner.drain`.
 """
 
@@ -13,11 +15,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import IO
+from typing import IO, Any
 
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
@@ -111,6 +112,22 @@ class PendingOutcomes:
         return items
 
 
+@dataclass
+class _Batch:
+    """A claimed batch in the hands of a runner: what its attempts need, the lease hold,
+    and the outcomes not settled yet."""
+
+    instance: Any  # the target's row as claimed
+    plugin: Any
+    policy: RetryPolicy
+    claims: list[Claim]
+    held: int  # LeaseKeeper token
+    pending: PendingOutcomes
+
+    def take(self) -> list[tuple[Claim, Outcome]]:
+        return self.pending.take()
+
+
 class TargetRunner:
     #: longest an outcome of a batch waits for its settlement, in seconds
     settle_window = 0.2
@@ -124,57 +141,79 @@ class TargetRunner:
         self.leases = LeaseKeeper(clock)
 
     def drain(self, target: str, budget: float | None = None) -> DrainReport:
-        """Claim and run the target's due deliveries until none is due or time is up."""
+        """Claim and run the target's due deliveries until none is due or time is up.
+
+        The outcomes a batch ends with are settled in the transaction that claims the
+        next batch (:func:`machine.settle_and_claim`); the last batch's alone."""
         report = DrainReport()
         session = self.session_factory()
+        batch: _Batch | None = None
         try:
             settings = load_settings(session)
             deadline = time.monotonic() + (budget or settings.drain_seconds)
-            while not self.stop.requested.is_set():
-                if time.monotonic() >= deadline:
-                    report.more_due = True
+            while True:
+                go_on = not self.stop.requested.is_set()
+                if go_on and time.monotonic() >= deadline:
+                    report.more_due, go_on = True, False
+                if not go_on:
+                    if batch is not None:
+                        self._settle(session, batch.take(), batch.policy, report)
                     break
-                if not self._one_batch(session, target, settings, report):
+                batch = self._next_batch(session, target, settings, report, batch)
+                if batch is None:
                     break
+                self._run_claims(session, batch, report)
         finally:
+            if batch is not None:
+                self.leases.drop(batch.held)
             session.close()
         return report
 
-    def _one_batch(self, session: Session, target: str, settings: DeliverySettings,
-                   report: DrainReport) -> bool:
-        instance = machine.lock_target(session, target)  # a row lock on PostgreSQL
-        plugin = self._plugin(instance) if instance is not None else None
-        if plugin is None:
-            session.rollback()
-            return False
-        limit = max(1, min(getattr(plugin, "claim_batch", 1), settings.claim_batch_max))
-        with serialized_writes(session):
-            claims = machine.claim(session, target, self.owner, self.clock(), limit,
-                                   settings.lease_seconds, instance)
+    def _next_batch(self, session: Session, target: str, settings: DeliverySettings,
+                    report: DrainReport, last: _Batch | None) -> _Batch | None:
+        """Settle what the last batch left and claim the next, in one transaction."""
+        chosen = {}
+
+        def batch_size(instance) -> int:
+            chosen["plugin"] = plugin = self._plugin(instance)
+            if plugin is None:
+                return 0
+            return max(1, min(getattr(plugin, "claim_batch", 1), settings.claim_batch_max))
+
+        outcomes = last.take() if last is not None else []
+        with self.stop.settling(), serialized_writes(session):
+            written, claims, instance = machine.settle_and_claim(
+                session, outcomes, last.policy if last is not None else None, target,
+                self.owner, self.clock(), settings.lease_seconds, batch_size)
             session.commit()
+        if last is not None:
+            self.leases.drop(last.held)
+        report.settled += sum(written)
+        report.stale += len(written) - sum(written)
         if not claims:
-            return False
+            return None
         report.claimed += len(claims)
+        plugin = chosen["plugin"]
         policy = merge(instance.retry_policy,
                        getattr(plugin, "default_retry_policy", None) or RetryPolicy())
-        with self.leases.holding(session, claims, settings.lease_seconds):
-            self._run_claims(session, instance, plugin, policy, claims, report)
-        return True
+        return _Batch(instance, plugin, policy, claims,
+                      self.leases.hold(session, claims, settings.lease_seconds),
+                      PendingOutcomes(self.settle_window))
 
-    def _run_claims(self, session: Session, instance: PluginInstance, plugin,
-                    policy: RetryPolicy, claims: list[Claim], report: DrainReport) -> None:
-        """Attempt each claim in turn; settle the outcomes by group commit."""
-        infos = _delivery_infos(session, claims, self.store)
-        pending = PendingOutcomes(self.settle_window)
+    def _run_claims(self, session: Session, batch: _Batch, report: DrainReport) -> None:
+        """Attempt each claim in turn; settle the outcomes by group commit. The outcomes
+        still pending at the end stay on the batch, for the next claim's transaction."""
+        infos = _delivery_infos(session, batch.claims, self.store)
+        claims, policy, pending = batch.claims, batch.policy, batch.pending
         for index, claim in enumerate(claims):
             if self.stop.requested.is_set():
                 self._settle(session, pending.take(), policy, report)
                 self._release(session, claims[index:], "worker stopping before the attempt")
                 return
-            context = AttemptContext(self.clock(), instance)
+            context = AttemptContext(self.clock(), batch.instance)
             try:
                 with self.stop.attempt():
-                    self._attempt(plugin, infos[claim.delivery_id], context)
+                    self._attempt(batch.plugin, infos[claim.delivery_id], context)
             except AttemptCancelled:
                 if context.outcome is None:  # cut short: put it back
                     self._settle(session, pending.take(), policy, report)
@@ -186,7 +225,6 @@ class TargetRunner:
             pending.add(claim, context.outcome)
             if pending.due():
                 self._settle(session, pending.take(), policy, report)
-        self._settle(session, pending.take(), policy, report)
 
     def _attempt(self, plugin, info: tuple[DeliveryInfo, StoredPayloads],
                  context: AttemptContext) -> None:
@@ -291,15 +329,13 @@ class LeaseKeeper:
         self._thread: threading.Thread | None = None
         self._wakes_at = math.inf  # when the thread wakes next on its own
 
-    @contextmanager
-    def holding(self, session: Session, claims: list[Claim], lease_seconds: int
-                ) -> Iterator[None]:
-        """Keep these claims' leases alive while the block runs."""
+    def hold(self, session: Session, claims: list[Claim], lease_seconds: int) -> int:
+        """Keep these claims' leases alive until :meth:`drop` of the token returned."""
         with self._changed:
             self._next_token += 1
-            token = self._next_token
             renew_at = time.monotonic() + lease_seconds / 3
-            self._held[token] = _Held(session.get_bind(), claims, lease_seconds, renew_at)
+            self._held[self._next_token] = _Held(session.get_bind(), claims, lease_seconds,
+                                                 renew_at)
             if self._thread is None or not self._thread.is_alive():
                 self._wakes_at = renew_at
                 self._thread = threading.Thread(target=self._run, daemon=True,
@@ -308,11 +344,11 @@ class LeaseKeeper:
             elif renew_at < self._wakes_at:
                 self._wakes_at = renew_at
                 self._changed.notify()
-        try:
-            yield
-        finally:
-            with self._changed:
-                del self._held[token]
+            return self._next_token
+
+    def drop(self, token: int) -> None:
+        with self._changed:
+            self._held.pop(token, None)
 
     def _run(self) -> None:
         while True:
