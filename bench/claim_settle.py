@@ -41,6 +41,9 @@ from pathlib import Path
 import benchlib
 from benchlib import TARGET, Backend
 from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from tests.enginekit import counted_statements
 
 BATCH = 16  # the noop target's claim_batch
 DEFAULT_COUNTS = {"postgres": 10_000, "embedded": 10_000}
@@ -128,19 +131,26 @@ def floor_process(backend: Backend, owner: str, ready, go) -> None:
         conn.rollback()
         ready.release()
         go.wait()
-        while True:
-            now = utcnow()
-            rows = conn.execute(claim_sql, {
-                "target": TARGET, "now": now, "owner": owner, "n": BATCH,
-                "until": now + timedelta(seconds=300)}).all()
-            conn.commit()
-            if not rows:
-                break
-            for delivery_id, _message_id, attempt, _failures in rows:
-                conn.execute(settle_sql, {"now": utcnow(), "id": delivery_id,
-                                          "attempt": attempt, "owner": owner})
-                conn.commit()
+        floor_loop(conn, claim_sql, settle_sql, owner)
     engine.dispose()
+
+
+def floor_loop(conn, claim_sql, settle_sql, owner: str) -> int:
+    """The floor's loop on one connection; returns how many it settled."""
+    settled = 0
+    while True:
+        now = utcnow()
+        rows = conn.execute(claim_sql, {
+            "target": TARGET, "now": now, "owner": owner, "n": BATCH,
+            "until": now + timedelta(seconds=300)}).all()
+        conn.commit()
+        if not rows:
+            return settled
+        for delivery_id, _message_id, attempt, _failures in rows:
+            conn.execute(settle_sql, {"now": utcnow(), "id": delivery_id,
+                                      "attempt": attempt, "owner": owner})
+            conn.commit()
+            settled += 1
 
 
 def run_floor(backend: Backend, workers: int, n: int) -> float:
@@ -310,24 +320,62 @@ def _wait_all_delivered(backend: Backend, n: int, procs: Workers) -> None:
 # --- profile --------------------------------------------------------------------------
 
 def profile_drain(backend: Backend, n: int, sort: str = "cumulative") -> None:
-    """cProfile of TargetRunner.drain in this process: where a settle's time goes."""
-    from b2bhub import hub
-    from b2bhub.engine.runner import TargetRunner
+    """cProfile of TargetRunner.drain in this process: where a settle's time goes, and
+    the statements it sent per claimed batch."""
     reset(backend, n)
-    app = benchlib.make_app(backend)
-    with app.app_context():
-        runner = TargetRunner(hub.new_session, hub.registry(), hub.store(), "profile")
-        profiler = cProfile.Profile()
-        began = time.perf_counter()
-        profiler.enable()
-        report = runner.drain(TARGET, budget=600)
-        profiler.disable()
-        took = time.perf_counter() - began
-    print(f"\nprofile: one process drained {report.settled} in {took:.2f} s "
-          f"({report.settled / took:,.0f}/s, under cProfile)")
+    profiler = cProfile.Profile()
+    with counted_statements(Engine) as seen:
+        settled, took, _cpu = _drain_here(backend, profiler)
+    print(f"\nprofile: one process drained {settled} in {took:.2f} s "
+          f"({settled / took:,.0f}/s, under cProfile)")
+    batches = settled / BATCH
+    print(f"statements per batch of {BATCH}: {sum(seen.values()) / batches:.1f} ("
+          + ", ".join(f"{k} {v / batches:.1f}" for k, v in seen.most_common()) + ")")
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(30)
     print(out.getvalue())
+
+
+def _drain_here(backend: Backend, profiler=None) -> tuple[int, float, float]:
+    """One TargetRunner.drain in this process: (settled, seconds, CPU seconds)."""
+    from b2bhub import hub
+    from b2bhub.engine.runner import TargetRunner
+    app = benchlib.make_app(backend)
+    with app.app_context():
+        runner = TargetRunner(hub.new_session, hub.registry(), hub.store(), "here")
+        began, cpu = time.perf_counter(), time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        report = runner.drain(TARGET, budget=600)
+        if profiler is not None:
+            profiler.disable()
+        took, cpu = time.perf_counter() - began, time.process_time() - cpu
+        app.extensions["sqlalchemy"].engines[None].dispose()
+    return report.settled, took, cpu
+
+
+def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
+    """CPU of this process per delivery, the floor's loop beside one drain, alternated:
+    a figure the machine's load hardly moves (on PostgreSQL the server's CPU is not in
+    it). One process each, so no lock is waited for."""
+    engine = backend.engine()
+    claim_sql, settle_sql = benchlib._timed(_claim_sql(backend.postgres)), \
+        benchlib._timed(_SETTLE)
+    rows = []
+    for index in range(1, rounds + 1):
+        reset(backend, n)
+        with engine.connect() as conn:
+            began, cpu = time.perf_counter(), time.process_time()
+            settled = floor_loop(conn, claim_sql, settle_sql, "floor")
+            floor = (settled, time.perf_counter() - began, time.process_time() - cpu)
+        reset(backend, n)
+        here = _drain_here(backend)
+        rows.append([backend.name, index, *(1e6 * r[2] / r[0] for r in (floor, here)),
+                     *(r[0] / r[1] for r in (floor, here))])
+    engine.dispose()
+    benchlib.print_table(
+        f"one process, {n:,} deliveries: CPU per delivery (us) and deliveries per second",
+        ["backend", "round", "floor CPU us", "engine CPU us", "floor/s", "engine/s"], rows)
 
 
 # --- main -----------------------------------------------------------------------------
@@ -364,15 +412,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="deliveries per run (default 10,000)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead: cProfile one in-process drain of N deliveries")
+    parser.add_argument("--cpu", type=int, default=0, metavar="N",
+                        help="instead: CPU per delivery of the floor loop and of one "
+                             "drain in this process, N deliveries, --rounds times")
     parser.add_argument("--sort", default="cumulative",
                         help="pstats order of --profile (cumulative, tottime, ...)")
     args = parser.parse_args(argv)
     _print_environment(args.backend)
-    if args.profile:
+    if args.cpu or args.profile:
         for name in args.backend:
             with benchlib.fresh_backend(name) as backend:
                 benchlib.create_target(backend, max_concurrent=BATCH)
-                profile_drain(backend, args.profile, args.sort)
+                if args.cpu:
+                    cpu_per_delivery(backend, args.cpu, args.rounds)
+                else:
+                    profile_drain(backend, args.profile, args.sort)
         return 0
     results = []
     for name in args.backend:

@@ -5,10 +5,8 @@ statements a claim + settlement sends stay few, whatever the batch size."""
 from __future__ import annotations
 
 import time
-from collections import Counter
-from contextlib import contextmanager
 
-from sqlalchemy import Text, cast, event, select
+from sqlalchemy import Text, cast, select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
@@ -18,22 +16,7 @@ from b2bhub.engine.runner import TargetRunner
 from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, PluginInstance
-from tests.enginekit import alerts, at, deliveries, lines, message, standard_hub
-
-
-@contextmanager
-def counted(engine):
-    """Count the statements sent to the database in the block, by first word."""
-    seen: Counter[str] = Counter()
-
-    def before(conn, cursor, statement, params, context, executemany):
-        seen[statement.split()[0].upper()] += 1
-
-    event.listen(engine, "before_cursor_execute", before)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", before)
+from tests.enginekit import alerts, at, counted_statements, deliveries, lines, message, standard_hub
 
 
 def _plugin(runner: TargetRunner, session, name: str):
@@ -41,14 +24,14 @@ def _plugin(runner: TargetRunner, session, name: str):
         PluginInstance.name == name)))
 
 
-def _drain_counted(hub, session, registry, count: int) -> int:
+def _drain_counted_statements(hub, session, registry, count: int) -> int:
     """Statements one drain of ``count`` new deliveries sends; checks they all ended
     Delivered, each message with its claim, settlement and two status lines."""
     ids = [hub.message().id for _ in range(count)]
     session.commit()
     runner = TargetRunner(new_session, registry, hub.store, "w")
     runner.settle_window = 3600  # a batch settles when it is done
-    with counted(session.get_bind()) as seen:
+    with counted_statements(session.get_bind()) as seen:
         report = runner.drain("writer_a", budget=60)
     assert (report.claimed, report.settled, report.stale) == (count, count, 0)
     for message_id in ids:
@@ -80,7 +63,7 @@ def test_statements_per_claimed_batch_are_few_and_do_not_grow_with_its_size(
     later = 1 + 1 + 1 + (lock + 1 + 2) + 1
     last = 1 + 1 + 1 + (lock + 1 + 1) + 1  # the last settlement; its claim finds none
     messages = 1  # a batch's messages and payloads, read before its attempts
-    counts = {n: _drain_counted(hub, session, registry, n) for n in (16, 32, 48, 2)}
+    counts = {n: _drain_counted_statements(hub, session, registry, n) for n in (16, 32, 48, 2)}
     assert counts[32] - counts[16] == counts[48] - counts[32] == later + messages
     assert counts[16] == 1 + first + messages + last  # with the settings read
     assert counts[2] == counts[16]
@@ -101,7 +84,7 @@ def test_the_claim_of_a_stalled_delivery_resolves_its_alert_and_no_other(hub, se
     assert [a.resolved_at for a in alerts(session, "delivery_stalled",
                                           f"delivery:{first.id}")] == [None]
 
-    with counted(session.get_bind()) as seen:
+    with counted_statements(session.get_bind()) as seen:
         claims = machine.claim(session, "writer_a", "w", at(2), 16, 300)
         session.commit()
     assert {c.delivery_id for c in claims} == {first.id, second.id}
@@ -117,7 +100,7 @@ def test_the_claim_of_a_stalled_delivery_resolves_its_alert_and_no_other(hub, se
     session.commit()
     hub.message(now=at(3))
     session.commit()
-    with counted(session.get_bind()) as seen:
+    with counted_statements(session.get_bind()) as seen:
         assert len(machine.claim(session, "writer_a", "w", at(4), 16, 300)) == 1
         session.commit()
     assert seen["UPDATE"] == 1 + sqlite

@@ -291,23 +291,24 @@ def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
                     ) -> dict[int, tuple[DeliveryInfo, StoredPayloads]]:
     """Read what the batch's attempts need in one query."""
     messages, stages = {}, {}
-    for row in session.connection().execute(_READ_INFOS,
-                                            {"ids": [c.message_id for c in claims]}):
-        messages[row.id] = row
-        found = stages.setdefault(row.id, {})
-        if row.stage is not None:
-            found[row.stage] = (row.digest, row.size)
+    for *message, stage, digest, size in session.connection().execute(
+            _READ_INFOS, {"ids": [c.message_id for c in claims]}):
+        messages[message[0]] = message
+        found = stages.setdefault(message[0], {})
+        if stage is not None:
+            found[stage] = (digest, size)
     session.commit()
     out = {}
     for c in claims:
-        m = messages[c.message_id]
+        (message_id, source, from_party, to_party, direction, original_filename,
+         external_id, correlation_id, sequence_key, created_at) = messages[c.message_id]
         out[c.delivery_id] = (DeliveryInfo(
-            delivery_id=c.delivery_id, message_id=m.id, target=c.target, attempt=c.attempt,
-            source=m.source, from_party=m.from_party, to_party=m.to_party,
-            direction=m.direction, original_filename=m.original_filename,
-            external_id=m.external_id, correlation_id=m.correlation_id,
-            sequence_key=m.sequence_key, created_at=m.created_at,
-            payload_stages=tuple(stages[m.id])), StoredPayloads(store, stages[m.id]))
+            delivery_id=c.delivery_id, message_id=message_id, target=c.target,
+            attempt=c.attempt, source=source, from_party=from_party, to_party=to_party,
+            direction=direction, original_filename=original_filename,
+            external_id=external_id, correlation_id=correlation_id,
+            sequence_key=sequence_key, created_at=created_at,
+            payload_stages=tuple(stages[message_id])), StoredPayloads(store, stages[message_id]))
     return out
 
 

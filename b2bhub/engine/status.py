@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
@@ -51,11 +52,18 @@ def refresh_statuses(session: Session, message_ids: Iterable[int], now: datetime
     for message_id, old in current.items():
         if old in INTAKE_STATUSES and not states[message_id]:
             continue
-        new = derive_status(states[message_id]).value
+        new = _derived(tuple(states[message_id]))
         if new != old:
             changed[message_id] = new
     _write_changes(session, changed, current, now, actor, list(lines or []))
     return changed
+
+
+@functools.lru_cache(maxsize=4096)
+def _derived(pairs: tuple[tuple[str, str | None], ...]) -> str:
+    """derive_status of stored (state, failure kind) pairs, kept per combination: a
+    batch derives the same few combinations for every message it touches."""
+    return derive_status(pairs).value
 
 
 def _read_statuses(session: Session, ids: list[int]
