@@ -3,12 +3,13 @@
     python bench/claim_settle.py --backend postgres --workers 2 4
     python bench/claim_settle.py --backend embedded --workers 2 4
 
-For every worker count K, on a fresh database with the migrated schema:
+For every worker count K, on a fresh database with the migrated schema, ``--rounds``
+times (default 3), back to back:
 
 * floor: K processes (multiprocessing) loop over raw SQL without Celery or the ORM: the
-  claim statement of ``b2bhub/engine/machine.py`` (PostgreSQL ``WITH c AS (SELECT ...
-  FOR UPDATE SKIP LOCKED LIMIT 16) UPDATE ... FROM c RETURNING``, SQLite ``UPDATE ...
-  WHERE id IN (SELECT ... LIMIT 16) RETURNING``), then one fenced UPDATE per settled
+  claim statement of ``b2bhub/engine/machine.py``, bare (PostgreSQL ``WITH c AS (SELECT
+  ... FOR UPDATE SKIP LOCKED LIMIT 16) UPDATE ... FROM c RETURNING``, SQLite ``UPDATE
+  ... WHERE id IN (SELECT ... LIMIT 16) RETURNING``), then one fenced UPDATE per settled
   delivery, each in its own transaction, until nothing is due.
 * engine: K real worker processes (``celery -A b2bhub.worker worker --pool solo``), one
   ``b2bhub.deliver`` wake-up per worker published through the real broker (Redis, or
@@ -17,7 +18,10 @@ For every worker count K, on a fresh database with the migrated schema:
 
 Both start from the same N queued deliveries to the ``noop`` target of
 ``tests/plugin_dist`` (claim_batch 16), and both end when all N are ``delivered``.
-Elapsed time runs from the start signal to the last ``settled_at`` written.
+Elapsed time runs from the start signal to the last ``settled_at`` written. Each round
+prints engine/floor; the summary is the median of the rounds' ratios.
+
+``--cpu N`` and ``--profile N`` run in this process instead (see bench/README.md).
 """
 
 from __future__ import annotations

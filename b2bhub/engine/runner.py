@@ -292,7 +292,7 @@ def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
     """Read what the batch's attempts need in one query."""
     messages, stages = {}, {}
     for *message, stage, digest, size in session.connection().execute(
-            _READ_INFOS, {"ids": [c.message_id for c in claims]}):
+            _READ_INFOS, {"ids": [c.message_id for c in claims]}).all():
         messages[message[0]] = message
         found = stages.setdefault(message[0], {})
         if stage is not None:

@@ -83,9 +83,9 @@ def _read_statuses(session: Session, ids: list[int]
     for chunk in _chunks(ids, 500):
         if postgres:
             current.update(conn.execute(_LOCK, {"ids": chunk}).all())
-            rows = conn.execute(_STATES, {"ids": chunk})
+            rows = conn.execute(_STATES, {"ids": chunk}).all()
         else:
-            rows = conn.execute(_READ, {"ids": chunk})
+            rows = conn.execute(_READ, {"ids": chunk}).all()
         for row in rows:
             message_id, state, kind = row[0], row[-2], row[-1]
             if not postgres:
