@@ -5,8 +5,8 @@ A wake-up is a hint: the woken worker drains the target, claiming up to the plug
 spent. The outcomes a batch ends with settle in the transaction that claims the next
 batch (one commit for both); outcomes settled earlier (group commit window, stopping)
 and those of the last batch have a transaction of their own. While attempts run, a
-thread renews their leases so a long attempt is not put back while it still works. Plain Python and
-SQLAlchemy; the Celery task only calls :meth:`TargetRunner.drain`.
+thread renews their leases so a long attempt is not put back while it still works.
+Plain Python and SQLAlchemy; the Celery task only calls :meth:`TargetRunner.drain`.
 """
 
 from __future__ import annotations
