@@ -3,12 +3,13 @@
     python bench/claim_settle.py --backend postgres --workers 2 4
     python bench/claim_settle.py --backend embedded --workers 2 4
 
-For every worker count K, on a fresh database with the migrated schema:
+For every worker count K, on a fresh database with the migrated schema, ``--rounds``
+times (default 3), back to back:
 
 * floor: K processes (multiprocessing) loop over raw SQL without Celery or the ORM: the
-  claim statement of ``b2bhub/engine/machine.py`` (PostgreSQL ``WITH c AS (SELECT ...
-  FOR UPDATE SKIP LOCKED LIMIT 16) UPDATE ... FROM c RETURNING``, SQLite ``UPDATE ...
-  WHERE id IN (SELECT ... LIMIT 16) RETURNING``), then one fenced UPDATE per settled
+  claim statement of ``b2bhub/engine/machine.py``, bare (PostgreSQL ``WITH c AS (SELECT
+  ... FOR UPDATE SKIP LOCKED LIMIT 16) UPDATE ... FROM c RETURNING``, SQLite ``UPDATE
+  ... WHERE id IN (SELECT ... LIMIT 16) RETURNING``), then one fenced UPDATE per settled
   delivery, each in its own transaction, until nothing is due.
 * engine: K real worker processes (``celery -A b2bhub.worker worker --pool solo``), one
   ``b2bhub.deliver`` wake-up per worker published through the real broker (Redis, or
@@ -17,7 +18,10 @@ For every worker count K, on a fresh database with the migrated schema:
 
 Both start from the same N queued deliveries to the ``noop`` target of
 ``tests/plugin_dist`` (claim_batch 16), and both end when all N are ``delivered``.
-Elapsed time runs from the start signal to the last ``settled_at`` written.
+Elapsed time runs from the start signal to the last ``settled_at`` written. Each round
+prints engine/floor; the summary is the median of the rounds' ratios.
+
+``--cpu N`` and ``--profile N`` run in this process instead (see bench/README.md).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import multiprocessing
 import os
 import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +45,9 @@ from pathlib import Path
 import benchlib
 from benchlib import TARGET, Backend
 from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+from tests.enginekit import counted_statements
 
 BATCH = 16  # the noop target's claim_batch
 DEFAULT_COUNTS = {"postgres": 10_000, "embedded": 10_000}
@@ -51,10 +59,16 @@ class Result:
     backend: str
     workers: int
     deliveries: int
+    round: int
     floor_rate: float
     engine_rate: float
     floor_seconds: float
     engine_seconds: float
+    load: float  # 1-minute load average when the round ended
+
+    @property
+    def ratio(self) -> float:
+        return self.engine_rate / self.floor_rate
 
 
 def utcnow() -> datetime:
@@ -103,9 +117,12 @@ UPDATE deliveries
 
 
 def _claim_sql(postgres: bool) -> str:
-    """The claim statement of the engine itself (not a copy that could drift)."""
+    """The claim statement of the engine itself (not a copy that could drift), bare:
+    ``LIMIT :n`` without the engine's live-lease count, and no column saying whether the
+    claimed row was stalled (which the engine returns to resolve that alert)."""
     from b2bhub.engine import machine
-    return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(ordered="")
+    return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(
+        limit=":n", ordered="", stalled="")
 
 
 def floor_process(backend: Backend, owner: str, ready, go) -> None:
@@ -118,19 +135,26 @@ def floor_process(backend: Backend, owner: str, ready, go) -> None:
         conn.rollback()
         ready.release()
         go.wait()
-        while True:
-            now = utcnow()
-            rows = conn.execute(claim_sql, {
-                "target": TARGET, "now": now, "owner": owner, "n": BATCH,
-                "until": now + timedelta(seconds=300), "max_concurrent": 1_000_000}).all()
-            conn.commit()
-            if not rows:
-                break
-            for delivery_id, _message_id, attempt, _failures in rows:
-                conn.execute(settle_sql, {"now": utcnow(), "id": delivery_id,
-                                          "attempt": attempt, "owner": owner})
-                conn.commit()
+        floor_loop(conn, claim_sql, settle_sql, owner)
     engine.dispose()
+
+
+def floor_loop(conn, claim_sql, settle_sql, owner: str) -> int:
+    """The floor's loop on one connection; returns how many it settled."""
+    settled = 0
+    while True:
+        now = utcnow()
+        rows = conn.execute(claim_sql, {
+            "target": TARGET, "now": now, "owner": owner, "n": BATCH,
+            "until": now + timedelta(seconds=300)}).all()
+        conn.commit()
+        if not rows:
+            return settled
+        for delivery_id, _message_id, attempt, _failures in rows:
+            conn.execute(settle_sql, {"now": utcnow(), "id": delivery_id,
+                                      "attempt": attempt, "owner": owner})
+            conn.commit()
+            settled += 1
 
 
 def run_floor(backend: Backend, workers: int, n: int) -> float:
@@ -299,41 +323,85 @@ def _wait_all_delivered(backend: Backend, n: int, procs: Workers) -> None:
 
 # --- profile --------------------------------------------------------------------------
 
-def profile_drain(backend: Backend, n: int) -> None:
-    """cProfile of TargetRunner.drain in this process: where a settle's time goes."""
+def profile_drain(backend: Backend, n: int, sort: str = "cumulative") -> None:
+    """cProfile of TargetRunner.drain in this process: where a settle's time goes, and
+    the statements it sent per claimed batch."""
+    reset(backend, n)
+    profiler = cProfile.Profile()
+    with counted_statements(Engine) as seen:
+        settled, took, _cpu = _drain_here(backend, profiler)
+    print(f"\nprofile: one process drained {settled} in {took:.2f} s "
+          f"({settled / took:,.0f}/s, under cProfile)")
+    batches = settled / BATCH
+    print(f"statements per batch of {BATCH}: {sum(seen.values()) / batches:.1f} ("
+          + ", ".join(f"{k} {v / batches:.1f}" for k, v in seen.most_common()) + ")")
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats(sort).print_stats(30)
+    print(out.getvalue())
+
+
+def _drain_here(backend: Backend, profiler=None) -> tuple[int, float, float]:
+    """One TargetRunner.drain in this process: (settled, seconds, CPU seconds)."""
     from b2bhub import hub
     from b2bhub.engine.runner import TargetRunner
-    reset(backend, n)
     app = benchlib.make_app(backend)
     with app.app_context():
-        runner = TargetRunner(hub.new_session, hub.registry(), hub.store(), "profile")
-        profiler = cProfile.Profile()
-        began = time.perf_counter()
-        profiler.enable()
+        runner = TargetRunner(hub.new_session, hub.registry(), hub.store(), "here")
+        began, cpu = time.perf_counter(), time.process_time()
+        if profiler is not None:
+            profiler.enable()
         report = runner.drain(TARGET, budget=600)
-        profiler.disable()
-        took = time.perf_counter() - began
-    print(f"\nprofile: one process drained {report.settled} in {took:.2f} s "
-          f"({report.settled / took:,.0f}/s, under cProfile)")
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(30)
-    print(out.getvalue())
+        if profiler is not None:
+            profiler.disable()
+        took, cpu = time.perf_counter() - began, time.process_time() - cpu
+        app.extensions["sqlalchemy"].engines[None].dispose()
+    return report.settled, took, cpu
+
+
+def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
+    """CPU of this process per delivery, the floor's loop beside one drain, alternated:
+    a figure the machine's load hardly moves (on PostgreSQL the server's CPU is not in
+    it). One process each, so no lock is waited for."""
+    engine = backend.engine()
+    claim_sql, settle_sql = benchlib._timed(_claim_sql(backend.postgres)), \
+        benchlib._timed(_SETTLE)
+    rows = []
+    for index in range(1, rounds + 1):
+        reset(backend, n)
+        with engine.connect() as conn:
+            began, cpu = time.perf_counter(), time.process_time()
+            settled = floor_loop(conn, claim_sql, settle_sql, "floor")
+            floor = (settled, time.perf_counter() - began, time.process_time() - cpu)
+        reset(backend, n)
+        here = _drain_here(backend)
+        rows.append([backend.name, index, *(1e6 * r[2] / r[0] for r in (floor, here)),
+                     *(r[0] / r[1] for r in (floor, here))])
+    engine.dispose()
+    benchlib.print_table(
+        f"one process, {n:,} deliveries: CPU per delivery (us) and deliveries per second",
+        ["backend", "round", "floor CPU us", "engine CPU us", "floor/s", "engine/s"], rows)
 
 
 # --- main -----------------------------------------------------------------------------
 
-def measure(backend_name: str, workers: list[int], n: int) -> list[Result]:
+def measure(backend_name: str, workers: list[int], n: int, rounds: int) -> list[Result]:
+    """For each worker count, ``rounds`` rounds of floor then engine, back to back: a
+    ratio compares two runs taken under the same load on the machine."""
     results = []
     with benchlib.fresh_backend(backend_name) as backend:
         benchlib.create_target(backend, max_concurrent=BATCH * max(workers))
         for k in workers:
-            print(f"[{backend_name}] {k} processes, {n:,} deliveries: floor ...", flush=True)
-            floor = run_floor(backend, k, n)
-            print(f"[{backend_name}] {k} processes: floor {n / floor:,.0f}/s; engine ...",
-                  flush=True)
-            engine = run_engine(backend, k, n)
-            print(f"[{backend_name}] {k} processes: engine {n / engine:,.0f}/s", flush=True)
-            results.append(Result(backend_name, k, n, n / floor, n / engine, floor, engine))
+            for index in range(1, rounds + 1):
+                tag = f"[{backend_name}] {k} processes, round {index}/{rounds}"
+                print(f"{tag}, {n:,} deliveries: floor ...", flush=True)
+                floor = run_floor(backend, k, n)
+                print(f"{tag}: floor {n / floor:,.0f}/s; engine ...", flush=True)
+                engine = run_engine(backend, k, n)
+                result = Result(backend_name, k, n, index, n / floor, n / engine, floor,
+                                engine, os.getloadavg()[0])
+                print(f"{tag}: engine {n / engine:,.0f}/s, {100 * result.ratio:.0f}% of the "
+                      "floor", flush=True)
+                results.append(result)
     return results
 
 
@@ -342,21 +410,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", nargs="+", choices=benchlib.BACKENDS,
                         default=["embedded"])
     parser.add_argument("--workers", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="floor + engine rounds per worker count (default 3)")
     parser.add_argument("--count", type=int, default=None,
                         help="deliveries per run (default 10,000)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead: cProfile one in-process drain of N deliveries")
+    parser.add_argument("--cpu", type=int, default=0, metavar="N",
+                        help="instead: CPU per delivery of the floor loop and of one "
+                             "drain in this process, N deliveries, --rounds times")
+    parser.add_argument("--sort", default="cumulative",
+                        help="pstats order of --profile (cumulative, tottime, ...)")
     args = parser.parse_args(argv)
     _print_environment(args.backend)
-    if args.profile:
+    if args.cpu or args.profile:
         for name in args.backend:
             with benchlib.fresh_backend(name) as backend:
                 benchlib.create_target(backend, max_concurrent=BATCH)
-                profile_drain(backend, args.profile)
+                if args.cpu:
+                    cpu_per_delivery(backend, args.cpu, args.rounds)
+                else:
+                    profile_drain(backend, args.profile, args.sort)
         return 0
     results = []
     for name in args.backend:
-        results += measure(name, args.workers, args.count or DEFAULT_COUNTS[name])
+        results += measure(name, args.workers, args.count or DEFAULT_COUNTS[name],
+                           args.rounds)
     _print_results(results)
     return 0
 
@@ -367,13 +446,26 @@ def _print_environment(backends: list[str]) -> None:
 
 
 def _print_results(results: list[Result]) -> None:
-    rows = [[r.backend, r.workers, r.deliveries, r.floor_rate, r.engine_rate,
-             f"{100 * r.engine_rate / r.floor_rate:.0f}%", r.floor_seconds, r.engine_seconds]
+    rows = [[r.backend, r.workers, r.round, r.floor_rate, r.engine_rate,
+             f"{100 * r.ratio:.0f}%", r.floor_seconds, r.engine_seconds, f"{r.load:.1f}"]
             for r in results]
     benchlib.print_table(
-        "claim + settle, no-op target (claim batch 16), deliveries per second",
-        ["backend", "processes", "deliveries", "floor/s", "engine/s", "engine/floor",
-         "floor s", "engine s"], rows)
+        f"claim + settle, no-op target (claim batch 16), {results[0].deliveries:,} "
+        "deliveries, deliveries per second, each round",
+        ["backend", "processes", "round", "floor/s", "engine/s", "engine/floor",
+         "floor s", "engine s", "load"], rows)
+    summary = []
+    for key in dict.fromkeys((r.backend, r.workers) for r in results):
+        group = [r for r in results if (r.backend, r.workers) == key]
+        ratios = sorted(r.ratio for r in group)
+        summary.append([*key, len(group), statistics.median(r.floor_rate for r in group),
+                        statistics.median(r.engine_rate for r in group),
+                        f"{100 * statistics.median(ratios):.0f}%",
+                        f"{100 * ratios[0]:.0f}-{100 * ratios[-1]:.0f}%"])
+    benchlib.print_table(
+        "median of the rounds (engine/floor: median of the per-round ratios)",
+        ["backend", "processes", "rounds", "floor/s", "engine/s", "engine/floor", "range"],
+        summary)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average after the run: {load}")
 

@@ -4,10 +4,11 @@ usual parties and instances. Times are naive UTC like every time column."""
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
 from b2bhub.engine import dispatch, machine
@@ -96,6 +97,22 @@ def claim_one(session: Session, target: str, owner: str, now: datetime,
     session.commit()
     assert len(claims) == 1, f"expected one claim for {target} at {now}, got {claims}"
     return claims[0]
+
+
+@contextlib.contextmanager
+def counted_statements(target) -> Iterator[Counter[str]]:
+    """Count the statements sent through ``target`` (an engine, or the Engine class for
+    every engine of the process) while the block runs, by their first word."""
+    seen: Counter[str] = Counter()
+
+    def before(conn, cursor, statement, params, context, executemany):
+        seen[statement.split()[0].upper()] += 1
+
+    event.listen(target, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(target, "before_cursor_execute", before)
 
 
 @contextlib.contextmanager

@@ -30,9 +30,10 @@ that way, and refusing it would only send the message twice.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import DateTime, bindparam, case, or_, select, text, update
 from sqlalchemy.orm import Session
@@ -71,22 +72,43 @@ _ORDERED = """
          AND e.sequence_key = d.sequence_key AND e.id < d.id
          AND e.state NOT IN ('delivered', 'skipped', 'cancelled')))"""
 
+# The claim statements are templates of three pieces:
+#
+# {limit}: how many to claim. The live-lease count in it keeps Max Concurrent Deliveries
+# across processes: on PostgreSQL the claimers of a target hold its instance row lock
+# (taken by the statement before, so this statement's snapshot sees every claim
+# committed before it); SQLite has one writer at a time. A settlement committing
+# meanwhile can only make the count high, never low.
+# {ordered}: the sequence condition of an ordered target.
+# {stalled}: an extra returned column saying whether the claimed row has a
+# delivery_stalled alert to resolve, so that the alert UPDATE runs only then. PostgreSQL
+# returns the state the row had when it was locked (the sweep raises the alert in the
+# transaction that stalls the row); SQLite returns only new values, and with its one
+# writer the open alert itself is looked up, exactly.
+_PG_LIMIT = """GREATEST(0, LEAST(:n, :max_concurrent - (
+       SELECT count(*) FROM deliveries x
+        WHERE x.target = :target AND x.state = 'in_progress')))"""
+_SQLITE_LIMIT = """max(0, min(:n, :max_concurrent - (
+        SELECT count(*) FROM deliveries x
+         WHERE x.target = :target AND x.state = 'in_progress')))"""
+_PG_STALLED = ", c.state = 'stalled'"
+_SQLITE_STALLED = """, EXISTS (SELECT 1 FROM alerts a WHERE a.kind = 'delivery_stalled'
+    AND a.subject = 'delivery:' || deliveries.id AND a.resolved_at IS NULL)"""
+
 _PG_CLAIM = """
 WITH c AS (
-  SELECT d.id FROM deliveries d
+  SELECT d.id, d.state FROM deliveries d
    WHERE d.target = :target AND d.state IN ('queued', 'retrying', 'stalled')
      AND d.due_at <= :now {ordered}
    ORDER BY d.due_at, d.id
    FOR UPDATE SKIP LOCKED
-   LIMIT :n)
+   LIMIT {limit})
 UPDATE deliveries AS u
    SET state = 'in_progress', attempt = u.attempt + 1, lease_owner = :owner,
        lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now
   FROM c WHERE u.id = c.id
-RETURNING u.id, u.message_id, u.attempt, u.failures"""
+RETURNING u.id, u.message_id, u.attempt, u.failures{stalled}"""
 
-# SQLite has one writer at a time, so counting the live leases inside the statement that
-# claims is exact there.
 _SQLITE_CLAIM = """
 UPDATE deliveries
    SET state = 'in_progress', attempt = attempt + 1, lease_owner = :owner,
@@ -96,71 +118,111 @@ UPDATE deliveries
     WHERE d.target = :target AND d.state IN ('queued', 'retrying', 'stalled')
       AND d.due_at <= :now {ordered}
     ORDER BY d.due_at, d.id
-    LIMIT max(0, min(:n, :max_concurrent - (
-        SELECT count(*) FROM deliveries x
-         WHERE x.target = :target AND x.state = 'in_progress'))))
-RETURNING id, message_id, attempt, failures"""
+    LIMIT {limit})
+RETURNING id, message_id, attempt, failures{stalled}"""
+
+_INSTANCE = PluginInstance.__table__
+_READ_TARGET = select(_INSTANCE).where(_INSTANCE.c.name == bindparam("name"))
+_LOCK_TARGET = _READ_TARGET.with_for_update()
+
+
+def lock_target(session: Session, target: str):
+    """The target's instance row (a Core row, attribute access like the model), locked on
+    PostgreSQL until the transaction ends: claimers of one target take turns there.
+    Pass it to :func:`claim` in the same transaction."""
+    statement = _LOCK_TARGET if _is_postgres(session) else _READ_TARGET
+    return connection(session).execute(statement, {"name": target}).one_or_none()
 
 
 def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
-          lease_seconds: int) -> list[Claim]:
+          lease_seconds: int, instance=None) -> list[Claim]:
     """Claim up to ``limit`` due deliveries of ``target`` without passing its Max
     Concurrent Deliveries across all processes. Of any number of claimants exactly one
-    wins each delivery; every claim increments the attempt number."""
-    instance = _lock_instance(session, target)
-    if instance is None or not instance.enabled or instance.online is False \
-            or instance.state == InstanceState.STOPPED:
-        return []
-    max_concurrent, ordered = instance.max_concurrent_deliveries, instance.ordered
-    params = {"target": target, "now": now, "owner": owner, "n": limit,
-              "until": now + timedelta(seconds=lease_seconds),
-              "max_concurrent": max_concurrent}
-    sql = _PG_CLAIM if _is_postgres(session) else _SQLITE_CLAIM
-    if _is_postgres(session):
-        params["n"] = min(limit, max_concurrent - _live_leases(session, target))
-        if params["n"] <= 0:
-            return []
-    rows = session.execute(_claim_statement(sql, ordered), params).all()
-    claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered) for r in rows]
-    _record_claims(session, claims, now)
+    wins each delivery; every claim increments the attempt number.
+
+    ``instance`` is the row :func:`lock_target` returned in this transaction (read here
+    when not given)."""
+    claims, lines = _take(session, target, owner, now, limit, lease_seconds, instance)
+    _record(session, lines, now)
     return claims
 
 
-def _claim_statement(sql: str, ordered: bool):
-    """The claim as text with typed time parameters: SQLite stores times as text, and
-    only the column type writes them the way the stored ones are written (a raw
-    datetime of a whole second would lose its ``.000000`` and compare as earlier)."""
-    return text(sql.format(ordered=_ORDERED if ordered else "")).bindparams(
-        bindparam("now", type_=DateTime()), bindparam("until", type_=DateTime()))
+def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
+                     policy: RetryPolicy | None, target: str, owner: str, now: datetime,
+                     lease_seconds: int, batch_size: Callable[[Any], int]
+                     ) -> tuple[list[bool], list[Claim], Any]:
+    """Settle the outcomes of one batch and claim the next batch of the target, in the
+    caller's one transaction: one commit, one status derivation and one history INSERT
+    for both. Each outcome is fenced and recorded exactly as by :func:`settle_many`,
+    and the claim, made after the settlements, counts the live leases exactly as
+    :func:`claim`. The target row is locked after the settlements are written (on
+    PostgreSQL claimers take turns on it; settling first keeps that turn short).
+
+    ``batch_size(instance row)`` says how many to claim (0: none). Returns, per outcome,
+    whether it was written; the new claims; the target row (None: no such target).
+    """
+    written, lines, blockers = _write_outcomes(session, outcomes, policy, now)
+    instance = lock_target(session, target)
+    limit = batch_size(instance) if instance is not None else 0
+    claims, claimed = (_take(session, target, owner, now, limit, lease_seconds, instance)
+                       if limit > 0 else ([], []))
+    _record(session, lines + claimed, now)
+    sequences.park_behind(session, blockers, now, owner)
+    return written, claims, instance
 
 
-def _lock_instance(session: Session, target: str) -> PluginInstance | None:
-    """Serialise claimers of one target (PostgreSQL row lock; SQLite needs none)."""
-    query = select(PluginInstance).where(PluginInstance.name == target)
-    if _is_postgres(session):
-        query = query.with_for_update()
-    return session.scalars(query).one_or_none()
-
-
-def _live_leases(session: Session, target: str) -> int:
-    return session.scalar(select(text("count(*)")).select_from(Delivery).where(
-        Delivery.target == target, Delivery.state == S.IN_PROGRESS))
-
-
-def _record_claims(session: Session, claims: list[Claim], now: datetime) -> None:
-    if not claims:
-        return
-    subjects = [f"delivery:{c.delivery_id}" for c in claims]
-    session.execute(update(Alert).where(Alert.kind == "delivery_stalled",
-                                        Alert.subject.in_(subjects),
-                                        Alert.resolved_at.is_(None))
-                    .values(resolved_at=now))
-    refresh_statuses(session, [c.message_id for c in claims], now, lines=[
+def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
+          lease_seconds: int, instance) -> tuple[list[Claim], list[dict]]:
+    """The claim statement and its alerts; returns the claims and their history lines
+    (which :func:`_record` writes with the derived statuses)."""
+    if instance is None:
+        instance = lock_target(session, target)
+    if instance is None or not instance.enabled or instance.online is False \
+            or instance.state == InstanceState.STOPPED:
+        return [], []
+    params = {"target": target, "now": now, "owner": owner, "n": limit,
+              "until": now + timedelta(seconds=lease_seconds),
+              "max_concurrent": instance.max_concurrent_deliveries}
+    statement = _claim_statement(_is_postgres(session), bool(instance.ordered))
+    rows = connection(session).execute(statement, params).all()
+    ordered = bool(instance.ordered)
+    claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered) for r in rows]
+    stalled = [f"delivery:{c.delivery_id}" for c, r in zip(claims, rows, strict=True) if r[4]]
+    if stalled:
+        connection(session).execute(_RESOLVE_STALLED, {"subjects": stalled, "now": now})
+    return claims, [
         {"message_id": c.message_id, "delivery_id": c.delivery_id,
          "type": "delivery_changed", "actor": c.owner,
          "text": f"{c.target}: attempt {c.attempt} started",
          "data": {"state": S.IN_PROGRESS, "attempt": c.attempt, "target": c.target}}
-        for c in claims])
+        for c in claims]
+
+
+def _record(session: Session, lines: list[dict], now: datetime) -> None:
+    """Derive and store the status of the messages these lines are about, and write the
+    lines ahead of the status lines, in one INSERT."""
+    if lines:
+        refresh_statuses(session, [line["message_id"] for line in lines], now, lines=lines)
+
+
+@functools.cache
+def _claim_statement(postgres: bool, ordered: bool):
+    """The claim as text with typed time parameters, built once: SQLite stores times as
+    text, and only the column type writes them the way the stored ones are written (a
+    raw datetime of a whole second would lose its ``.000000`` and compare as earlier)."""
+    sql = (_PG_CLAIM if postgres else _SQLITE_CLAIM).format(
+        limit=_PG_LIMIT if postgres else _SQLITE_LIMIT, ordered=_ORDERED if ordered else "",
+        stalled=_PG_STALLED if postgres else _SQLITE_STALLED)
+    return text(sql).bindparams(bindparam("now", type_=DateTime()),
+                                bindparam("until", type_=DateTime()))
+
+
+_RESOLVE_STALLED = (update(Alert.__table__)
+                    .where(Alert.__table__.c.kind == "delivery_stalled",
+                           Alert.__table__.c.subject.in_(bindparam("subjects",
+                                                                   expanding=True)),
+                           Alert.__table__.c.resolved_at.is_(None))
+                    .values(resolved_at=bindparam("now")))
 
 
 # --- settle ------------------------------------------------------------------------
@@ -179,7 +241,20 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
     all of them go in one insert and the statuses of their messages are derived once.
     Returns, per outcome, whether it was written (False: stale, recorded as such).
     """
-    planned = [(claim, outcome, *_settlement(claim, outcome, policy, now))
+    written, lines, blockers = _write_outcomes(session, outcomes, policy, now)
+    _record(session, lines, now)
+    if blockers:
+        sequences.park_behind(session, blockers, now, outcomes[0][0].owner)
+    return written
+
+
+def _write_outcomes(session: Session, outcomes: list[tuple[Claim, Outcome]],
+                    policy: RetryPolicy | None, now: datetime
+                    ) -> tuple[list[bool], list[dict], list[int]]:
+    """The fenced writes of the outcomes; per outcome whether it was written, the
+    history lines of those written (stale ones get their line here), and the deliveries
+    failed for good that block their sequence (to park what follows them)."""
+    planned = [(claim, outcome, *_settlement(claim, outcome, policy or RetryPolicy(), now))
                for claim, outcome in outcomes]
     together = _deliver_together(session, [p for p in planned
                                             if p[1].kind is OutcomeKind.DELIVERED], now)
@@ -197,11 +272,7 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
                                "target": claim.target, **_json_safe(outcome.data)}})
         if values["state"] == S.FAILED and (claim.ordered or outcome.block == "sequence"):
             blockers.append(claim.delivery_id)
-    if lines:
-        refresh_statuses(session, [line["message_id"] for line in lines], now, lines=lines)
-    if blockers:
-        sequences.park_behind(session, blockers, now, planned[0][0].owner)
-    return written
+    return written, lines, blockers
 
 
 def _deliver_together(session: Session, planned: list, now: datetime) -> dict[int, bool]:
@@ -211,18 +282,32 @@ def _deliver_together(session: Session, planned: list, now: datetime) -> dict[in
     owners = {claim.owner for claim, *_ in planned}
     if len(planned) < 2 or len(owners) != 1:
         return {}
+    params = {"owner": owners.pop(), "now": now}
+    for index, (claim, outcome, *_) in enumerate(planned):
+        params[f"i{index}"], params[f"a{index}"] = claim.delivery_id, claim.attempt
+        params[f"r{index}"] = outcome.text
+    done = set(connection(session).execute(_delivered_statement(len(planned)), params)
+               .scalars())
+    return {claim.delivery_id: claim.delivery_id in done for claim, *_ in planned}
+
+
+@functools.cache
+def _delivered_statement(count: int):
+    """The UPDATE of ``count`` delivered outcomes, built once per count (a claim batch
+    has at most ``claim_batch_max``): ``attempt`` and ``last_result`` are matched to
+    each row's id by CASE, so every row is held to its own attempt number."""
     t = Delivery.__table__
-    ids = [claim.delivery_id for claim, *_ in planned]
-    attempts = {claim.delivery_id: claim.attempt for claim, *_ in planned}
-    texts = {claim.delivery_id: outcome.text for claim, outcome, *_ in planned}
-    statement = (update(t).where(
-        t.c.id.in_(ids), t.c.lease_owner == owners.pop(), t.c.state == S.IN_PROGRESS,
-        t.c.attempt == case(attempts, value=t.c.id),
-    ).values(state=S.DELIVERED, settled_at=now, failure_kind=None, lease_owner=None,
-             lease_until=None, updated_at=now, last_result=case(texts, value=t.c.id))
-        .returning(t.c.id))
-    done = set(connection(session).execute(statement).scalars())
-    return {delivery_id: delivery_id in done for delivery_id in ids}
+    ids = [bindparam(f"i{k}", type_=t.c.id.type) for k in range(count)]
+    attempts = case(*((ids[k], bindparam(f"a{k}", type_=t.c.attempt.type))
+                      for k in range(count)), value=t.c.id)
+    results = case(*((ids[k], bindparam(f"r{k}", type_=t.c.last_result.type))
+                     for k in range(count)), value=t.c.id)
+    now = bindparam("now", type_=DateTime())
+    return (update(t).where(t.c.id.in_(ids), t.c.lease_owner == bindparam("owner"),
+                            t.c.state == S.IN_PROGRESS, t.c.attempt == attempts)
+            .values(state=S.DELIVERED, settled_at=now, failure_kind=None, lease_owner=None,
+                    lease_until=None, updated_at=now, last_result=results)
+            .returning(t.c.id))
 
 
 def _settlement(claim: Claim, outcome: Outcome, policy: RetryPolicy,

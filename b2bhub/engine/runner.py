@@ -2,22 +2,25 @@
 
 A wake-up is a hint: the woken worker drains the target, claiming up to the plugin's
 ``claim_batch`` due deliveries at a time, until nothing is due or its time budget is
-spent. Each settlement is its own transaction. While attempts run, a thread renews
-their leases so a long attempt is not put back while it still works. Plain Python and
-SQLAlchemy; the Celery task only calls :meth:`TargetRunner.drain`.
+spent. The outcomes a batch ends with settle in the transaction that claims the next
+batch (one commit for both); outcomes settled earlier (group commit window, stopping)
+and those of the last batch have a transaction of their own. While attempts run, a
+thread renews their leases so a long attempt is not put back while it still works.
+Plain Python and SQLAlchemy; the Celery task only calls :meth:`TargetRunner.drain`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import IO
+from typing import IO, Any
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome
@@ -118,6 +121,22 @@ class PendingOutcomes:
         return items
 
 
+@dataclass
+class _Batch:
+    """A claimed batch in the hands of a runner: what its attempts need, the lease hold,
+    and the outcomes not settled yet."""
+
+    instance: Any  # the target's row as claimed
+    plugin: Any
+    policy: RetryPolicy
+    claims: list[Claim]
+    held: int  # LeaseKeeper token
+    pending: PendingOutcomes
+
+    def take(self) -> list[tuple[Claim, Outcome]]:
+        return self.pending.take()
+
+
 class TargetRunner:
     #: longest an outcome of a batch waits for its settlement, in seconds
     settle_window = 0.2
@@ -128,59 +147,84 @@ class TargetRunner:
         self.session_factory, self.registry, self.store = session_factory, registry, store
         self.owner, self.stop, self.clock = owner, stop, clock
         self._plugins: dict[str, tuple[datetime, object]] = {}
+        self.leases = LeaseKeeper(clock)
 
     def drain(self, target: str, budget: float | None = None) -> DrainReport:
-        """Claim and run the target's due deliveries until none is due or time is up."""
+        """Claim and run the target's due deliveries until none is due or time is up.
+
+        The outcomes a batch ends with are settled in the transaction that claims the
+        next batch (:func:`machine.settle_and_claim`); the last batch's alone."""
         report = DrainReport()
         session = self.session_factory()
+        batch: _Batch | None = None
         try:
             settings = load_settings(session)
             deadline = time.monotonic() + (budget or settings.drain_seconds)
-            while not self.stop.requested.is_set():
-                if time.monotonic() >= deadline:
-                    report.more_due = True
+            while True:
+                go_on = not self.stop.requested.is_set()
+                if go_on and time.monotonic() >= deadline:
+                    report.more_due, go_on = True, False
+                if not go_on:
+                    if batch is not None:
+                        self._settle(session, batch.take(), batch.policy, report)
                     break
-                if not self._one_batch(session, target, settings, report):
+                batch = self._next_batch(session, target, settings, report, batch)
+                if batch is None:
                     break
+                self._run_claims(session, batch, report)
         finally:
+            if batch is not None:
+                self.leases.drop(batch.held)
             session.close()
         return report
 
-    def _one_batch(self, session: Session, target: str, settings: DeliverySettings,
-                   report: DrainReport) -> bool:
-        instance = session.scalar(select(PluginInstance).where(PluginInstance.name == target))
-        plugin = self._plugin(instance) if instance is not None else None
-        if plugin is None:
-            return False
-        limit = max(1, min(getattr(plugin, "claim_batch", 1), settings.claim_batch_max))
-        with serialized_writes(session):
-            claims = machine.claim(session, target, self.owner, self.clock(), limit,
-                                   settings.lease_seconds)
+    def _next_batch(self, session: Session, target: str, settings: DeliverySettings,
+                    report: DrainReport, last: _Batch | None) -> _Batch | None:
+        """Settle what the last batch left and claim the next, in one transaction."""
+        chosen = {}
+
+        def batch_size(instance) -> int:
+            chosen["plugin"] = plugin = self._plugin(instance)
+            if plugin is None:
+                return 0
+            return max(1, min(getattr(plugin, "claim_batch", 1), settings.claim_batch_max))
+
+        outcomes = last.take() if last is not None else []
+        with self.stop.settling(), serialized_writes(session):
+            written, claims, instance = machine.settle_and_claim(
+                session, outcomes, last.policy if last is not None else None, target,
+                self.owner, self.clock(), settings.lease_seconds, batch_size)
             session.commit()
+        if last is not None:
+            self.leases.drop(last.held)
+        report.settled += sum(written)
+        report.stale += len(written) - sum(written)
         if not claims:
-            return False
+            return None
         report.claimed += len(claims)
+        plugin = chosen["plugin"]
         policy = merge(instance.retry_policy,
                        getattr(plugin, "default_retry_policy", None) or RetryPolicy())
-        with LeaseKeeper(self.session_factory, claims, settings.lease_seconds, self.clock):
-            self._run_claims(session, instance, plugin, policy, claims, report)
-        return True
+        return _Batch(instance, plugin, policy, claims,
+                      self.leases.hold(session, claims, settings.lease_seconds),
+                      PendingOutcomes(self.settle_window,
+                                      getattr(plugin, "before_settle", None)))
 
-    def _run_claims(self, session: Session, instance: PluginInstance, plugin,
-                    policy: RetryPolicy, claims: list[Claim], report: DrainReport) -> None:
-        """Attempt each claim in turn; settle the outcomes by group commit."""
-        infos = _delivery_infos(session, claims, self.store)
-        pending = PendingOutcomes(self.settle_window, getattr(plugin, "before_settle", None))
+    def _run_claims(self, session: Session, batch: _Batch, report: DrainReport) -> None:
+        """Attempt each claim in turn; settle the outcomes by group commit. The outcomes
+        still pending at the end stay on the batch, for the next claim's transaction."""
+        infos = _delivery_infos(session, batch.claims, self.store)
+        claims, policy, pending = batch.claims, batch.policy, batch.pending
         for index, claim in enumerate(claims):
             if self.stop.requested.is_set():
                 self._settle(session, pending.take(), policy, report)
                 self._release(session, claims[index:], "worker stopping before the attempt")
                 return
-            context = AttemptContext(self.clock(), instance, self.session_factory,
+            context = AttemptContext(self.clock(), batch.instance, self.session_factory,
                                      self.store)
             try:
                 with self.stop.attempt():
-                    self._attempt(plugin, infos[claim.delivery_id], context)
+                    self._attempt(batch.plugin, infos[claim.delivery_id], context)
             except AttemptCancelled:
                 if context.outcome is None:  # cut short: put it back
                     self._settle(session, pending.take(), policy, report)
@@ -192,7 +236,6 @@ class TargetRunner:
             pending.add(claim, context.outcome)
             if pending.due():
                 self._settle(session, pending.take(), policy, report)
-        self._settle(session, pending.take(), policy, report)
 
     def _attempt(self, plugin, info: tuple[DeliveryInfo, StoredPayloads],
                  context: AttemptContext) -> None:
@@ -255,61 +298,116 @@ class TargetRunner:
         return plugin
 
 
+_m, _p = Message.__table__, Payload.__table__
+_READ_INFOS = (select(_m.c.id, _m.c.source, _m.c.from_party, _m.c.to_party, _m.c.direction,
+                      _m.c.original_filename, _m.c.external_id, _m.c.correlation_id,
+                      _m.c.sequence_key, _m.c.created_at, _p.c.stage, _p.c.digest,
+                      _p.c.size)
+               .select_from(_m.outerjoin(_p, _p.c.message_id == _m.c.id))
+               .where(_m.c.id.in_(bindparam("ids", expanding=True))))
+
+
 def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
                     ) -> dict[int, tuple[DeliveryInfo, StoredPayloads]]:
-    """Read what the batch's attempts need in two queries."""
-    ids = [c.message_id for c in claims]
-    messages = {m.id: m for m in session.scalars(select(Message).where(Message.id.in_(ids)))}
-    stages: dict[int, dict[str, tuple[str, int]]] = {i: {} for i in ids}
-    for p in session.scalars(select(Payload).where(Payload.message_id.in_(ids))):
-        stages[p.message_id][p.stage] = (p.digest, p.size)
+    """Read what the batch's attempts need in one query."""
+    messages, stages = {}, {}
+    for *message, stage, digest, size in session.connection().execute(
+            _READ_INFOS, {"ids": [c.message_id for c in claims]}).all():
+        messages[message[0]] = message
+        found = stages.setdefault(message[0], {})
+        if stage is not None:
+            found[stage] = (digest, size)
+    session.commit()
     out = {}
     for c in claims:
-        m = messages[c.message_id]
+        (message_id, source, from_party, to_party, direction, original_filename,
+         external_id, correlation_id, sequence_key, created_at) = messages[c.message_id]
         out[c.delivery_id] = (DeliveryInfo(
-            delivery_id=c.delivery_id, message_id=m.id, target=c.target, attempt=c.attempt,
-            source=m.source, from_party=m.from_party, to_party=m.to_party,
-            direction=m.direction, original_filename=m.original_filename,
-            external_id=m.external_id, correlation_id=m.correlation_id,
-            sequence_key=m.sequence_key, created_at=m.created_at,
-            payload_stages=tuple(stages[m.id])), StoredPayloads(store, stages[m.id]))
-    session.commit()
+            delivery_id=c.delivery_id, message_id=message_id, target=c.target,
+            attempt=c.attempt, source=source, from_party=from_party, to_party=to_party,
+            direction=direction, original_filename=original_filename,
+            external_id=external_id, correlation_id=correlation_id,
+            sequence_key=sequence_key, created_at=created_at,
+            payload_stages=tuple(stages[message_id])), StoredPayloads(store, stages[message_id]))
     return out
 
 
 class LeaseKeeper:
-    """Renews the leases of the claims a worker holds, every third of the lease."""
+    """Renews the leases of the claims a worker holds, every third of the lease, on one
+    thread per runner started at first use (a thread per claimed batch cost more than a
+    no-op attempt). Each renewal is fenced like a settlement: attempt, owner, state.
 
-    def __init__(self, session_factory, claims: list[Claim], lease_seconds: int, clock):
-        self.session_factory, self.claims = session_factory, claims
-        self.lease, self.clock = lease_seconds, clock
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="lease-keeper")
+    The thread opens its sessions on the engine of the session that claimed (it has no
+    application context of its own). It is woken only when a new batch must be renewed
+    before the time it already sleeps until: waking a thread hands it the GIL, which
+    cost the claiming thread milliseconds per batch."""
 
-    def __enter__(self) -> LeaseKeeper:
-        self._thread.start()
-        return self
+    def __init__(self, clock: Callable[[], datetime]):
+        self.clock = clock
+        self._held: dict[int, _Held] = {}
+        self._next_token = 0
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._wakes_at = math.inf  # when the thread wakes next on its own
 
-    def __exit__(self, *exc) -> None:
-        self._done.set()
-        self._thread.join(timeout=5)
+    def hold(self, session: Session, claims: list[Claim], lease_seconds: int) -> int:
+        """Keep these claims' leases alive until :meth:`drop` of the token returned."""
+        with self._changed:
+            self._next_token += 1
+            renew_at = time.monotonic() + lease_seconds / 3
+            self._held[self._next_token] = _Held(session.get_bind(), claims, lease_seconds,
+                                                 renew_at)
+            if self._thread is None or not self._thread.is_alive():
+                self._wakes_at = renew_at
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name="lease-keeper")
+                self._thread.start()
+            elif renew_at < self._wakes_at:
+                self._wakes_at = renew_at
+                self._changed.notify()
+            return self._next_token
+
+    def drop(self, token: int) -> None:
+        with self._changed:
+            self._held.pop(token, None)
 
     def _run(self) -> None:
-        while not self._done.wait(self.lease / 3):
-            try:
-                self.renew()
-            except Exception:
-                log.warning("could not renew leases", exc_info=True)
+        while True:
+            with self._changed:
+                due = [h for h in self._held.values() if h.renew_at <= time.monotonic()]
+                if not due:
+                    self._wakes_at = min((h.renew_at for h in self._held.values()),
+                                         default=math.inf)
+                    self._changed.wait(None if self._wakes_at == math.inf
+                                       else max(0.0, self._wakes_at - time.monotonic()))
+                    continue
+                for held in due:
+                    held.renew_at = time.monotonic() + held.lease / 3
+            for held in due:
+                try:
+                    self.renew(held.bind, held.claims, held.lease)
+                except Exception:
+                    log.warning("could not renew leases", exc_info=True)
 
-    def renew(self) -> None:
-        session = self.session_factory()
-        try:
-            until = self.clock() + timedelta(seconds=self.lease)
-            for c in self.claims:
-                session.execute(update(Delivery).where(
-                    Delivery.id == c.delivery_id, Delivery.attempt == c.attempt,
-                    Delivery.lease_owner == c.owner, Delivery.state == "in_progress",
-                ).values(lease_until=until).execution_options(synchronize_session=False))
-            session.commit()
-        finally:
-            session.close()
+    def renew(self, bind, claims: list[Claim], lease_seconds: int) -> int:
+        """Extend the leases of the claims still held as claimed; how many were."""
+        until = self.clock() + timedelta(seconds=lease_seconds)
+        with Session(bind) as session, session.begin():
+            return session.connection().execute(_RENEW, [
+                {"_id": c.delivery_id, "_attempt": c.attempt, "_owner": c.owner,
+                 "_until": until} for c in claims]).rowcount
+
+
+@dataclass
+class _Held:
+    bind: object
+    claims: list[Claim]
+    lease: int
+    renew_at: float
+
+
+_d = Delivery.__table__
+_RENEW = (update(_d).where(_d.c.id == bindparam("_id"), _d.c.attempt == bindparam("_attempt"),
+                           _d.c.lease_owner == bindparam("_owner"),
+                           _d.c.state == "in_progress")
+          .values(lease_until=bindparam("_until")))

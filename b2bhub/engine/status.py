@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
@@ -51,11 +52,18 @@ def refresh_statuses(session: Session, message_ids: Iterable[int], now: datetime
     for message_id, old in current.items():
         if old in INTAKE_STATUSES and not states[message_id]:
             continue
-        new = derive_status(states[message_id]).value
+        new = _derived(tuple(states[message_id]))
         if new != old:
             changed[message_id] = new
     _write_changes(session, changed, current, now, actor, list(lines or []))
     return changed
+
+
+@functools.lru_cache(maxsize=4096)
+def _derived(pairs: tuple[tuple[str, str | None], ...]) -> str:
+    """derive_status of stored (state, failure kind) pairs, kept per combination: a
+    batch derives the same few combinations for every message it touches."""
+    return derive_status(pairs).value
 
 
 def _read_statuses(session: Session, ids: list[int]
@@ -75,9 +83,9 @@ def _read_statuses(session: Session, ids: list[int]
     for chunk in _chunks(ids, 500):
         if postgres:
             current.update(conn.execute(_LOCK, {"ids": chunk}).all())
-            rows = conn.execute(_STATES, {"ids": chunk})
+            rows = conn.execute(_STATES, {"ids": chunk}).all()
         else:
-            rows = conn.execute(_READ, {"ids": chunk})
+            rows = conn.execute(_READ, {"ids": chunk}).all()
         for row in rows:
             message_id, state, kind = row[0], row[-2], row[-1]
             if not postgres:
@@ -105,6 +113,8 @@ def _write_changes(session: Session, changed: dict[int, str], old: dict[int, str
 
 def _sync_loaded(session: Session, ids: list[int], status: str, now: datetime) -> None:
     """Keep Message objects this session holds in step with the Core UPDATE."""
+    if not session.identity_map:  # the claim and settle paths load no objects
+        return
     for message_id in ids:
         loaded = session.identity_map.get(identity_key(Message, message_id))
         if loaded is not None:

@@ -1,0 +1,156 @@
+"""What a claimed batch costs, and what the cheaper paths still guarantee: a long
+attempt keeps its lease, a stalled delivery's alert is resolved by its claim, and the
+statements a claim + settlement sends stay few, whatever the batch size."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import Text, cast, select
+
+from b2bhub.domain.outcome import Outcome
+from b2bhub.domain.retry import RetryPolicy
+from b2bhub.engine import machine
+from b2bhub.engine.history import add_line, add_lines
+from b2bhub.engine.runner import TargetRunner
+from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
+from b2bhub.hub import new_session
+from b2bhub.models import Delivery, HistoryLine, PluginInstance
+from tests.enginekit import alerts, at, counted_statements, deliveries, lines, message, standard_hub
+
+
+def _plugin(runner: TargetRunner, session, name: str):
+    return runner._plugin(session.scalar(select(PluginInstance).where(
+        PluginInstance.name == name)))
+
+
+def _drain_counted_statements(hub, session, registry, count: int) -> int:
+    """Statements one drain of ``count`` new deliveries sends; checks they all ended
+    Delivered, each message with its claim, settlement and two status lines."""
+    ids = [hub.message().id for _ in range(count)]
+    session.commit()
+    runner = TargetRunner(new_session, registry, hub.store, "w")
+    runner.settle_window = 3600  # a batch settles when it is done
+    with counted_statements(session.get_bind()) as seen:
+        report = runner.drain("writer_a", budget=60)
+    assert (report.claimed, report.settled, report.stale) == (count, count, 0)
+    for message_id in ids:
+        assert [d.state for d in deliveries(session, message_id)] == ["delivered"]
+        assert message(session, message_id).status == "delivered"
+        texts = [line.text for line in session.scalars(
+            select(HistoryLine).where(HistoryLine.message_id == message_id,
+                                      HistoryLine.type.in_(["delivery_changed",
+                                                            "status_changed"]))
+            .order_by(HistoryLine.id))]
+        assert texts[-4:] == ["writer_a: attempt 1 started", "Received → In progress",
+                              "writer_a: attempt 1 delivered: ok",
+                              "In progress → Delivered"]
+    return sum(seen.values())
+
+
+def test_statements_per_claimed_batch_are_few_and_do_not_grow_with_its_size(
+        hub, session, registry):
+    """A drain sends a fixed number of statements per batch of 16 (the noop target's
+    claim batch), whatever the batch holds: the settlement of a batch and the claim of
+    the next share one transaction, one status read and one history INSERT."""
+    standard_hub(hub, max_concurrent_deliveries=16)
+    hub.route("inbox", "*", "*", "writer_a")
+    postgres = session.get_bind().dialect.name == "postgresql"
+    lock = 1 if postgres else 0  # PostgreSQL locks the messages in a statement of its own
+    first = 1 + 1 + (lock + 1 + 1) + 1  # target row, claim, statuses read + write, lines
+    # a later batch: delivered UPDATE of the last batch, target row, claim, statuses
+    # read, one write per new status (Delivered, In progress), lines
+    later = 1 + 1 + 1 + (lock + 1 + 2) + 1
+    last = 1 + 1 + 1 + (lock + 1 + 1) + 1  # the last settlement; its claim finds none
+    messages = 1  # a batch's messages and payloads, read before its attempts
+    counts = {n: _drain_counted_statements(hub, session, registry, n) for n in (16, 32, 48, 2)}
+    assert counts[32] - counts[16] == counts[48] - counts[32] == later + messages
+    assert counts[16] == 1 + first + messages + last  # with the settings read
+    assert counts[2] == counts[16]
+    assert later + messages == (9 if postgres else 8)  # 16 and 13 in the first version
+
+
+def test_the_claim_of_a_stalled_delivery_resolves_its_alert_and_no_other(hub, session):
+    standard_hub(hub, max_concurrent_deliveries=16)
+    hub.route("inbox", "*", "*", "writer_a")
+    settings = DeliverySettings(stall_after=1)
+    stalled_id, fresh_id = (hub.message(now=at()).id for _ in range(2))
+    first, second = (deliveries(session, i)[0] for i in (stalled_id, fresh_id))
+    session.query(Delivery).filter(Delivery.id == first.id).update(
+        {"next_wake_at": at(), "wake_count": 1})
+    session.commit()
+    assert machine.stall_unclaimed(session, at(1), settings, limit=10) == 1
+    session.commit()
+    assert [a.resolved_at for a in alerts(session, "delivery_stalled",
+                                          f"delivery:{first.id}")] == [None]
+
+    with counted_statements(session.get_bind()) as seen:
+        claims = machine.claim(session, "writer_a", "w", at(2), 16, 300)
+        session.commit()
+    assert {c.delivery_id for c in claims} == {first.id, second.id}
+    assert [a.resolved_at for a in alerts(session, "delivery_stalled",
+                                          f"delivery:{first.id}")] == [at(2)]
+    sqlite = session.get_bind().dialect.name == "sqlite"
+    # the alert, the message status, and on SQLite the claim (WITH ... UPDATE on PG)
+    assert seen["UPDATE"] == 2 + sqlite
+
+    # a claim of deliveries that were not stalled sends no alert UPDATE at all
+    machine.settle_many(session, [(c, Outcome.delivered("ok")) for c in claims],
+                        RetryPolicy(), at(3))
+    session.commit()
+    hub.message(now=at(3))
+    session.commit()
+    with counted_statements(session.get_bind()) as seen:
+        assert len(machine.claim(session, "writer_a", "w", at(4), 16, 300)) == 1
+        session.commit()
+    assert seen["UPDATE"] == 1 + sqlite
+
+
+def test_a_long_attempt_keeps_its_lease(hub, session, registry):
+    """The lease keeper renews every third of the lease while an attempt runs, from its
+    own thread (which has no application context)."""
+    standard_hub(hub, max_concurrent_deliveries=4)
+    hub.route("inbox", "*", "*", "writer_a")
+    save_settings(session, DeliverySettings(lease_seconds=3))
+    session.commit()
+    assert load_settings(session).lease_seconds == 3
+    message_id = hub.message().id
+    session.commit()
+    runner = TargetRunner(new_session, registry, hub.store, "w")
+    seen = []
+
+    def deliver(delivery, payload, context):
+        for _ in range(2):
+            with new_session() as look:
+                seen.append(look.scalar(select(Delivery.lease_until).where(
+                    Delivery.id == delivery.delivery_id)))
+            time.sleep(1.6)
+        return Outcome.delivered("slow")
+
+    _plugin(runner, session, "writer_a").deliver = deliver
+    report = runner.drain("writer_a", budget=30)
+
+    assert report.settled == 1
+    assert [d.state for d in deliveries(session, message_id)] == ["delivered"]
+    assert len(seen) == 2 and seen[1] > seen[0]
+
+
+def test_lines_added_together_are_stored_as_lines_added_one_by_one(hub, session):
+    """Lines of a batch go to the database as one JSON array; they are stored in order,
+    with the same text, actor, ids and data as lines written through the ORM."""
+    message_id = hub.message().id
+    data = {"state": "delivered", "note": "é ☃ \"quoted\"", "attempt": 2, "ok": True}
+    add_line(session, message_id, "delivery_changed", "one", actor="w", delivery_id=7,
+             data=data, now=at(1))
+    add_line(session, message_id, "status_changed", "two", now=at(1))
+    add_lines(session, [
+        {"message_id": message_id, "delivery_id": 7, "type": "delivery_changed",
+         "actor": "w", "text": "one", "data": data},
+        {"message_id": message_id, "type": "status_changed", "text": "two"}], at(1))
+    session.commit()
+    stored = session.execute(select(
+        HistoryLine.type, HistoryLine.text, HistoryLine.actor, HistoryLine.delivery_id,
+        HistoryLine.message_id, HistoryLine.created_at, cast(HistoryLine.data, Text))
+        .where(HistoryLine.created_at == at(1)).order_by(HistoryLine.id)).all()
+    assert stored[2:] == stored[:2]
+    assert [line.data for line in lines(session, message_id)][-4:] == [data, None, data, None]
