@@ -199,6 +199,8 @@ class TargetRunner:
             self.leases.drop(last.held)
         report.settled += sum(written)
         report.stale += len(written) - sum(written)
+        if instance is None:
+            log.warning("%s: woken, but no target instance has that name; ignored", target)
         if not claims:
             return None
         report.claimed += len(claims)
