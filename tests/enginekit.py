@@ -124,12 +124,3 @@ def as_process(monkeypatch, cache: dispatch.RouteCache) -> Iterator[None]:
         patch.setattr(svc, "route_cache", cache)
         yield
 
-
-def api_client(app, session, role: str, name: str | None = None):
-    """A test client sending a new bearer token of ``role`` (named ``<role>-user``)."""
-    from b2bhub.services.tokens import create_token
-    token = create_token(session, name or f"{role}-user", role)
-    session.commit()
-    client = app.test_client()
-    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
-    return client

@@ -10,7 +10,8 @@ from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.models import HistoryLine
-from tests.enginekit import api_client, at, claim_one, delivery, message, standard_hub
+from tests.enginekit import at, claim_one, delivery, message, standard_hub
+from tests.test_api import token_client
 
 
 def _awaiting(hub, session):
@@ -24,7 +25,7 @@ def _awaiting(hub, session):
 
 
 def _client(app, session, role):
-    return api_client(app, session, role, f"{role}-sys")
+    return token_client(app, session, role, f"{role}-sys")
 
 
 def _lines(session, message_id, type_):
