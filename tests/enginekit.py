@@ -123,3 +123,4 @@ def as_process(monkeypatch, cache: dispatch.RouteCache) -> Iterator[None]:
         patch.setattr(dispatch, "route_cache", cache)
         patch.setattr(svc, "route_cache", cache)
         yield
+

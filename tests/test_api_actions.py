@@ -11,7 +11,7 @@ from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.models import Delivery, HistoryLine, Message, utcnow
-from b2bhub.services.tokens import create_token
+from tests.test_api import token_client
 
 
 @pytest.fixture
@@ -24,11 +24,7 @@ def setup(hub, record_dir):
 
 
 def _client_with_role(app, session, role):
-    token = create_token(session, f"{role}-user", role)
-    session.commit()
-    client = app.test_client()
-    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
-    return client
+    return token_client(app, session, role, f"{role}-user")
 
 
 def _upload(client, body=b"UNB+UNOA:2+ACME'", **form):

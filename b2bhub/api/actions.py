@@ -47,6 +47,22 @@ def _act(action, object_id: int) -> dict:
             "deliveries": result.deliveries}
 
 
+@bp.post("/deliveries/<int:delivery_id>/receipt")
+@requires("operator")
+@bp.arguments(s.ReceiptArgs)
+@bp.response(200, s.ActionResult)
+def report_receipt(body: dict, delivery_id: int):
+    """Settle a delivery awaiting its receipt (an HTTP destination's callback, an external
+    system finishing a long job): ``completed`` delivers it, ``failed`` fails it. A
+    second report, or one after the receipt deadline failed the delivery, is refused
+    (409) and recorded in the message history as unattributable."""
+    result = operator.record_receipt(db.session, delivery_id, body["result"] == "completed",
+                                     body["text"], g.actor, utcnow())
+    db.session.commit()
+    return {"changed": result.changed, "message": result.text,
+            "deliveries": result.deliveries}
+
+
 @bp.post("/deliveries/redeliver")
 @requires("operator")
 @bp.arguments(s.BulkRedeliverArgs)

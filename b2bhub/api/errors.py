@@ -8,7 +8,7 @@ from werkzeug.exceptions import HTTPException
 
 from b2bhub.api import bp
 from b2bhub.api.blueprint import ApiError
-from b2bhub.engine.operator import ActionRefused, UnknownObject
+from b2bhub.engine.operator import ActionRefused, ReceiptRefused, UnknownObject
 from b2bhub.extensions import db
 from b2bhub.services.errors import ServiceError
 
@@ -34,7 +34,10 @@ def _service_error(exc: ServiceError):
 
 @bp.errorhandler(ActionRefused)
 def _action_refused(exc: ActionRefused):
-    db.session.rollback()
+    if isinstance(exc, ReceiptRefused):
+        db.session.commit()  # the refused receipt stays on record
+    else:
+        db.session.rollback()
     return error_response(409, "action_refused", str(exc))
 
 

@@ -327,6 +327,13 @@ class DeliveryFilterArgs(MessageFilterArgs):
     until = UtcDateTime(metadata={"description": "delivery created before"})
 
 
+class ReceiptArgs(Schema):
+    """What an external system reports about a delivery awaiting its receipt."""
+
+    result = fields.String(required=True, validate=validate.OneOf(["completed", "failed"]))
+    text = fields.String(load_default="", validate=validate.Length(max=2000))
+
+
 class BulkRedeliverArgs(Schema):
     """The filters of ``GET /deliveries``; only failed, stalled or retrying deliveries
     are taken (a ``state`` narrows that further)."""

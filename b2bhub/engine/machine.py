@@ -555,12 +555,13 @@ def _json_safe(data: dict) -> dict:
 
 
 
-def settle_receipt(session: Session, delivery_id: int, ref: str, ok: bool, text: str,
-                   now: datetime, actor: str = "") -> bool:
+def settle_receipt(session: Session, delivery_id: int, ref: str | None, ok: bool, text: str,
+                   now: datetime, actor: str = "", kind: str = "mdn") -> bool:
     """Settle a delivery awaiting this receipt: delivered when ``ok``, else failed.
 
     A second settlement, or one after the deadline failed the delivery, changes nothing:
-    it is recorded as ``mdn_refused`` (unattributable) and False is returned."""
+    it is recorded as ``<kind>_refused`` (unattributable) and False is returned. ``kind``
+    names the lines: ``mdn`` for AS2, ``receipt`` for one reported through the API."""
     row = session.execute(select(Delivery.message_id, Delivery.target, Delivery.state)
                           .where(Delivery.id == delivery_id)).first()
     if row is None:
@@ -574,13 +575,13 @@ def settle_receipt(session: Session, delivery_id: int, ref: str, ok: bool, text:
              receipt_deadline=None)
         .execution_options(synchronize_session=False)).rowcount
     if not done:
-        add_line(session, row.message_id, "mdn_refused",
+        add_line(session, row.message_id, f"{kind}_refused",
                  f"{row.target}: receipt {ref} is unattributable: the delivery is "
                  f"{LABELS[row.state]}; {text}", actor=actor, delivery_id=delivery_id,
                  now=now)
         return False
     add_lines(session, [
-        {"message_id": row.message_id, "delivery_id": delivery_id, "type": "mdn_received",
+        {"message_id": row.message_id, "delivery_id": delivery_id, "type": f"{kind}_received",
          "actor": actor, "text": f"{row.target}: {text}"},
         {"message_id": row.message_id, "delivery_id": delivery_id,
          "type": "delivery_changed", "actor": actor,

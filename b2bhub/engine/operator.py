@@ -34,7 +34,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
-from b2bhub.engine import sequences
+from b2bhub.engine import machine, sequences
 from b2bhub.engine.dispatch import create_deliveries, route_cache
 from b2bhub.engine.history import add_line, resolve_alert
 from b2bhub.engine.settings import load_settings
@@ -92,6 +92,30 @@ def skip(session: Session, delivery_id: int, actor: str, now: datetime) -> Actio
     refresh_statuses(session, [delivery.message_id], now, actor)
     return ActionResult(True, f"skipped; {released} parked delivery(ies) released",
                         [delivery_id])
+
+
+class ReceiptRefused(ActionRefused):
+    """A receipt for a delivery that is not awaiting one (settled already, or failed
+    when its deadline passed). The refusal is recorded: commit before reporting it."""
+
+
+def record_receipt(session: Session, delivery_id: int, completed: bool, text: str,
+                   actor: str, now: datetime) -> ActionResult:
+    """Settle a delivery awaiting its receipt as an external system reports it (SPEC 8:
+    a handoff finished or failed): delivered when ``completed``, else failed."""
+    delivery = _delivery(session, delivery_id)
+    result = "completed" if completed else "failed"
+    said = f"{actor} reported the receipt: {result}" + (f": {text}" if text else "")
+    if not machine.settle_receipt(session, delivery_id, delivery.receipt_ref, completed,
+                                  said, now, actor, kind="receipt"):
+        raise ReceiptRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: only a "
+                             "delivery awaiting its receipt takes one (the refusal is in "
+                             "its history)")
+    if not completed:
+        session.expire(delivery)
+        if blocks_sequence(session, delivery):
+            sequences.park_behind(session, [delivery_id], now, actor)
+    return ActionResult(True, f"receipt {result}", [delivery_id])
 
 
 def _blocking(session: Session, delivery_id: int, verb: str) -> Delivery:
