@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from b2bhub.extensions import db
 from b2bhub.models import Delivery, HistoryLine, Message
 from b2bhub.services.users import create_user
+from tests.as2kit import make_pair
 from tests.procs import ROOT, Processes, wait_until
 
 pytestmark = pytest.mark.processes
@@ -98,6 +99,21 @@ def test_an_admin_sets_up_the_hub_and_mends_a_failed_delivery(browser, hub_url, 
     page.click("text=Create partner")
     assert "ACME Corp" in page.inner_text("#partners")
     shot(page, "02-parties")
+
+    page.click("#partners tr[data-party=acme] >> text=Add AS2 profile")
+    certificate = tmp_path / "acme.pem"
+    certificate.write_text(make_pair("acme.example", days=20)[0])
+    page.fill("#as2_id", "ACME")
+    page.set_input_files("#certificate_file", str(certificate))
+    page.click("button:has-text('Save AS2 profile')")  # refused: a partner needs its URL
+    assert page.locator(".field.has-error #url").count() == 1
+    assert page.input_value("#as2_id") == "ACME"
+    page.fill("#url", "https://acme.example/as2")
+    page.set_input_files("#certificate_file", str(certificate))
+    page.click("button:has-text('Save AS2 profile')")
+    assert "expires within 30 days" in page.inner_text("#certificates tr.expiring")
+    shot(page, "02b-as2-profile")
+    page.click("nav >> text=Parties")
 
     page.click("nav >> text=Plugins")
     page.click("text=New file_poller…")

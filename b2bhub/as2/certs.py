@@ -55,6 +55,31 @@ def _password(password: str | None) -> bytes | None:
     return password.encode() if password else None
 
 
+def upload_from_files(cert_file: bytes, key_file: bytes | None = None,
+                      password: str | None = None) -> dict:
+    """The :func:`read_upload` shape of files as a browser uploads them: a PEM (the
+    certificate, maybe with its key), a DER certificate, or a PKCS#12 (``.p12``/``.pfx``);
+    ``key_file`` a separate PEM key. Raises CertificateError for a file that is none of
+    these, so the user learns it is not a certificate rather than a wrong password."""
+    if b"-----BEGIN" in cert_file:
+        upload: dict = {"pem": cert_file.decode("ascii", "replace")}
+    elif cert_file[:1] == b"\x30":  # DER: an ASN.1 SEQUENCE, a certificate or a PKCS#12
+        try:
+            cert = x509.load_der_x509_certificate(cert_file)
+        except ValueError:
+            upload = {"pkcs12": base64.b64encode(cert_file).decode()}
+        else:
+            upload = {"pem": cert.public_bytes(serialization.Encoding.PEM).decode()}
+    else:
+        raise CertificateError("not a certificate: expected a PEM or DER certificate or a "
+                               "PKCS#12 file (.p12, .pfx)")
+    if key_file:
+        upload["private_key_pem"] = key_file.decode("ascii", "replace")
+    if password:
+        upload["password"] = password
+    return upload
+
+
 def read_upload(upload: dict, need_key: bool) -> KeyPair:
     """Read ``{"pem": ..., "private_key_pem": ..., "password": ...}`` or
     ``{"pkcs12": <base64>, "password": ...}``; a PEM may hold certificate and key together.
