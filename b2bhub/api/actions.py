@@ -56,11 +56,9 @@ def report_receipt(body: dict, delivery_id: int):
     system finishing a long job): ``completed`` delivers it, ``failed`` fails it. A
     second report, or one after the receipt deadline failed the delivery, is refused
     (409) and recorded in the message history as unattributable."""
-    result = operator.record_receipt(db.session, delivery_id, body["result"] == "completed",
-                                     body["text"], g.actor, utcnow())
-    db.session.commit()
-    return {"changed": result.changed, "message": result.text,
-            "deliveries": result.deliveries}
+    completed = body["result"] == "completed"
+    return _act(lambda session, object_id, actor, now: operator.record_receipt(
+        session, object_id, completed, body["text"], actor, now), delivery_id)
 
 
 @bp.post("/deliveries/redeliver")
