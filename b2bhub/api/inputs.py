@@ -1,4 +1,6 @@
-"""Reading requests: a JSON object body, query filters, ``limit`` and ``cursor``.
+"""Reading requests for the views without a marshmallow schema (event and log streams,
+processes, stats, AS2 profiles): a JSON object body, query filters, ``limit`` and
+``cursor``. The other views declare their input in :mod:`b2bhub.api.schemas`.
 
 Every refusal is an :class:`ApiError` 400 that says which field is wrong and why.
 """
@@ -9,7 +11,6 @@ import base64
 import binascii
 import json
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import Any
 
 from flask import request
@@ -61,23 +62,6 @@ def int_arg(name: str) -> int | None:
         raise bad_request(f"{name} must be a whole number", name) from None
 
 
-def time_arg(name: str) -> datetime | None:
-    """An ISO 8601 time; one with an offset is turned into the naive UTC the rows hold."""
-    value = request.args.get(name)
-    if not value:
-        return None
-    if "T" in value:  # an unescaped "+" of an offset arrives as a space
-        value = value.replace(" ", "+")
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise bad_request(f"{name} must be an ISO 8601 time, e.g. "
-                          "2024-05-01T12:00:00Z", name) from None
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC).replace(tzinfo=None)
-    return moment
-
-
 def limit_arg() -> int:
     value = request.args.get("limit")
     if value is None:
@@ -85,13 +69,6 @@ def limit_arg() -> int:
     if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
         raise bad_request(f"limit must be a whole number from 1 to {MAX_LIMIT}", "limit")
     return int(value)
-
-
-def encode_cursor(key: Any) -> str | None:
-    """The opaque cursor for a page that starts after ``key``; None when no more pages."""
-    if key is None:
-        return None
-    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
 
 
 def cursor_arg(kind: type) -> Any:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from b2bhub.api.inputs import encode_cursor
+from b2bhub.api.schemas import encode_cursor
 from b2bhub.config_schema import schema_to_json
 from b2bhub.models import PluginInstance
 from b2bhub.services.config import SECRET_MASK
