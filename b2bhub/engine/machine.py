@@ -124,6 +124,7 @@ RETURNING id, message_id, attempt, failures{stalled}"""
 _INSTANCE = PluginInstance.__table__
 _READ_TARGET = select(_INSTANCE).where(_INSTANCE.c.name == bindparam("name"))
 _LOCK_TARGET = _READ_TARGET.with_for_update()
+_TRY_LOCK_TARGET = _READ_TARGET.with_for_update(skip_locked=True)
 
 
 def lock_target(session: Session, target: str):
@@ -150,19 +151,38 @@ def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
 def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
                      policy: RetryPolicy | None, target: str, owner: str, now: datetime,
                      lease_seconds: int, batch_size: Callable[[Any], int]
-                     ) -> tuple[list[bool], list[Claim], Any]:
+                     ) -> tuple[list[bool], list[Claim] | None, Any]:
     """Settle the outcomes of one batch and claim the next batch of the target, in the
     caller's one transaction: one commit, one status derivation and one history INSERT
     for both. Each outcome is fenced and recorded exactly as by :func:`settle_many`,
     and the claim, made after the settlements, counts the live leases exactly as
-    :func:`claim`. The target row is locked after the settlements are written (on
-    PostgreSQL claimers take turns on it; settling first keeps that turn short).
+    :func:`claim`.
+
+    On PostgreSQL claimers of a target take turns on its instance row, and whoever holds
+    it holds it to its commit. A worker that finds the row held by another claimer does
+    not wait for it here, with the message rows of its settlements locked: it records
+    the settlements alone and returns ``None`` for the claims; the caller commits and
+    then claims with :func:`lock_target` and :func:`claim` in a transaction of their own.
+    So the turn on the row covers only the claim and its bookkeeping, never another
+    worker's settlements, and no worker waits for the row while holding message rows
+    (which, with messages delivered to several targets, could close a cycle of waits).
 
     ``batch_size(instance row)`` says how many to claim (0: none). Returns, per outcome,
-    whether it was written; the new claims; the target row (None: no such target).
+    whether it was written; the new claims (None: claim separately, see above); the
+    target row (None: no such target).
     """
     written, lines, blockers = _write_outcomes(session, outcomes, policy, now)
-    instance = lock_target(session, target)
+    if outcomes and _is_postgres(session):
+        conn = connection(session)
+        instance = conn.execute(_TRY_LOCK_TARGET, {"name": target}).one_or_none()
+        if instance is None:
+            instance = conn.execute(_READ_TARGET, {"name": target}).one_or_none()
+            if instance is not None:  # another claimer's turn: settle alone
+                _record(session, lines, now)
+                sequences.park_behind(session, blockers, now, owner)
+                return written, None, instance
+    else:
+        instance = lock_target(session, target)
     limit = batch_size(instance) if instance is not None else 0
     claims, claimed = (_take(session, target, owner, now, limit, lease_seconds, instance)
                        if limit > 0 else ([], []))

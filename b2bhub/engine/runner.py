@@ -195,6 +195,12 @@ class TargetRunner:
                 session, outcomes, last.policy if last is not None else None, target,
                 self.owner, self.clock(), settings.lease_seconds, batch_size)
             session.commit()
+            if claims is None:  # another worker was claiming: settled alone, now claim
+                instance = machine.lock_target(session, target)
+                limit = batch_size(instance) if instance is not None else 0
+                claims = machine.claim(session, target, self.owner, self.clock(), limit,
+                                       settings.lease_seconds, instance) if limit else []
+                session.commit()
         if last is not None:
             self.leases.drop(last.held)
         report.settled += sum(written)
