@@ -35,6 +35,7 @@ __all__ = [
     "PayloadStore",
     "StoredPayload",
     "VerifiedReader",
+    "syncfs",
 ]
 
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
@@ -302,7 +303,7 @@ class PayloadBatch:
         if not written:
             return
         try:
-            if not _syncfs(written[0][0]):
+            if not syncfs(written[0][0]):
                 for fd, _tmp, _stored in written:
                     os.fsync(fd)
         except BaseException:
@@ -355,7 +356,7 @@ def _load_syncfs():
 _SYNCFS = _load_syncfs()
 
 
-def _syncfs(fd: int) -> bool:
+def syncfs(fd: int) -> bool:
     """Make everything written to the file system of ``fd`` durable in one call (one
     journal commit instead of one per file); False where the system has no syncfs."""
     if _SYNCFS is None:
@@ -371,7 +372,7 @@ def _syncfs_path(path: Path) -> bool:
         return False
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        return _syncfs(fd)
+        return syncfs(fd)
     finally:
         os.close(fd)
 

@@ -8,14 +8,17 @@ Any other failure (permission, disk full, read-only file system...) is an error 
 ``storage`` that the retry policy retries: 30 s, 2 min and 10 min, then failed.
 
 The write is atomic and streamed: the payload is copied in chunks to a temporary file in
-the target directory, fsynced, then moved into place with ``os.replace`` (overwrite on)
-or ``os.link`` (overwrite off: the link fails if the name was taken meanwhile, so no
-file is ever clobbered). The directory is fsynced once for the writes of a claimed batch,
-before their outcomes are recorded (:meth:`FileWriter.before_settle`): a write is never
-recorded as delivered before its name is durable, and a directory that cannot be
-fsynced turns those outcomes into storage errors (retried). A re-attempt that finds the
-file already holding exactly the payload (same size, same sha256) counts as written, so
-an attempt cut short after the rename does not fail its retry.
+the target directory. The writes of a claimed batch are made durable together, before
+their outcomes are recorded (:meth:`FileWriter.before_settle`): first their data (one
+``syncfs`` per file system, or an fsync per file where the system has no syncfs), then
+each temporary file is moved into place with ``os.replace`` (overwrite on) or
+``os.link`` (overwrite off: the link fails if the name was taken meanwhile, so no file
+is ever clobbered), then each directory written into is fsynced once. A file therefore
+appears under its name only with all its bytes durable, and a write is never recorded
+as delivered before its name is durable; a write whose data or directory cannot be made
+durable is a storage error (retried). A re-attempt that finds the file already holding
+exactly the payload (same size, same sha256) counts as written, so an attempt cut short
+after the move does not fail its retry.
 
 Directories are walked one element at a time with directory descriptors, and each one's
 resolved path must lie below the resolved base directory, so a symbolic link can never
@@ -31,6 +34,7 @@ import secrets
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from b2bhub.config_schema import Field
@@ -42,7 +46,7 @@ from b2bhub.domain.filename_pattern import (
 )
 from b2bhub.domain.retry import FILE_WRITER_DEFAULT
 from b2bhub.domain.outcome import OutcomeKind
-from b2bhub.payloads import PayloadError
+from b2bhub.payloads import PayloadError, syncfs
 from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader, Plugin, TargetContext
 
 DEFAULT_PATTERN = "{original_filename|message_id}"
@@ -67,6 +71,20 @@ def _absolute_problem(value: str) -> str | None:
 
 class OutsideBase(Exception):
     """The path would lead out of the base directory (through a symbolic link)."""
+
+
+@dataclass
+class _Staged:
+    """A write of the current batch that is not in place yet: its temporary file beside
+    its destination, and what its outcome becomes once it is."""
+
+    directory: tuple[int, int]  # (st_dev, st_ino), a key of FileWriter._dirs
+    tmp: str
+    name: str
+    relative: str
+    payload: PayloadReader
+    reattempt: bool
+    outcome: Outcome  # the one deliver returned
 
 
 class FileWriter(Plugin):
@@ -102,7 +120,9 @@ class FileWriter(Plugin):
         except PatternError as exc:  # saved before a rule existed: fail, do not crash
             self.pattern, self.pattern_problem = None, str(exc)
         # directories written into since the last before_settle: (dev, inode) -> fd
-        self._unsynced: dict[tuple[int, int], int] = {}
+        self._dirs: dict[tuple[int, int], int] = {}
+        # writes waiting for before_settle to make them durable and put them in place
+        self._staged: list[_Staged] = []
 
     def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
                 context: TargetContext) -> Outcome:
@@ -136,46 +156,114 @@ class FileWriter(Plugin):
             attempt=delivery.attempt))
 
     def _write(self, relative: str, payload: PayloadReader, reattempt: bool) -> Outcome:
+        """Write the temporary file; :meth:`before_settle` puts it in place."""
         *dirs, name = relative.split("/")
         with _directory(self.base, dirs) as dir_fd:
             found = _lstat(dir_fd, name)
             if found is not None and not self.overwrite:
                 return self._taken(dir_fd, name, relative, payload, reattempt)
+            directory = self._keep_dir(dir_fd)
             tmp, size = _write_temp(dir_fd, payload, self.stage)
-            try:
-                if not self._place(dir_fd, tmp, name):
-                    return self._taken(dir_fd, name, relative, payload, reattempt)
-            finally:
-                _unlink_quietly(dir_fd, tmp)
-            self._sync_later(dir_fd)
-        return Outcome.delivered(f"wrote {relative} ({size} bytes)", file=relative, size=size)
+        outcome = Outcome.delivered(f"wrote {relative} ({size} bytes)", file=relative,
+                                    size=size)
+        self._staged.append(_Staged(directory, tmp, name, relative, payload, reattempt,
+                                    outcome))
+        return outcome
 
-    def _sync_later(self, dir_fd: int) -> None:
-        """Have :meth:`before_settle` fsync this directory."""
+    def _keep_dir(self, dir_fd: int) -> tuple[int, int]:
+        """Keep a descriptor of this directory until :meth:`before_settle`; its key."""
         info = os.fstat(dir_fd)
         key = (info.st_dev, info.st_ino)
-        if key not in self._unsynced:
-            self._unsynced[key] = os.dup(dir_fd)
+        if key not in self._dirs:
+            self._dirs[key] = os.dup(dir_fd)
+        return key
 
     def before_settle(self, outcomes: list[Outcome]) -> list[Outcome]:
-        """Fsync each directory written into since the last call, once; if one fails,
-        the delivered outcomes become storage errors (the retry finds the file already
-        there and counts it as written)."""
-        pending, self._unsynced = self._unsynced, {}
+        """Make the writes these outcomes report durable and put them in place: their
+        data first, then the moves, then each directory's new names (see the module
+        docstring). A write that cannot be made durable becomes a storage error (the
+        retry finds a file already in place holding its payload and counts it as
+        written); a name taken meanwhile fails it as at the start of the attempt. A
+        temporary file whose attempt reported nothing (cancelled) is removed."""
+        staged, self._staged = self._staged, []
+        try:
+            mine = {id(s.outcome): s for s in staged}
+            results = list(outcomes)
+            ours = [i for i, outcome in enumerate(outcomes) if id(outcome) in mine
+                    and mine[id(outcome)].outcome is outcome]
+            problem = self._sync_data([mine[id(outcomes[i])] for i in ours])
+            for i in ours:
+                results[i] = (self._durability_error(outcomes[i], problem) if problem
+                              else self._put_in_place(mine[id(outcomes[i])]))
+            problem = self._sync_dirs()
+        finally:
+            for item in staged:  # the temporary files not moved into place
+                _unlink_quietly(self._dirs[item.directory], item.tmp)
+            dirs, self._dirs = self._dirs, {}
+            for fd in dirs.values():
+                os.close(fd)
+        if problem is None:
+            return results
+        return [self._durability_error(outcome, problem) for outcome in results]
+
+    def _sync_data(self, staged: list[_Staged]) -> OSError | None:
+        """The data of these temporary files durable: one syncfs per file system they
+        are on, else an fsync of each."""
+        try:
+            done: set[int] = set()
+            for item in staged:
+                device = item.directory[0]
+                if device in done:
+                    continue
+                if not syncfs(self._dirs[item.directory]):
+                    break
+                done.add(device)
+            else:
+                return None
+            for item in staged:
+                fd = os.open(item.tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=self._dirs[item.directory])
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            return exc
+        return None
+
+    def _put_in_place(self, item: _Staged) -> Outcome:
+        """Move a durable temporary file to its name; the outcome to record."""
+        dir_fd = self._dirs[item.directory]
+        try:
+            try:
+                placed = self._place(dir_fd, item.tmp, item.name)
+            finally:
+                _unlink_quietly(dir_fd, item.tmp)
+            if not placed:
+                return self._taken(dir_fd, item.name, item.relative, item.payload,
+                                   item.reattempt)
+        except PayloadError as exc:
+            return Outcome.error("payload", f"could not read the payload: {exc}")
+        except OSError as exc:
+            return Outcome.error("storage", f"could not write {item.relative} below "
+                                 f"{self.base}: {_reason(exc)}", file=item.relative)
+        return item.outcome
+
+    def _sync_dirs(self) -> OSError | None:
+        """Fsync each directory written into since the last call, once."""
         failure = None
-        for fd in pending.values():
+        for fd in self._dirs.values():
             try:
                 os.fsync(fd)
             except OSError as exc:
                 failure = exc
-            finally:
-                os.close(fd)
-        if failure is None:
-            return outcomes
-        return [Outcome.error("storage", f"could not make the write durable below "
-                              f"{self.base}: {_reason(failure)}", **outcome.data)
-                if outcome.kind == OutcomeKind.DELIVERED else outcome
-                for outcome in outcomes]
+        return failure
+
+    def _durability_error(self, outcome: Outcome, failure: OSError) -> Outcome:
+        if outcome.kind != OutcomeKind.DELIVERED:
+            return outcome
+        return Outcome.error("storage", f"could not make the write durable below "
+                             f"{self.base}: {_reason(failure)}", **outcome.data)
 
     def _place(self, dir_fd: int, tmp: str, name: str) -> bool:
         """Move the written temp file to ``name``; False if overwrite is off and the
@@ -199,7 +287,8 @@ class FileWriter(Plugin):
                reattempt: bool) -> Outcome:
         """The name exists and overwrite is off: written already, or failed."""
         if reattempt and _holds(dir_fd, name, payload, self.stage):
-            self._sync_later(dir_fd)  # the attempt that wrote it may not have
+            self._keep_dir(dir_fd)  # fsynced before the settlement: the attempt that
+            # wrote it may not have
             size = payload.size(self.stage)
             return Outcome.delivered(
                 f"{relative} already holds this payload ({size} bytes); counted as written",
@@ -257,13 +346,13 @@ def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
 
 
 def _write_temp(dir_fd: int, payload: PayloadReader, stage: str) -> tuple[str, int]:
-    """Stream the stage into a new hidden temp file beside its destination, fsynced."""
+    """Stream the stage into a new hidden temp file beside its destination (made durable
+    later, with the rest of the batch)."""
     tmp = f".b2bhub-{secrets.token_hex(8)}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o666, dir_fd=dir_fd)
     try:
         size = _copy(payload, stage, fd)
-        os.fsync(fd)
     except BaseException:
         os.close(fd)
         _unlink_quietly(dir_fd, tmp)

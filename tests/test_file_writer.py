@@ -6,6 +6,7 @@ the delivery state, the message status, the history text and the alerts."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import io
@@ -544,7 +545,7 @@ def test_overwrite_off_never_clobbers_a_file_that_appears_during_the_write(
     out.mkdir()
     reader = AppearsWhileWriting(BODY, out / "order1.xml")
     plugin = FileWriter("writer", {"base_directory": str(out)})
-    outcome = plugin.deliver(message_info, reader, None)
+    [outcome] = plugin.before_settle([plugin.deliver(message_info, reader, None)])
 
     assert outcome.kind == "failed"
     assert outcome.text == "order1.xml exists and overwrite is off"
@@ -559,3 +560,115 @@ def message_info(clock):
         from_party="acme", to_party="mycompany", direction="inbound",
         original_filename="order1.xml", external_id=None, correlation_id=None,
         sequence_key=None, created_at=clock(), payload_stages=("unpacked",))
+
+
+class Body(AppearsWhileWriting):
+    """A payload reader of ``body`` that lets nobody else write anything."""
+
+    def __init__(self, body: bytes):
+        super().__init__(body, None)
+
+    def open(self, stage):
+        return io.BytesIO(self.body)
+
+
+def _info(message_info, n: int) -> DeliveryInfo:
+    return dataclasses.replace(message_info, delivery_id=n, message_id=n,
+                               original_filename=f"order{n}.xml")
+
+
+def test_a_file_appears_under_its_name_only_once_its_bytes_are_durable(
+        message_info, out, monkeypatch):
+    """The data of a batch's writes is made durable, then the files are moved into
+    place, then their directory is fsynced: a crash can never leave a name whose bytes
+    were not yet on disk."""
+    import plugins.file_writer as module
+    events = []
+    real_syncfs, real_fsync = module.syncfs, os.fsync
+
+    def data_synced(fd):
+        events.append(("data", sorted(p.name for p in out.iterdir()
+                                      if not p.name.startswith("."))))
+        return real_syncfs(fd)
+
+    def fsynced(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            events.append(("names", sorted(p.name for p in out.iterdir())))
+        return real_fsync(fd)
+    monkeypatch.setattr(module, "syncfs", data_synced)
+    monkeypatch.setattr(os, "fsync", fsynced)
+    plugin = FileWriter("writer", {"base_directory": str(out)})
+    outcomes = [plugin.deliver(_info(message_info, n), Body(BODY + bytes([n])), None)
+                for n in (1, 2)]
+    assert [o.kind for o in outcomes] == ["delivered", "delivered"]
+    assert events == [] and not (out / "order1.xml").exists()
+
+    settled = plugin.before_settle(outcomes)
+
+    assert settled == outcomes
+    assert events == [("data", []), ("names", ["order1.xml", "order2.xml"])]
+    assert (out / "order1.xml").read_bytes() == BODY + b"\x01"
+    assert (out / "order2.xml").read_bytes() == BODY + b"\x02"
+
+
+def test_a_write_whose_data_cannot_be_made_durable_is_never_put_in_place(
+        message_info, out, monkeypatch):
+    import plugins.file_writer as module
+
+    def failing(fd):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(module, "syncfs", failing)
+    plugin = FileWriter("writer", {"base_directory": str(out)})
+    [outcome] = plugin.before_settle([plugin.deliver(message_info, Body(BODY), None)])
+
+    assert (outcome.kind, outcome.error_class) == ("error", "storage")
+    assert outcome.text == (f"could not make the write durable below {out}: "
+                            "Input/output error")
+    assert files_below(out) == []
+
+
+def test_without_syncfs_each_written_file_is_fsynced_before_it_is_moved(
+        message_info, out, monkeypatch):
+    import plugins.file_writer as module
+    synced = []
+    fsync = os.fsync
+
+    def recording(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            synced.append(sorted(p.name for p in out.iterdir()
+                                 if not p.name.startswith(".")))
+        return fsync(fd)
+    monkeypatch.setattr(module, "syncfs", lambda fd: False)
+    monkeypatch.setattr(os, "fsync", recording)
+    plugin = FileWriter("writer", {"base_directory": str(out)})
+    outcomes = plugin.before_settle([
+        plugin.deliver(_info(message_info, n), Body(BODY), None) for n in (1, 2, 3)])
+
+    assert [o.kind for o in outcomes] == ["delivered"] * 3
+    assert synced == [[], [], []]
+    assert files_below(out) == ["order1.xml", "order2.xml", "order3.xml"]
+
+
+def test_the_temporary_file_of_an_attempt_that_reported_nothing_is_removed(
+        message_info, out):
+    """An attempt cancelled after its write (the worker's stop grace ran out) has no
+    outcome: its file is not put in place and its temporary file goes."""
+    plugin = FileWriter("writer", {"base_directory": str(out)})
+    plugin.deliver(_info(message_info, 1), Body(BODY), None)  # outcome lost
+    kept = plugin.deliver(_info(message_info, 2), Body(BODY), None)
+
+    assert plugin.before_settle([kept]) == [kept]
+    assert files_below(out) == ["order2.xml"]
+
+
+def test_two_writes_of_one_batch_to_one_name_the_second_fails(message_info, out):
+    plugin = FileWriter("writer", {"base_directory": str(out)})
+    first = plugin.deliver(message_info, Body(BODY), None)
+    second = plugin.deliver(dataclasses.replace(message_info, delivery_id=2),
+                            Body(BODY.upper()), None)
+    outcomes = plugin.before_settle([first, second])
+
+    assert [o.kind for o in outcomes] == ["delivered", "failed"]
+    assert outcomes[1].text == "order1.xml exists and overwrite is off"
+    assert (out / "order1.xml").read_bytes() == BODY
+    assert files_below(out) == ["order1.xml"]
