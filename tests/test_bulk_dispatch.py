@@ -77,6 +77,11 @@ def test_a_batch_stores_what_one_by_one_stores(hub, session, broker):
     assert [len(s["deliveries"]) for s in expected] == [2, 1, 0, 1]
     assert expected[2]["message"][10] == "not_routed" and expected[2]["alerts"]
     assert expected[3]["history"][0][1] == "alice"
+    # delivery ids (and sequence numbers, equal to them) follow the order of the batch
+    made = session.execute(select(Delivery.message_id, Delivery.id, Delivery.sequence_no)
+                           .where(Delivery.message_id.in_(bulk)).order_by(Delivery.id)).all()
+    assert [r.message_id for r in made] == sorted(r.message_id for r in made)
+    assert [r.sequence_no for r in made] == [r.id for r in made]
 
 
 def test_wakeups_go_out_after_the_commit_once_per_slot_of_each_target(hub, session,

@@ -10,6 +10,7 @@ the routes of a later commit (a counter would reach the same number again).
 
 from __future__ import annotations
 
+import functools
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -20,8 +21,10 @@ from sqlalchemy.orm import Session
 
 from b2bhub.domain import routing
 from b2bhub.domain.states import DeliveryState, MessageStatus
-from b2bhub.engine.history import add_lines
+from b2bhub.domain.status import derive_status
+from b2bhub.engine.history import add_lines, connection
 from b2bhub.engine.machine import wakeups_per_target
+from b2bhub.engine.rows import insert_rows
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
@@ -167,10 +170,23 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
     targets = _targets_of(session, batch)
     made = _insert_deliveries(session, batch, ids, targets, now, load_settings(session))
     add_lines(session, _intake_lines(batch, ids, targets, made), now)
+    # A new message is stored Received; what its new deliveries say of it is known
+    # without reading them back: only a message whose status that changes (one with
+    # none: Not routed) goes through the derivation, with its line and alert.
+    changing = {mid for mid, names in zip(ids, targets, strict=True)
+                if _status_of_new(len(names)) != MessageStatus.RECEIVED}
     for actor, members in _by_actor(batch, ids).items():
-        refresh_statuses(session, members, now, actor=actor)
+        if changing.intersection(members):
+            refresh_statuses(session, [m for m in members if m in changing], now,
+                             actor=actor)
     after_commit(session, wakeups_per_target(session, [(d, t) for d, _m, t in made]))
     return ids
+
+
+@functools.cache
+def _status_of_new(deliveries: int) -> str:
+    """The status derived for a message with this many deliveries, all queued."""
+    return derive_status([(DeliveryState.QUEUED, None)] * deliveries).value
 
 
 def _insert_messages(session: Session, batch: list[NewMessage], now: datetime
@@ -178,26 +194,37 @@ def _insert_messages(session: Session, batch: list[NewMessage], now: datetime
     names = {name for new in batch for name in (new.from_party, new.to_party)}
     kinds = dict(session.execute(select(Party.name, Party.kind).where(
         Party.name.in_(names))).all())
-    rows = [_message_row(new, kinds, now) for new in batch]
+    rows = [_message_row(new, kinds) for new in batch]
+    payloads = [[{"stage": stage, "digest": digest, "size": size}
+                 for stage, (digest, size) in new.stages.items()] for new in batch]
+    conn = connection(session)
+    if conn.dialect.name == "postgresql":
+        ids = insert_rows(conn, Message.__table__, rows,
+                          {"created_at": now, "updated_at": now}, returning_ids=True)
+        insert_rows(conn, Payload.__table__, [
+            {"message_id": mid, **stage} for mid, stages in zip(ids, payloads, strict=True)
+            for stage in stages], {"created_at": now})
+        return ids
     ids = list(session.scalars(insert(Message).returning(
-        Message.id, sort_by_parameter_order=True), rows))
-    payloads = [{"message_id": mid, "stage": stage, "digest": digest, "size": size,
-                 "created_at": now}
-                for mid, new in zip(ids, batch, strict=True)
-                for stage, (digest, size) in new.stages.items()]
-    if payloads:
-        session.execute(insert(Payload), payloads)
+        Message.id, sort_by_parameter_order=True),
+        [{**row, "created_at": now, "updated_at": now} for row in rows]))
+    stage_rows = [{"message_id": mid, "created_at": now, **stage}
+                  for mid, stages in zip(ids, payloads, strict=True) for stage in stages]
+    if stage_rows:
+        session.execute(insert(Payload), stage_rows)
     return ids
 
 
-def _message_row(new: NewMessage, kinds: dict[str, str], now: datetime) -> dict:
+def _message_row(new: NewMessage, kinds: dict[str, str]) -> dict:
+    """A new message's columns but its times."""
     digest, size = _main_stage(new)
     return {"source": new.source, "from_party": new.from_party, "to_party": new.to_party,
             "direction": _direction(kinds, new.from_party, new.to_party),
             "original_filename": new.original_filename, "external_id": new.external_id,
             "correlation_id": new.correlation_id, "status": MessageStatus.RECEIVED,
+            "status_text": "",
             "sequence_key": new.sequence_key or f"{new.from_party}>{new.to_party}",
-            "sha256": digest, "size": size, "created_at": now, "updated_at": now}
+            "sha256": digest, "size": size}
 
 
 def _targets_of(session: Session, batch: list[NewMessage]) -> list[list[str]]:
@@ -215,18 +242,24 @@ def _insert_deliveries(session: Session, batch: list[NewMessage], ids: list[int]
                        settings: DeliverySettings) -> list[tuple[int, int, str]]:
     """One queued delivery per target; (delivery id, message id, target) in order."""
     first_rewake = now + timedelta(seconds=settings.wake_delay(1))
-    rows = [{"message_id": mid, "target": target, "state": DeliveryState.QUEUED,
-             "due_at": now, "next_wake_at": first_rewake, "wake_count": 1,
-             "sequence_key": new.sequence_key or f"{new.from_party}>{new.to_party}",
-             "created_at": now, "updated_at": now}
+    rows = [{"message_id": mid, "target": target, "state": DeliveryState.QUEUED.value,
+             "attempt": 0, "failures": 0, "wake_count": 1, "last_result": "",
+             "sequence_key": new.sequence_key or f"{new.from_party}>{new.to_party}"}
             for mid, new, names in zip(ids, batch, targets, strict=True) for target in names]
     if not rows:
         return []
-    delivery_ids = list(session.scalars(insert(Delivery).returning(
-        Delivery.id, sort_by_parameter_order=True), rows))
-    session.execute(update(Delivery).where(Delivery.id.in_(delivery_ids))
-                    .values(sequence_no=Delivery.id)
-                    .execution_options(synchronize_session=False))
+    times = {"due_at": now, "next_wake_at": first_rewake, "created_at": now,
+             "updated_at": now}
+    conn = connection(session)
+    if conn.dialect.name == "postgresql":  # sequence_no (= id) in the same statement
+        delivery_ids = insert_rows(conn, Delivery.__table__, rows, times,
+                                   returning_ids=True, id_also="sequence_no")
+    else:
+        delivery_ids = list(session.scalars(insert(Delivery).returning(
+            Delivery.id, sort_by_parameter_order=True), [{**row, **times} for row in rows]))
+        session.execute(update(Delivery).where(Delivery.id.in_(delivery_ids))
+                        .values(sequence_no=Delivery.id)
+                        .execution_options(synchronize_session=False))
     return [(did, row["message_id"], row["target"])
             for did, row in zip(delivery_ids, rows, strict=True)]
 
@@ -261,7 +294,7 @@ def store_refused(session: Session, new: NewMessage, reason: str, now: datetime)
     names = [new.from_party, new.to_party]
     kinds = dict(session.execute(select(Party.name, Party.kind).where(
         Party.name.in_(names))).all())
-    row = _message_row(new, kinds, now)
+    row = {**_message_row(new, kinds), "created_at": now, "updated_at": now}
     row["status"], row["status_text"] = MessageStatus.REFUSED, reason[:2000]
     message_id = session.scalar(insert(Message).returning(Message.id), row)
     if new.stages:

@@ -22,6 +22,8 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
+from b2bhub.engine.history import connection
+from b2bhub.engine.rows import insert_rows
 from b2bhub.models import Party, PollerPickup, utcnow
 from b2bhub.payloads import PayloadBatch, PayloadStore, StoredPayload
 from b2bhub.plugin_api import PickedFile
@@ -189,10 +191,16 @@ class SourceIntake:
             return {}
         rows = [{"instance": self.instance_name, "path": s.file.relative,
                  "size": s.file.size, "mtime_ns": s.file.mtime_ns,
-                 "sha256": s.stored.digest, "message_id": message_id, "created_at": now}
+                 "sha256": s.stored.digest, "message_id": message_id}
                 for s, message_id in zip(fresh, made, strict=True)]
-        ids = self.session.scalars(insert(PollerPickup).returning(
-            PollerPickup.id, sort_by_parameter_order=True), rows)
+        conn = connection(self.session)
+        if conn.dialect.name == "postgresql":
+            ids = insert_rows(conn, PollerPickup.__table__, rows, {"created_at": now},
+                              returning_ids=True)
+        else:
+            ids = list(self.session.scalars(insert(PollerPickup).returning(
+                PollerPickup.id, sort_by_parameter_order=True),
+                [{**row, "created_at": now} for row in rows]))
         return {id(s): row_id for s, row_id in zip(fresh, ids, strict=True)}
 
     def _known_pickups(self, files: list[PickedFile]) -> dict[tuple, int]:
