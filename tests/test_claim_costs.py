@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Text, cast, select, text
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
@@ -68,6 +68,28 @@ def test_statements_per_claimed_batch_are_few_and_do_not_grow_with_its_size(
     assert counts[16] == 1 + first + messages + last  # with the settings read
     assert counts[2] == counts[16]
     assert later + messages == (9 if postgres else 8)  # 16 and 13 in the first version
+
+
+def test_a_claim_reads_the_rows_it_takes_not_the_whole_backlog(hub, session):
+    """The claim walks the claimable rows of its target in claim order (a partial index
+    of queued, retrying and stalled rows by due time): no sort of every due delivery,
+    which with 10,000 queued cost about 4 ms of the database per claim."""
+    standard_hub(hub, max_concurrent_deliveries=16)
+    hub.route("inbox", "*", "*", "writer_a")
+    for _ in range(40):
+        hub.message()
+    session.commit()
+    postgres = session.get_bind().dialect.name == "postgresql"
+    statement = machine._claim_statement(postgres, False)
+    params = {"target": "writer_a", "now": at(60), "owner": "w", "n": 16,
+              "until": at(360), "max_concurrent": 16}
+    explain = "EXPLAIN " if postgres else "EXPLAIN QUERY PLAN "
+    plan = " ".join(str(row[-1]) for row in session.execute(
+        text(explain + statement.text).bindparams(*statement._bindparams.values()), params))
+    session.rollback()
+
+    assert "ix_deliveries_claimable" in plan
+    assert ("Sort" not in plan) if postgres else ("TEMP B-TREE" not in plan)
 
 
 def test_the_claim_of_a_stalled_delivery_resolves_its_alert_and_no_other(hub, session):

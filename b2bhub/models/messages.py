@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from b2bhub.models.base import Base, BigId, utcnow
@@ -55,6 +55,9 @@ class Payload(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+CLAIMABLE = text("state IN ('queued', 'retrying', 'stalled')")
+
+
 class Delivery(Base):
     """One message on its way to one target; only ``b2bhub.engine.machine`` writes state.
 
@@ -72,6 +75,9 @@ class Delivery(Base):
         Index("ix_deliveries_target_state", "target", "state", "due_at"),
         Index("ix_deliveries_sequence", "target", "sequence_key", "sequence_no"),
         Index("ix_deliveries_receipt_ref", "receipt_ref"),
+        # the claim's order over the claimable rows only (migration 0007)
+        Index("ix_deliveries_claimable", "target", "due_at", "id",
+              postgresql_where=CLAIMABLE, sqlite_where=CLAIMABLE),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
