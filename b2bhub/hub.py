@@ -26,7 +26,10 @@ PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 def hub_init_app(app: Flask) -> None:
     app.extensions["b2bhub.store"] = PayloadStore(app.config["PAYLOAD_DIR"])
-    app.extensions["b2bhub.registry"] = app.config.get("PLUGIN_REGISTRY") or get_registry()
+    registry = app.extensions["b2bhub.registry"] = (app.config.get("PLUGIN_REGISTRY")
+                                                    or get_registry())
+    wakeups.set_claim_batch(lambda type_name: getattr(
+        registry.get(type_name), "claim_batch", 1) if type_name in registry else 1)
     if "WAKEUP_PUBLISHER" in app.config:
         wakeups.set_publisher(app.config["WAKEUP_PUBLISHER"])
     else:

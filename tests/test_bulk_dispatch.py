@@ -1,13 +1,17 @@
 """Dispatching a batch (a poller's scan) in a few statements stores exactly what
-dispatching its messages one by one stores, and wakes each target once per slot."""
+dispatching its messages one by one stores, and wakes each target once per batch it
+may claim at once."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import func, select
 
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
+from b2bhub.engine.settings import load_settings, save_settings
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, Payload
 from tests.enginekit import T0, Broker, standard_hub
 
@@ -84,15 +88,21 @@ def test_a_batch_stores_what_one_by_one_stores(hub, session, broker):
     assert [r.sequence_no for r in made] == [r.id for r in made]
 
 
-def test_wakeups_go_out_after_the_commit_once_per_slot_of_each_target(hub, session,
-                                                                      broker):
-    standard_hub(hub, targets=("writer_a",), max_concurrent_deliveries=3)
-    hub.instance("writer_b", "noop", max_concurrent_deliveries=1)
+def test_wakeups_go_out_after_the_commit_once_per_claim_batch_of_each_target(
+        hub, session, broker, tmp_path):
+    """A woken worker claims up to its target's claim batch at a time and drains the
+    target: a target is woken as often as batches of its due deliveries may run at
+    once, ceil(min(due, Max Concurrent Deliveries) / claim batch)."""
+    standard_hub(hub, targets=("writer_a",), max_concurrent_deliveries=40)  # batch 16
+    hub.instance("writer_b", "noop", max_concurrent_deliveries=3)
+    hub.instance("writer_c", "recorder", config={"record_dir": str(tmp_path)},
+                 max_concurrent_deliveries=2)  # claims one at a time
     hub.route("inbox", "*", "*", "writer_a")
     hub.route("inbox", "globex", "*", "writer_b")
+    hub.route("inbox", "globex", "*", "writer_c")
     stored = hub.store.put(b"payload")
     news = [NewMessage("inbox", sender, "mycompany", {"unpacked": (stored.digest, 7)})
-            for sender in ["acme"] * 5 + ["globex"] * 3]
+            for sender in ["acme"] * 30 + ["globex"] * 5]
 
     store_and_dispatch_many(session, news, T0)
     session.flush()
@@ -100,12 +110,25 @@ def test_wakeups_go_out_after_the_commit_once_per_slot_of_each_target(hub, sessi
     session.commit()
 
     rows = session.execute(select(Delivery.id, Delivery.target).order_by(Delivery.id)).all()
-    assert len(rows) == 11
+    assert len(rows) == 35 + 5 + 5
     woken = broker.take()
-    assert [(i, t) for i, t in rows if t == "writer_a"][:3] == [
-        w for w in woken if w[1] == "writer_a"]
-    assert [(i, t) for i, t in rows if t == "writer_b"][:1] == [
-        w for w in woken if w[1] == "writer_b"]
+    for target, count in (("writer_a", 3), ("writer_b", 1), ("writer_c", 2)):
+        assert [(i, t) for i, t in rows if t == target][:count] == [
+            w for w in woken if w[1] == target]
+    assert len(woken) == 6
+
+
+def test_a_lower_claim_batch_max_setting_wakes_a_target_more_often(hub, session, broker):
+    standard_hub(hub, targets=("writer_a",), max_concurrent_deliveries=40)
+    hub.route("inbox", "*", "*", "writer_a")
+    save_settings(session, replace(load_settings(session), claim_batch_max=4))
+    stored = hub.store.put(b"payload")
+    store_and_dispatch_many(session, [
+        NewMessage("inbox", "acme", "mycompany", {"unpacked": (stored.digest, 7)})
+        for _ in range(10)], T0)
+    session.commit()
+
+    assert len(broker.take()) == 3  # batches of 4
 
 
 def test_a_rolled_back_batch_leaves_nothing_and_publishes_nothing(hub, session, broker):

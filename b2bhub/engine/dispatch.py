@@ -162,13 +162,15 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
     ids in the order of ``batch``.
 
     Wake-ups (hints: a woken worker drains its target) go out after the commit as the
-    sweep sends them: per target, as many as it may run at once, not one per delivery.
+    sweep sends them: per target, one per batch it may claim at once, not one per
+    delivery.
     """
     if not batch:
         return []
     ids = _insert_messages(session, batch, now)
     targets = _targets_of(session, batch)
-    made = _insert_deliveries(session, batch, ids, targets, now, load_settings(session))
+    settings = load_settings(session)
+    made = _insert_deliveries(session, batch, ids, targets, now, settings)
     add_lines(session, _intake_lines(batch, ids, targets, made), now)
     # A new message is stored Received; what its new deliveries say of it is known
     # without reading them back: only a message whose status that changes (one with
@@ -179,7 +181,8 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
         if changing.intersection(members):
             refresh_statuses(session, [m for m in members if m in changing], now,
                              actor=actor)
-    after_commit(session, wakeups_per_target(session, [(d, t) for d, _m, t in made]))
+    after_commit(session, wakeups_per_target(session, [(d, t) for d, _m, t in made],
+                                             settings))
     return ids
 
 

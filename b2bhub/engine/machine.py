@@ -41,9 +41,9 @@ from sqlalchemy.orm import Session
 from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
-from b2bhub.engine import sequences
+from b2bhub.engine import sequences, wakeups
 from b2bhub.engine.history import add_line, add_lines, connection, raise_alert
-from b2bhub.engine.settings import DeliverySettings
+from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.models import Alert, Delivery, InstanceState, PluginInstance
 
@@ -509,8 +509,8 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
              limit: int) -> list[tuple[int, str]]:
     """Count a wake-up on every due, unclaimed delivery and schedule the next one.
 
-    Returns the wake-ups to publish after commit: per target, as many as it may run at
-    once (a woken worker claims several due deliveries, so one per delivery is waste).
+    Returns the wake-ups to publish after commit: per target, one per batch it may
+    claim at once (:func:`wakeups_per_target`; one per delivery is waste).
     """
     rows = session.execute(select(Delivery.id, Delivery.target, Delivery.wake_count)
                            .where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
@@ -528,24 +528,33 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
         update(table).where(table.c.id == bindparam("_id"),
                             or_(table.c.state == S.QUEUED, table.c.state == S.RETRYING))
         .values(wake_count=bindparam("_wc"), next_wake_at=bindparam("_next")), params)
-    return wakeups_per_target(session, [(r.id, r.target) for r in rows])
+    return wakeups_per_target(session, [(r.id, r.target) for r in rows], settings)
 
 
-def wakeups_per_target(session: Session, due: Iterable[tuple[int, str]]
-                       ) -> list[tuple[int, str]]:
-    """The wake-ups to publish for due (delivery id, target) pairs: per target, as many
-    as it may run at once (a woken worker drains its target, so one per delivery is
-    waste)."""
+def wakeups_per_target(session: Session, due: Iterable[tuple[int, str]],
+                       settings: DeliverySettings | None = None) -> list[tuple[int, str]]:
+    """The wake-ups to publish for due (delivery id, target) pairs: per target, one per
+    batch it may claim at once. A woken worker drains its target, claiming up to the
+    plugin type's claim batch (at most ``claim_batch_max``) at a time, so more
+    wake-ups than ``ceil(min(due, Max Concurrent Deliveries) / claim batch)`` find
+    nothing left to claim."""
     by_target: dict[str, list[int]] = {}
     for delivery_id, target in due:
         by_target.setdefault(target, []).append(delivery_id)
     if not by_target:
         return []
-    limits = dict(session.execute(select(PluginInstance.name,
-                                         PluginInstance.max_concurrent_deliveries)
-                                  .where(PluginInstance.name.in_(list(by_target)))).all())
-    return [(i, target) for target, ids in by_target.items()
-            for i in ids[:max(1, limits.get(target) or 1)]]
+    rows = session.execute(select(PluginInstance.name, PluginInstance.type,
+                                  PluginInstance.max_concurrent_deliveries)
+                           .where(PluginInstance.name.in_(list(by_target)))).all()
+    most = (settings or load_settings(session)).claim_batch_max
+    slots = {name: (max(1, concurrent or 1),
+                    max(1, min(wakeups.claim_batch(type_name), most)))
+             for name, type_name, concurrent in rows}
+    out = []
+    for target, ids in by_target.items():
+        concurrent, batch = slots.get(target, (1, 1))
+        out += [(i, target) for i in ids[:-(-min(len(ids), concurrent) // batch)]]
+    return out
 
 
 # --- helpers --------------------------------------------------------------------------

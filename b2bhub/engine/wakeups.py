@@ -4,6 +4,10 @@ Engine functions call :func:`after_commit` with (delivery id, target); a session
 hands the list to the publisher once the commit succeeded, and drops it on rollback.
 The publisher (Celery in the app, anything in tests) is set with :func:`set_publisher`.
 A failing publisher never fails the caller: the sweep recovers a lost wake-up.
+
+How many deliveries a woken worker claims at once depends on the target's plugin type
+(its ``claim_batch``); the process tells the engine with :func:`set_claim_batch`, so
+that a target is woken once per batch it can run at once, not once per delivery.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ log = logging.getLogger(__name__)
 Publisher = Callable[[list[tuple[int, str]]], None]
 _KEY = "b2bhub_wakeups"
 _publisher: Publisher | None = None
+_claim_batch: Callable[[str], int] | None = None
 
 
 def set_publisher(publisher: Publisher | None) -> Publisher | None:
@@ -25,6 +30,17 @@ def set_publisher(publisher: Publisher | None) -> Publisher | None:
     global _publisher
     previous, _publisher = _publisher, publisher
     return previous
+
+
+def set_claim_batch(lookup: Callable[[str], int] | None) -> None:
+    """Install how many due deliveries a worker claims at once for a plugin type."""
+    global _claim_batch
+    _claim_batch = lookup
+
+
+def claim_batch(type_name: str) -> int:
+    """The claim batch of a plugin type: 1 unless the process said otherwise."""
+    return max(1, _claim_batch(type_name)) if _claim_batch is not None else 1
 
 
 def after_commit(session: Session, wakeups: Iterable[tuple[int, str]]) -> None:
