@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
+from time import monotonic
 from typing import IO, Any
 
 from b2bhub.config_schema import Field
@@ -58,6 +59,8 @@ class FilePoller(Plugin):
     type_name = "file_poller"
     roles = frozenset({"source"})
     description = "Makes a message of each file that appears below a directory."
+    #: seconds one poll may go on scanning in this process (see :meth:`poll`)
+    scan_budget = 20.0
     config_schema = [
         Field("base_directory", "path", required=True,
               help="the directory scanned; created when the instance starts"),
@@ -103,15 +106,37 @@ class FilePoller(Plugin):
 
     # the scan ----------------------------------------------------------------
     def poll(self, context: SourceContext) -> None:
-        """One scan: finish what a crash left, then take the files complete by now."""
+        """Finish what a crash left, then scan: take the files complete by now.
+
+        A file is complete once two scans saw the same size and mtime, and what a scan
+        saw is known to the process that ran it. When a scan lasted a whole polling
+        interval, the next one is due as it ends; if it saw files not complete yet,
+        this process runs that next scan at once (in another process, whichever took
+        the task, they would all be first sightings), up to ``scan_budget`` seconds."""
         context.recover_files(self.find)
+        began = monotonic()
+        interval = float(self.config.get("polling_interval") or 10)
+        while True:
+            started = monotonic()
+            waiting = self._scan(context)
+            ended = monotonic()
+            if (not waiting or ended - started < interval
+                    or ended - began >= self.scan_budget):
+                return
+
+    def _scan(self, context: SourceContext) -> int:
+        """One scan; how many files it saw that are not complete yet."""
         current: dict[Parts, tuple[int, int]] = {}
+        waiting = 0
         for parts, seen in self._candidates():
             current[parts] = seen
             if self._previous.get(parts) == seen:
                 self._pick_up(context, parts, seen)
+            else:
+                waiting += 1
         self._previous = current
         context.flush()
+        return waiting
 
     def _candidates(self) -> Iterator[tuple[Parts, tuple[int, int]]]:
         """Files at described places whose name matches the file pattern."""

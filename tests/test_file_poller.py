@@ -184,6 +184,42 @@ def test_a_file_changing_between_scans_is_not_taken(poller, runner, clock, base,
     assert runner.store.open(rows[0].sha256).read() == b"part one, part two"
 
 
+class Ticks:
+    """``time.monotonic`` for the poller: the given readings, then the last one."""
+
+    def __init__(self, *readings: float):
+        self.readings = list(readings)
+
+    def __call__(self) -> float:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def test_a_scan_that_lasted_an_interval_scans_again_at_once_in_its_process(
+        poller, runner, clock, base, session, monkeypatch):
+    """The next scan is due when this one ends; this process ran the scan that saw the
+    files, so it runs the next one too: the files are taken without waiting for a scan
+    of another process, for which they would be first sightings."""
+    import plugins.file_poller as module
+    poller(polling_interval=1)
+    path = put(base, "acme/order1.xml")
+    # the poll begins, the first scan starts and ends 1.5 s later, the second is quick
+    monkeypatch.setattr(module, "monotonic", Ticks(0.0, 0.0, 1.5, 1.5, 1.6))
+    report = scan(runner, clock)
+
+    assert len(report.messages) == 1 and not path.exists()
+
+
+def test_a_quick_scan_leaves_the_next_one_to_the_schedule(poller, runner, clock, base,
+                                                          session, monkeypatch):
+    import plugins.file_poller as module
+    poller(polling_interval=1)
+    path = put(base, "acme/order1.xml")
+    monkeypatch.setattr(module, "monotonic", Ticks(0.0, 0.0, 0.5))
+    report = scan(runner, clock)
+
+    assert report.messages == [] and path.exists()
+
+
 def test_many_files_are_stored_in_few_transactions(poller, registry, hub, clock, base,
                                                    session):
     poller()
