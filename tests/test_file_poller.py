@@ -425,10 +425,10 @@ def test_the_scan_lease_lasts_the_scan_lease_seconds_setting(
     put(base, "acme/o.xml")
     runner = SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock)
     scan(runner, clock)
-    real_remove, held = file_poller.LocalFile.remove, []
+    real_remove, held, bind = file_poller.LocalFile.remove, [], session.get_bind()
 
-    def note_the_lease(self):  # after the batch's commit renewed the lease
-        with new_session() as s:
+    def note_the_lease(self):  # after the batch's commit renewed the lease; files are
+        with Session(bind) as s:  # removed on a thread of their own (no app context)
             held.append((*s.execute(select(Lock.owner, Lock.until).where(
                 Lock.name == "scan:poller")).one(), clock()))
         return real_remove(self)

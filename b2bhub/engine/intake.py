@@ -3,10 +3,11 @@
 Payload stages go to the payload store first (a batch's files made durable together,
 before the transaction); then one transaction inserts the messages of the batch, their
 deliveries and history, and a ``poller_pickups`` row per file (path, size, mtime,
-sha256). Files are removed only after that commit, and their rows deleted after the
-removals are durable. A process that dies in between leaves rows behind: the next
-scan removes each file that still matches its row instead of storing it again. The scan
-is therefore safe to kill at any point: a file is stored once and never lost.
+sha256). Files are removed only after that commit (while the next batch is read), and
+their rows deleted after the removals are durable. A process that dies in between
+leaves rows behind: the next scan removes each file that still matches its row instead
+of storing it again. The scan is therefore safe to kill at any point: a file is stored
+once and never lost.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any
@@ -71,6 +73,8 @@ class SourceIntake:
         self._staged: list[_Staged] = []
         self._payloads: PayloadBatch = store.batch()
         self._parties: dict[str, str] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._removal: Future[list[int]] | None = None  # the last batch's files
 
     # parties -----------------------------------------------------------------
     def party_kind(self, name: str) -> str | None:
@@ -139,9 +143,13 @@ class SourceIntake:
         return None
 
     def flush(self) -> list[int]:
-        """Commit the staged files as messages with their pickups, then remove them."""
+        """Commit the staged files as messages with their pickups, then remove them
+        (on a thread of its own, while the next batch is read); the pickups of the
+        files removed are forgotten in the next batch's transaction, or in one of their
+        own when there is none."""
         batch, self._staged = self._staged, []
         if not batch:
+            self._forget(self._removed_pickups())
             return []
         try:
             self._payloads.commit()  # durable and in place before the transaction
@@ -149,15 +157,36 @@ class SourceIntake:
             self._payloads.discard()
             raise
         pickups, made = self._commit(batch)
-        self._remove(batch, pickups)
+        self._removal = self._remover().submit(self._remove, batch, pickups)
         self.made.extend(made)
         return made
 
     def discard(self) -> None:
         """Drop what was staged and not committed (the scan ended early); the files
-        stay where they are for the next scan."""
+        stay where they are for the next scan. Files being removed are waited for and
+        their pickups forgotten (left to the next scan's recovery if that fails)."""
         self._staged = []
         self._payloads.discard()
+        try:
+            self._forget(self._removed_pickups())
+        except Exception:
+            log.warning("%s: the pickups of removed files are left to the next scan",
+                        self.instance_name, exc_info=True)
+            self.session.rollback()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown()
+                self._executor = None
+
+    def _remover(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="intake-remove")
+        return self._executor
+
+    def _removed_pickups(self) -> list[int]:
+        """Wait for the removal under way; the pickups of the files it removed for good."""
+        removal, self._removal = self._removal, None
+        return removal.result() if removal is not None else []
 
     def _commit(self, batch: list[_Staged]) -> tuple[list[int], list[int]]:
         """One transaction: the new files' messages in one bulk dispatch, their pickup
@@ -165,6 +194,7 @@ class SourceIntake:
         now = self.clock()
         try:
             self.fence.check(self.session, now)
+            self._delete_pickups(self._removed_pickups())  # the last batch's files
             known = self._known_pickups([s.file for s in batch])
             fresh = [s for s in batch
                      if _key(s.file, s.stored.digest) not in known]
@@ -212,18 +242,22 @@ class SourceIntake:
             PollerPickup.path.in_({f.relative for f in files}))).all()
         return {(r.path, r.size, r.mtime_ns, r.sha256): r.id for r in rows}
 
-    def _remove(self, batch: list[_Staged], pickups: list[int]) -> None:
-        """After the commit: remove each file, make the removals durable, then forget
-        the pickups of those gone."""
+    def _remove(self, batch: list[_Staged], pickups: list[int]) -> list[int]:
+        """After the commit: remove each file and make the removals durable; the
+        pickups of those gone for good (to forget). Touches no database."""
         done = [(staged.file, row_id) for staged, row_id in zip(batch, pickups, strict=True)
                 if _removed(staged.file, self.instance_name)]
         durable = _removals_durable([file for file, _row_id in done], self.instance_name)
-        self._forget([row_id for file, row_id in done if file in durable])
+        return [row_id for file, row_id in done if file in durable]
 
     def _forget(self, ids: list[int]) -> None:
         if ids:
-            self.session.execute(delete(PollerPickup).where(PollerPickup.id.in_(ids)))
+            self._delete_pickups(ids)
             self.session.commit()
+
+    def _delete_pickups(self, ids: list[int]) -> None:
+        if ids:
+            self.session.execute(delete(PollerPickup).where(PollerPickup.id.in_(ids)))
 
     # after a crash -----------------------------------------------------------
     def recover_files(self, find: Callable[[str], PickedFile | None]) -> int:
