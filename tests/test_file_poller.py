@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -207,6 +208,30 @@ def test_a_scan_that_lasted_an_interval_scans_again_at_once_in_its_process(
     report = scan(runner, clock)
 
     assert len(report.messages) == 1 and not path.exists()
+
+
+def test_a_scan_again_at_once_never_stores_twice_a_file_still_being_removed(
+        poller, runner, clock, base, session, monkeypatch):
+    """The files of a committed batch are removed on a thread while the scan goes on;
+    the scan that follows at once may still list them: they are not taken again."""
+    import plugins.file_poller as module
+    poller(polling_interval=1)
+    paths = [put(base, f"acme/order{i}.xml", b"<order n='%d'/>" % i) for i in range(3)]
+    scan(runner, clock)  # first sighting
+    paths.append(put(base, "acme/order3.xml", b"<order n='3'/>"))  # seen by the next
+    real_remove = module.LocalFile.remove
+
+    def slow_remove(self):
+        time.sleep(0.3)
+        return real_remove(self)
+    monkeypatch.setattr(module.LocalFile, "remove", slow_remove)
+    # the first scan takes three files and lasts an interval; the second takes the
+    # fourth, and lists the three again while they are being removed
+    monkeypatch.setattr(module, "monotonic", Ticks(0.0, 0.0, 1.5, 1.5, 1.6))
+    report = scan(runner, clock)
+
+    assert len(report.messages) == 4 and count(session, Message) == 4
+    assert not any(p.exists() for p in paths) and count(session, PollerPickup) == 0
 
 
 def test_a_quick_scan_leaves_the_next_one_to_the_schedule(poller, runner, clock, base,

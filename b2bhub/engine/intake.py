@@ -75,6 +75,7 @@ class SourceIntake:
         self._parties: dict[str, str] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._removal: Future[list[int]] | None = None  # the last batch's files
+        self._removing: set[str] = set()  # their relative paths
 
     # parties -----------------------------------------------------------------
     def party_kind(self, name: str) -> str | None:
@@ -119,6 +120,8 @@ class SourceIntake:
         if self.should_stop():
             self.flush()
             raise ScanStopped(f"{self.instance_name}: stopping; the scan ends here")
+        if file.relative in self._removing:
+            return False  # stored, and being removed (a scan again at once saw it)
         self.fence.keep_alive()
         stored = self._stage(file)
         if stored is None:
@@ -157,6 +160,7 @@ class SourceIntake:
             self._payloads.discard()
             raise
         pickups, made = self._commit(batch)
+        self._removing = {staged.file.relative for staged in batch}
         self._removal = self._remover().submit(self._remove, batch, pickups)
         self.made.extend(made)
         return made
@@ -186,7 +190,10 @@ class SourceIntake:
     def _removed_pickups(self) -> list[int]:
         """Wait for the removal under way; the pickups of the files it removed for good."""
         removal, self._removal = self._removal, None
-        return removal.result() if removal is not None else []
+        try:
+            return removal.result() if removal is not None else []
+        finally:
+            self._removing = set()
 
     def _commit(self, batch: list[_Staged]) -> tuple[list[int], list[int]]:
         """One transaction: the new files' messages in one bulk dispatch, their pickup
