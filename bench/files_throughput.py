@@ -6,11 +6,14 @@ worker and beat processes (issue 3, Benchmarks).
 Drops ``--files`` files of ``--size`` bytes (each different) under the poller's
 directory as fast as it can, each written outside the scanned tree and renamed in, and
 times from the first file dropped to the last file the writer put in place; then waits
-until the database has every delivery Delivered.
+until the database has every delivery Delivered, and checks that every message was
+Delivered once and every file written holds exactly the bytes dropped (sha256).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -95,12 +98,36 @@ def main() -> None:
             f"{name} {spent:.1f}" for name, spent in sorted(cpu.items()))
             + f" (total {sum(cpu.values()):.1f}; "
               f"{1000 * sum(cpu.values()) / args.files:.2f} ms per message)")
-        print(f"message statuses: {status_counts(bench.urls['database_url'])}")
+        statuses = status_counts(bench.urls["database_url"])
+        print(f"message statuses: {statuses}")
         print("\n".join(profile))
+        problems = verify(bench, args.files, args.size, statuses)
+        print("verified: every file written once, byte-identical (sha256), every message "
+              "Delivered" if not problems else "\n".join(["NOT VERIFIED:", *problems]))
+        if problems:
+            raise SystemExit(1)
+
+
+def verify(bench, files: int, size: int, statuses: dict[str, int]) -> list[str]:
+    """What is wrong with the run's output: a message too many or not Delivered, a file
+    missing, extra, or not holding exactly the bytes dropped."""
+    problems = []
+    if statuses != {"delivered": files}:
+        problems.append(f"messages: {statuses}, expected {files} delivered")
+    written = {e.name for e in os.scandir(bench.outbox) if not e.name.startswith(".")}
+    expected = {f"order-{i:06d}.xml": i for i in range(files)}
+    problems += [f"extra file {name}" for name in sorted(written - set(expected))][:10]
+    for name, i in expected.items():
+        path = bench.outbox / name
+        if name not in written:
+            problems.append(f"{name} missing")
+        elif hashlib.sha256(path.read_bytes()).digest() != hashlib.sha256(
+                body(i, size)).digest():
+            problems.append(f"{name} does not hold the bytes dropped")
+    return problems
 
 
 def _load() -> tuple[float, float, float]:
-    import os
     return os.getloadavg()
 
 
