@@ -201,20 +201,11 @@ def _insert_messages(session: Session, batch: list[NewMessage], now: datetime
     payloads = [[{"stage": stage, "digest": digest, "size": size}
                  for stage, (digest, size) in new.stages.items()] for new in batch]
     conn = connection(session)
-    if conn.dialect.name == "postgresql":
-        ids = insert_rows(conn, Message.__table__, rows,
-                          {"created_at": now, "updated_at": now}, returning_ids=True)
-        insert_rows(conn, Payload.__table__, [
-            {"message_id": mid, **stage} for mid, stages in zip(ids, payloads, strict=True)
-            for stage in stages], {"created_at": now})
-        return ids
-    ids = list(session.scalars(insert(Message).returning(
-        Message.id, sort_by_parameter_order=True),
-        [{**row, "created_at": now, "updated_at": now} for row in rows]))
-    stage_rows = [{"message_id": mid, "created_at": now, **stage}
-                  for mid, stages in zip(ids, payloads, strict=True) for stage in stages]
-    if stage_rows:
-        session.execute(insert(Payload), stage_rows)
+    ids = insert_rows(conn, Message.__table__, rows, {"created_at": now, "updated_at": now},
+                      returning_ids=True)
+    insert_rows(conn, Payload.__table__, [
+        {"message_id": mid, **stage} for mid, stages in zip(ids, payloads, strict=True)
+        for stage in stages], {"created_at": now})
     return ids
 
 
@@ -253,16 +244,8 @@ def _insert_deliveries(session: Session, batch: list[NewMessage], ids: list[int]
         return []
     times = {"due_at": now, "next_wake_at": first_rewake, "created_at": now,
              "updated_at": now}
-    conn = connection(session)
-    if conn.dialect.name == "postgresql":  # sequence_no (= id) in the same statement
-        delivery_ids = insert_rows(conn, Delivery.__table__, rows, times,
-                                   returning_ids=True, id_also="sequence_no")
-    else:
-        delivery_ids = list(session.scalars(insert(Delivery).returning(
-            Delivery.id, sort_by_parameter_order=True), [{**row, **times} for row in rows]))
-        session.execute(update(Delivery).where(Delivery.id.in_(delivery_ids))
-                        .values(sequence_no=Delivery.id)
-                        .execution_options(synchronize_session=False))
+    delivery_ids = insert_rows(connection(session), Delivery.__table__, rows, times,
+                               returning_ids=True, id_also="sequence_no")
     return [(did, row["message_id"], row["target"])
             for did, row in zip(delivery_ids, rows, strict=True)]
 

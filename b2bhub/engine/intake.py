@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
@@ -230,14 +230,8 @@ class SourceIntake:
                  "size": s.file.size, "mtime_ns": s.file.mtime_ns,
                  "sha256": s.stored.digest, "message_id": message_id}
                 for s, message_id in zip(fresh, made, strict=True)]
-        conn = connection(self.session)
-        if conn.dialect.name == "postgresql":
-            ids = insert_rows(conn, PollerPickup.__table__, rows, {"created_at": now},
-                              returning_ids=True)
-        else:
-            ids = list(self.session.scalars(insert(PollerPickup).returning(
-                PollerPickup.id, sort_by_parameter_order=True),
-                [{**row, "created_at": now} for row in rows]))
+        ids = insert_rows(connection(self.session), PollerPickup.__table__, rows,
+                          {"created_at": now}, returning_ids=True)
         return {id(s): row_id for s, row_id in zip(fresh, ids, strict=True)}
 
     def _known_pickups(self, files: list[PickedFile]) -> dict[tuple, int]:

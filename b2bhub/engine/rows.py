@@ -1,4 +1,4 @@
-"""Many rows in one INSERT on PostgreSQL, the rows sent as one JSON parameter.
+"""Many rows in one INSERT, on PostgreSQL with the rows sent as one JSON parameter.
 
 SQLAlchemy sends a multi-row insert as ``VALUES (...), (...)`` with one parameter per
 value: a statement whose text changes with the number of rows, which psycopg parses in
@@ -9,7 +9,9 @@ same for any number of rows, so psycopg parses it once and the server prepares i
 
 Ids come back as SQLAlchemy's own bulk insert takes them: the rows are inserted in the
 order given, the serial id of each is drawn in that order, so the ids sorted ascending
-are those of the rows in order.
+are those of the rows in order. On SQLite the rows go through SQLAlchemy's own bulk
+insert (ids in the order of the rows), and a column that takes the row's own id is set by
+an UPDATE after it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import functools
 import json
 from typing import Any
 
-from sqlalchemy import DateTime, Table, bindparam, text
+from sqlalchemy import DateTime, Table, bindparam, insert, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
@@ -35,10 +37,28 @@ def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
     if not rows:
         return []
     times = times or {}
+    if conn.dialect.name != "postgresql":
+        return _insert_rows_core(conn, table, rows, times, returning_ids or bool(id_also),
+                                 id_also)
     statement = _statement(table, tuple(rows[0]), tuple(times), returning_ids, id_also)
     result = conn.execute(statement, {"rows": json.dumps(rows, separators=(",", ":")),
                                       **times})
     return sorted(result.scalars()) if returning_ids else []
+
+
+def _insert_rows_core(conn: Connection, table: Table, rows: list[dict[str, Any]],
+                      times: dict[str, Any], returning_ids: bool,
+                      id_also: str | None) -> list[int]:
+    values = [{**row, **times} for row in rows]
+    if not returning_ids:
+        conn.execute(insert(table), values)
+        return []
+    ids = list(conn.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True),
+                            values).scalars())
+    if id_also is not None:
+        conn.execute(update(table).where(table.c.id.in_(ids))
+                     .values({id_also: table.c.id}))
+    return ids
 
 
 @functools.cache
