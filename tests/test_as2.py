@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 from sqlalchemy import select
+from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
 from b2bhub.as2 import profiles
@@ -33,8 +34,14 @@ from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
 from plugins.as2_receiver import As2Receiver
 from plugins.as2_sender import As2Sender
 from tests.as2kit import make_pair
+from tests.conftest import IS_POSTGRES
+from tests.enginekit import counted_statements
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the receiver instance, the two profiles, a replay, the routes version with the delivery
+#: settings, message, payloads, deliveries (+ their sequence numbers on SQLite), history,
+#: the as2_inbound row
+STATEMENTS_PER_RECEIVE = 11
 DATA = b"ISA*00*          *00*          *ZZ*ACME~GS*PO*ACME*HUB~ST*850*0001~SE*2*0001~\r\n"
 
 
@@ -244,6 +251,27 @@ def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2):
     assert first["mdn_status"] == again["mdn_status"] == "processed"
     [message] = as2.messages()
     assert as2.lines(message.id, "duplicate_received")
+
+
+def test_a_received_message_is_stored_in_few_statements(as2):
+    """The message row carries its direction and the MDN line goes in with the intake's
+    history lines: no read-back, no UPDATE, no separate lookups after the insert."""
+    as2.choose(sign=True, encrypt=True)
+    as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync", mdn_signed=True)
+    with counted_statements(Engine) as seen:
+        result = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                                  mdn_signed=True, filename="po.edi")
+    assert result["mdn_status"] == "processed", result
+    assert seen["UPDATE"] <= (0 if IS_POSTGRES else 1), seen  # SQLite: sequence_no
+    assert sum(seen.values()) <= (STATEMENTS_PER_RECEIVE - (1 if IS_POSTGRES else 0)), seen
+    message = as2.messages()[-1]
+    assert message.direction == "inbound" and message.status == "received"
+    assert [(t, x) for t, x in as2.session.execute(
+        select(HistoryLine.type, HistoryLine.text).where(
+            HistoryLine.message_id == message.id).order_by(HistoryLine.id))] == [
+        ("received", "po.edi received from acme for mycompany by as2in"),
+        ("delivery_changed", "sink: queued"),
+        ("mdn_sent", "signed MDN returned in the response")]
 
 
 def test_partner_quirks_micalg_dash_and_binary_canonicalisation_and_no_chunking(as2):

@@ -34,7 +34,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from b2bhub.as2 import lib, mdn_in, profiles
-from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_refused
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many, store_refused
 from b2bhub.engine.history import add_line
 from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound
 from b2bhub.payloads import PayloadStore
@@ -216,27 +216,28 @@ def _parse_and_store(session, store, instance, raw, stored_raw, found, org, part
             external_id=msgid), reason, mdn, mode, mdn_stage, now)
     stages["unpacked"] = _stage(unpacked_write)
     new = NewMessage(source=instance, from_party=from_party, to_party=to_party,
-                     stages=stages, external_id=msgid, original_filename=_filename(message))
+                     stages=stages, external_id=msgid, original_filename=_filename(message),
+                     direction=_direction(org, partner), lines=_mdn_lines(mode, mdn))
     try:
-        made = store_and_dispatch(session, new, now)
+        [made] = store_and_dispatch_many(session, [new], now)
         session.add(As2Inbound(
             instance=instance, partner=from_party, as2_message_id=msgid[:255],
-            accepted_key=_accepted_key(from_party, msgid), message_id=made.id,
+            accepted_key=_accepted_key(from_party, msgid), message_id=made,
             mdn_digest=mdn_stage[0] if mdn_stage else None,
             mdn_headers=dict(mdn.headers) if mdn else None,
             mdn_url=mdn.mdn_url if mode == "pending" else None,
             mdn_state=mode, mdn_due_at=now if mode == "pending" else None, created_at=now))
-        _mdn_line(session, made.id, mode, mdn, now)
         session.commit()
     except IntegrityError:  # the same Message-ID committed meanwhile by another request
         session.rollback()
         return _duplicate(session, store, from_party, msgid, now) or _text(
             503, "try again")
-    return _reply(mdn, mode, made.id, "accepted")
+    return _reply(mdn, mode, made, "accepted")
 
 
 def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: str,
                    mdn_stage, now) -> Reply:
+    new.lines = _mdn_lines(mode, mdn)
     message_id = store_refused(session, new, reason, now)
     session.add(As2Inbound(
         instance=instance, partner=new.from_party, as2_message_id=(new.external_id or "?")[:255],
@@ -244,7 +245,6 @@ def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: s
         mdn_headers=dict(mdn.headers) if mdn else None,
         mdn_url=mdn.mdn_url if mode == "pending" else None, mdn_state=mode,
         mdn_due_at=now if mode == "pending" else None, created_at=now))
-    _mdn_line(session, message_id, mode, mdn, now)
     session.commit()
     log.info("AS2 message %s from %s refused: %s", new.external_id, new.from_party, reason)
     if mode == "none":
@@ -302,14 +302,21 @@ def _mdn_stage(store: PayloadStore, mdn) -> tuple[str, int] | None:
     return stored.digest, stored.size
 
 
-def _mdn_line(session, message_id: int, mode: str, mdn, now) -> None:
+def _mdn_lines(mode: str, mdn) -> list[dict]:
+    """The history line of the MDN returned or owed, written with the message."""
     if mdn is None:
-        return
+        return []
     signed = "signed " if mdn.headers.get("Content-Type", "").startswith(
         "multipart/signed") else ""
     where = "returned in the response" if mode == "sync" else f"owed to {mdn.mdn_url}"
-    add_line(session, message_id, "mdn_sent" if mode == "sync" else "mdn_queued",
-             f"{signed}MDN {where}", now=now)
+    return [{"type": "mdn_sent" if mode == "sync" else "mdn_queued",
+             "text": f"{signed}MDN {where}"}]
+
+
+def _direction(org, partner) -> str | None:
+    """From a partner's profile to an organization's: inbound (else the parties' kinds
+    are looked up)."""
+    return "inbound" if org is not None and partner is not None else None
 
 
 def _reply(mdn, mode: str, message_id: int, text: str) -> Reply:
