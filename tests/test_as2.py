@@ -38,10 +38,10 @@ from tests.conftest import IS_POSTGRES
 from tests.enginekit import counted_statements
 
 ROOT = Path(__file__).resolve().parent.parent
-#: the receiver instance, the two profiles, a replay, the routes version with the delivery
-#: settings, message, payloads, deliveries (+ their sequence numbers on SQLite), history,
-#: the as2_inbound row
-STATEMENTS_PER_RECEIVE = 11
+#: the receiver instance, the profiles and routes versions with the delivery settings (the
+#: profiles cached), a replay, message, payloads, deliveries (+ their sequence numbers on
+#: SQLite), history, the as2_inbound row
+STATEMENTS_PER_RECEIVE = 9
 DATA = b"ISA*00*          *00*          *ZZ*ACME~GS*PO*ACME*HUB~ST*850*0001~SE*2*0001~\r\n"
 
 
@@ -272,6 +272,29 @@ def test_a_received_message_is_stored_in_few_statements(as2):
         ("received", "po.edi received from acme for mycompany by as2in"),
         ("delivery_changed", "sink: queued"),
         ("mdn_sent", "signed MDN returned in the response")]
+
+
+def test_a_profile_saved_elsewhere_applies_to_the_next_message(as2, certs):
+    """The receiver keeps profiles with their loaded keys and certificates per process;
+    a save in another session (as another process would make it) is seen at once."""
+    as2.choose(sign=True, encrypt=True)
+    send = lambda: as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                                    mdn_signed=True)  # noqa: E731
+    assert send()["mdn_status"] == "processed"
+    for pem, expected in ((certs["other"][0], False), (certs["acme"][0], True)):
+        with new_session() as other:
+            profiles.save_profile(other, "partner", "acme", {"certificate": {"pem": pem}})
+            other.commit()
+        answer = send()
+        assert (answer["mdn_status"] == "processed") is expected, answer
+    with new_session() as other:
+        profiles.save_profile(other, "partner", "acme", {"as2_id": "ACME2"})
+        other.commit()
+    answer = send()  # still signed AS2-From: ACME, no longer anyone's AS2 ID
+    assert answer["mdn_status"] != "processed", answer
+    messages = as2.messages()
+    assert [m.status for m in messages] == ["received", "refused", "received", "refused"]
+    assert messages[-1].from_party == "ACME"  # an unknown AS2 ID is recorded as itself
 
 
 def test_partner_quirks_micalg_dash_and_binary_canonicalisation_and_no_chunking(as2):

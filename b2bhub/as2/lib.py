@@ -13,7 +13,15 @@ from b2bhub.as2.profiles import As2Profile
 
 def organization(profile: As2Profile, domain: str | None = None) -> Organization:
     """Our side, its key loaded once per profile version (loading a key costs more than
-    parsing a small message); pyas2lib only reads these objects."""
+    parsing a small message); pyas2lib only reads these objects. Kept with the profile
+    too, which the receiver's profile cache keeps."""
+    org = profile.loaded.get(("organization", domain))
+    if org is None:
+        org = profile.loaded[("organization", domain)] = _organization(profile, domain)
+    return org
+
+
+def _organization(profile: As2Profile, domain: str | None) -> Organization:
     key = (profile.party, profile.updated_at, profile.as2_id, profile.key_pem,
            profile.get("mdn_url"), domain)
     with _lock:
@@ -33,10 +41,35 @@ _orgs: dict[tuple, Organization] = {}
 _lock = threading.Lock()
 
 
+class LoadedPartner(Partner):
+    """A pyas2lib Partner whose certificates are loaded on first use and kept (pyas2lib
+    loads them again at every message it verifies or encrypts)."""
+
+    def load_verify_cert(self):
+        cert = self.__dict__.get("_verify_loaded")
+        if cert is None:
+            cert = self.__dict__["_verify_loaded"] = super().load_verify_cert()
+        return cert
+
+    def load_encrypt_cert(self):
+        cert = self.__dict__.get("_encrypt_loaded")
+        if cert is None:
+            cert = self.__dict__["_encrypt_loaded"] = super().load_encrypt_cert()
+        return cert
+
+
 def partner(profile: As2Profile, binary: bool | None = None) -> Partner:
+    """The partner's side, kept with the profile (pyas2lib only reads it)."""
+    found = profile.loaded.get(("partner", binary))
+    if found is None:
+        found = profile.loaded[("partner", binary)] = _partner(profile, binary)
+    return found
+
+
+def _partner(profile: As2Profile, binary: bool | None) -> Partner:
     cert = profile.cert_pem.encode() if profile.cert_pem else None
     mode = profile.get("mdn_mode")
-    return Partner(
+    return LoadedPartner(
         as2_name=profile.as2_id, verify_cert=cert, encrypt_cert=cert, validate_certs=False,
         compress=profile.get("compress"), sign=profile.get("sign"),
         digest_alg=profile.get("digest_alg"), encrypt=profile.get("encrypt"),

@@ -34,7 +34,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from b2bhub.as2 import lib, mdn_in, profiles
-from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many, store_refused
+from b2bhub.engine.dispatch import (
+    INTAKE_KEYS,
+    NewMessage,
+    read_settings,
+    store_and_dispatch_many,
+    store_refused,
+)
 from b2bhub.engine.history import add_line
 from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound
 from b2bhub.payloads import PayloadStore
@@ -127,14 +133,17 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict,
                                   ("Message-ID", msgid)) if not v]
         return _refuse_early(session, store, instance, found, stored_raw, now,
                              f"not an AS2 message: no {', '.join(missing)} header")
-    org = profiles.by_as2_id(session, as2_to, ORGANIZATION)
-    partner = profiles.by_as2_id(session, as2_from, PARTNER)
+    # the profiles version with the intake's own settings rows, in one statement
+    known = read_settings(session, (profiles.VERSION_KEY, *INTAKE_KEYS))
+    version = known.pop(profiles.VERSION_KEY)
+    org = profiles.profile_cache.by_as2_id(session, version, as2_to, ORGANIZATION)
+    partner = profiles.profile_cache.by_as2_id(session, version, as2_from, PARTNER)
     if partner is not None and org is not None:
         duplicate = _duplicate(session, store, partner.party, msgid, now)
         if duplicate is not None:
             return duplicate
     return _parse_and_store(session, store, instance, raw, stored_raw, found, org, partner,
-                            msgid, now)
+                            msgid, now, known)
 
 
 def _duplicate(session: Session, store: PayloadStore, partner: str, msgid: str,
@@ -184,7 +193,7 @@ def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Pro
 
 
 def _parse_and_store(session, store, instance, raw, stored_raw, found, org, partner, msgid,
-                     now) -> Reply:
+                     now, known: dict) -> Reply:
     try:
         message, status, exc, mdn = _parse(raw, org, partner)
         if isinstance(exc, SignatureError) and partner is not None:
@@ -219,7 +228,7 @@ def _parse_and_store(session, store, instance, raw, stored_raw, found, org, part
                      stages=stages, external_id=msgid, original_filename=_filename(message),
                      direction=_direction(org, partner), lines=_mdn_lines(mode, mdn))
     try:
-        [made] = store_and_dispatch_many(session, [new], now)
+        [made] = store_and_dispatch_many(session, [new], now, known)
         session.add(As2Inbound(
             instance=instance, partner=from_party, as2_message_id=msgid[:255],
             accepted_key=_accepted_key(from_party, msgid), message_id=made,

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import functools
 import threading
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain import routing
@@ -26,7 +25,7 @@ from b2bhub.engine.history import add_lines, connection
 from b2bhub.engine.machine import wakeups_per_target
 from b2bhub.engine.rows import insert_rows
 from b2bhub.engine.settings import KEY as SETTINGS_KEY
-from b2bhub.engine.settings import DeliverySettings
+from b2bhub.engine.settings import DeliverySettings, bump_version
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import (
@@ -88,12 +87,7 @@ def read_settings(session: Session, keys) -> dict:
 
 def bump_routes_version(session: Session) -> None:
     """Call in the transaction that saves or deletes a route."""
-    token = uuid.uuid4().hex
-    changed = session.execute(update(Setting).where(Setting.key == ROUTES_VERSION_KEY)
-                              .values(value=token)
-                              .execution_options(synchronize_session=False)).rowcount
-    if not changed:
-        session.add(Setting(key=ROUTES_VERSION_KEY, value=token))
+    bump_version(session, ROUTES_VERSION_KEY)
     route_cache.clear()
 
 
