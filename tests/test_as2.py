@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from sqlalchemy import select
+from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
@@ -31,6 +31,7 @@ from b2bhub.engine.machine import fail_overdue_receipts
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
+from b2bhub.payloads import PayloadBatch, PayloadStore
 from plugins.as2_receiver import As2Receiver
 from plugins.as2_sender import As2Sender
 from tests.as2kit import make_pair
@@ -272,6 +273,31 @@ def test_a_received_message_is_stored_in_few_statements(as2):
         ("received", "po.edi received from acme for mycompany by as2in"),
         ("delivery_changed", "sink: queued"),
         ("mdn_sent", "signed MDN returned in the response")]
+
+
+def test_the_stages_of_a_message_are_made_durable_once_before_its_commit(as2, monkeypatch):
+    as2.choose(sign=True, encrypt=True)
+    events: list[str] = []
+    commit = PayloadBatch.commit
+
+    def durable(batch):
+        commit(batch)
+        events.append(f"durable {len(list(Path(batch.store.root, 'tmp').iterdir()))} left")
+
+    monkeypatch.setattr(PayloadBatch, "commit", durable)
+    monkeypatch.setattr(PayloadStore, "put", lambda *a, **k: events.append("put"))
+    on_commit = lambda *_a: events.append("commit")  # noqa: E731
+    event.listen(Engine, "commit", on_commit)
+    try:
+        result = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                                  mdn_signed=True)
+    finally:
+        event.remove(Engine, "commit", on_commit)
+    assert result["mdn_status"] == "processed", result
+    assert "put" not in events and events.count("durable 0 left") == 1, events
+    assert events[-2:] == ["durable 0 left", "commit"], events
+    [message] = as2.messages()
+    assert set(as2.stages(message.id)) == {"raw", "unpacked", "receipt"}
 
 
 def test_a_profile_saved_elsewhere_applies_to_the_next_message(as2, certs):
