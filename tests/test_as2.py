@@ -243,15 +243,23 @@ def test_hub_to_partner(as2, case):
 
 # --- duplicates, quirks, bad input, Receipt Timeout ------------------------------------
 
-def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2):
+def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2, monkeypatch):
     as2.choose(sign=True, encrypt=True)
     first = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
                              mdn_signed=True, message_id="replay-1")
     again = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
                              mdn_signed=True, message_id="replay-1")
-    assert first["mdn_status"] == again["mdn_status"] == "processed"
+    files = sorted(p for p in Path(as2.hub.store.root).rglob("*") if p.is_file())
+    writes = []
+    monkeypatch.setattr(PayloadBatch, "put", lambda *a, **k: writes.append(a))
+    third = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                             mdn_signed=True, message_id="replay-1")
+    assert first["mdn_status"] == again["mdn_status"] == third["mdn_status"] == "processed"
     [message] = as2.messages()
-    assert as2.lines(message.id, "duplicate_received")
+    assert len(as2.lines(message.id, "duplicate_received")) == 2
+    # no payload written for a replay, not even a temp file
+    assert not writes
+    assert sorted(p for p in Path(as2.hub.store.root).rglob("*") if p.is_file()) == files
 
 
 def test_a_received_message_is_stored_in_few_statements(as2):

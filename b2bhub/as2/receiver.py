@@ -7,7 +7,7 @@ input. The order of work:
 2. An MDN (multipart/report, signed or not) settles a delivery of ours (:mod:`.mdn_in`).
 3. AS2-From/AS2-To are looked up in the profiles (cached per process, see
    :class:`.profiles.ProfileCache`); a Message-ID the same partner had accepted already
-   gets the stored receipt and a ``duplicate_received`` line, no message.
+   gets the stored receipt and a ``duplicate_received`` line, no message and no payload.
 4. pyas2lib decrypts, decompresses, verifies the signature and computes the MIC, while
    the raw stage (HTTP headers + body, what pyas2lib parses) is written to a temp file
    of the payload store. A signature that fails with the partner's canonicalisation is
@@ -150,7 +150,6 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict,
                                   ("Message-ID", msgid)) if not v]
         return _refuse_early(session, instance, found, _Stages(store, raw), now,
                              f"not an AS2 message: no {', '.join(missing)} header")
-    stages = _Stages(store, raw)  # the raw stage is written while the message is parsed
     # the profiles version with the intake's own settings rows, in one statement
     known = read_settings(session, (profiles.VERSION_KEY, *INTAKE_KEYS))
     version = known.pop(profiles.VERSION_KEY)
@@ -159,8 +158,8 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict,
     if partner is not None and org is not None:
         duplicate = _duplicate(session, store, partner.party, msgid, now)
         if duplicate is not None:
-            stages.discard()
-            return duplicate
+            return duplicate  # and no payload written
+    stages = _Stages(store, raw)  # the raw stage is written while the message is parsed
     try:
         return _parse_and_store(session, store, instance, raw, stages, found, org, partner,
                                 msgid, now, known)
