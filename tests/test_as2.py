@@ -18,6 +18,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pyas2lib
 import pytest
 import requests
 from sqlalchemy import event, select
@@ -26,6 +27,7 @@ from werkzeug.serving import make_server
 
 from b2bhub.as2 import profiles
 from b2bhub.as2.mdn_out import send_due_mdns
+from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.machine import fail_overdue_receipts
 from b2bhub.engine.runner import TargetRunner
@@ -329,6 +331,34 @@ def test_a_profile_saved_elsewhere_applies_to_the_next_message(as2, certs):
     messages = as2.messages()
     assert [m.status for m in messages] == ["received", "refused", "received", "refused"]
     assert messages[-1].from_party == "ACME"  # an unknown AS2 ID is recorded as itself
+
+
+def test_wakeups_are_published_after_the_commit_once_the_response_is_sent(as2, app, certs):
+    as2.choose(sign=True, encrypt=True)
+    key = (certs["acme"][1] + certs["acme"][0]).encode()
+    message = pyas2lib.Message(
+        pyas2lib.Organization(as2_name="ACME", sign_key=key, decrypt_key=key),
+        pyas2lib.Partner(as2_name="HUB", verify_cert=certs["hub"][0].encode(),
+                         encrypt_cert=certs["hub"][0].encode(), validate_certs=False,
+                         sign=True, encrypt=True, mdn_mode="SYNC", mdn_digest_alg="sha256"))
+    message.build(DATA, filename="po.edi")
+    published = []
+
+    def publish(items):  # what another process sees of the deliveries when woken
+        with new_session() as other:
+            published.append([(other.scalar(select(Delivery.state).where(
+                Delivery.id == delivery_id)), target) for delivery_id, target in items])
+
+    previous = wakeup_module.set_publisher(publish)
+    try:
+        response = app.test_client().post("/as2/as2in", data=message.content,
+                                          headers=dict(message.headers))
+        assert response.status_code == 200 and b"processed" in response.data
+        assert published == []  # the partner has its MDN before the broker is asked
+        response.close()
+    finally:
+        wakeup_module.set_publisher(previous)
+    assert published == [[("queued", "sink")]]
 
 
 def test_partner_quirks_micalg_dash_and_binary_canonicalisation_and_no_chunking(as2):
