@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
-from b2bhub.as2 import profiles
+from b2bhub.as2 import lib, profiles
 from b2bhub.as2.mdn_out import send_due_mdns
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
@@ -264,6 +265,12 @@ def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2, mon
     assert sorted(p for p in Path(as2.hub.store.root).rglob("*") if p.is_file()) == files
 
 
+def send_signed(as2) -> dict:
+    """The partner sends a signed and encrypted message asking for a signed sync MDN."""
+    return as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                            mdn_signed=True)
+
+
 def test_a_received_message_is_stored_in_few_statements(as2):
     """The message row carries its direction and the MDN line goes in with the intake's
     history lines: no read-back, no UPDATE, no separate lookups after the insert."""
@@ -314,19 +321,17 @@ def test_a_profile_saved_elsewhere_applies_to_the_next_message(as2, certs):
     """The receiver keeps profiles with their loaded keys and certificates per process;
     a save in another session (as another process would make it) is seen at once."""
     as2.choose(sign=True, encrypt=True)
-    send = lambda: as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
-                                    mdn_signed=True)  # noqa: E731
-    assert send()["mdn_status"] == "processed"
+    assert send_signed(as2)["mdn_status"] == "processed"
     for pem, expected in ((certs["other"][0], False), (certs["acme"][0], True)):
         with new_session() as other:
             profiles.save_profile(other, "partner", "acme", {"certificate": {"pem": pem}})
             other.commit()
-        answer = send()
+        answer = send_signed(as2)
         assert (answer["mdn_status"] == "processed") is expected, answer
     with new_session() as other:
         profiles.save_profile(other, "partner", "acme", {"as2_id": "ACME2"})
         other.commit()
-    answer = send()  # still signed AS2-From: ACME, no longer anyone's AS2 ID
+    answer = send_signed(as2)  # still signed AS2-From: ACME, no longer anyone's AS2 ID
     assert answer["mdn_status"] != "processed", answer
     messages = as2.messages()
     assert [m.status for m in messages] == ["received", "refused", "received", "refused"]
@@ -359,6 +364,25 @@ def test_wakeups_are_published_after_the_commit_once_the_response_is_sent(as2, a
     finally:
         wakeup_module.set_publisher(previous)
     assert published == [[("queued", "sink")]]
+
+
+def test_the_parse_flattens_no_mime_tree_for_debug_lines_unless_debug_is_on(as2, monkeypatch):
+    as2.choose(sign=True, encrypt=True)
+    flattened = []
+    real = lib._real_mime_to_bytes
+    monkeypatch.setattr(lib, "_real_mime_to_bytes",
+                        lambda msg, *a, **k: flattened.append(msg) or real(msg, *a, **k))
+    assert send_signed(as2)["mdn_status"] == "processed"
+    assert len(flattened) == 1  # the MDN returned; pyas2lib's debug lines would add 4
+    flattened.clear()
+    level = lib._as2.logger.level
+    lib._as2.logger.setLevel(logging.DEBUG)
+    try:
+        assert send_signed(as2)["mdn_status"] == "processed"
+    finally:
+        lib._as2.logger.setLevel(level)
+    assert len(flattened) == 5
+    assert [m.status for m in as2.messages()] == ["received", "received"]
 
 
 def test_partner_quirks_micalg_dash_and_binary_canonicalisation_and_no_chunking(as2):

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import email
+import logging
 import threading
+from contextlib import contextmanager
 from email import policy
+from importlib import metadata
 
+import pyas2lib.as2 as _as2
 from pyas2lib import Mdn, Message, Organization, Partner
 
 from b2bhub.as2.profiles import As2Profile
@@ -78,6 +82,44 @@ def _partner(profile: As2Profile, binary: bool | None) -> Partner:
         mdn_digest_alg=profile.get("mdn_digest_alg") if profile.get("mdn_signed") else None,
         canonicalize_as_binary=(profile.get("canonicalize_as_binary")
                                 if binary is None else binary))
+
+
+# --- no debug copies while parsing ------------------------------------------------------
+# pyas2lib 1.4.4 builds its debug log lines with f-strings that flatten the whole MIME tree
+# (the encrypted body, the signed body, the MDN twice) whether debug logging is on or not:
+# four serialisations per received message that nothing reads, as costly as the parse of
+# a small message. Within Message.parse (and the Mdn.build it calls) every call of the
+# module's own ``mime_to_bytes`` is such a debug line (MICs and signatures go through
+# ``pyas2lib.utils.canonicalize``, which keeps its own reference). So while the receiver
+# parses, on its thread only, that name returns b"" unless pyas2lib's debug log is on.
+# Building messages (the sender) is never affected: there the same name does real work.
+_PATCHED_VERSION = "1.4.4"
+_real_mime_to_bytes = _as2.mime_to_bytes
+_quiet = threading.local()
+
+
+def _mime_to_bytes(msg, *args, **kwargs):
+    if getattr(_quiet, "on", False):
+        return b""
+    return _real_mime_to_bytes(msg, *args, **kwargs)
+
+
+if metadata.version("pyas2lib") == _PATCHED_VERSION:
+    _as2.mime_to_bytes = _mime_to_bytes
+
+
+@contextmanager
+def parsing():
+    """Around ``Message.parse`` (only): no debug copies of the MIME tree, unless
+    pyas2lib's debug log is on."""
+    if getattr(_quiet, "on", False) or _as2.logger.isEnabledFor(logging.DEBUG):
+        yield
+        return
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = False
 
 
 def header_block(headers) -> bytes:

@@ -208,9 +208,10 @@ class BuiltMdn:
 def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Profile | None,
            binary: bool | None = None):
     message = lib.Message()
-    status, (exc, _tb), mdn = message.parse(
-        raw, find_org_cb=lambda _id: lib.organization(org) if org else None,
-        find_partner_cb=lambda _id: lib.partner(partner, binary) if partner else None)
+    with lib.parsing():
+        status, (exc, _tb), mdn = message.parse(
+            raw, find_org_cb=lambda _id: lib.organization(org) if org else None,
+            find_partner_cb=lambda _id: lib.partner(partner, binary) if partner else None)
     return message, status, exc, BuiltMdn(mdn) if mdn is not None else None
 
 
@@ -229,8 +230,10 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
                              f"malformed AS2 message: {error}")
     # the receipt and the business document join the raw stage's batch
     mdn_stage = _mdn_stage(stages, mdn)
-    unpacked = stages.add(message.content if isinstance(message.content, bytes) else b"") \
-        if status == "processed" else None
+    unpacked = None
+    if status == "processed":
+        content = message.content  # decoded anew at every read
+        unpacked = stages.add(content if isinstance(content, bytes) else b"")
     durable = stages.durable()  # one sync for all three, while the rows go in
     from_party = partner.party if partner else _party_name(lib.unquote(found.get("as2-from")))
     to_party = org.party if org else _party_name(lib.unquote(found.get("as2-to")))
