@@ -20,6 +20,7 @@ threads.
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import socket
 import statistics
@@ -30,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -121,13 +123,24 @@ def post(url: str, message) -> float:
 
 
 def timed_post(url: str, message) -> tuple[float, float]:
-    """(seconds, this thread's CPU seconds) of one post, to the whole MDN received."""
+    """(seconds, this thread's CPU seconds) of one post on a new connection, to the whole
+    MDN received. http.client rather than requests: the client's own work is in the hub
+    figure and not in the bare one, so it is kept small (requests costs about 1 ms of CPU
+    a post more)."""
     headers, body = message
+    parts = urlsplit(url)
     start, cpu = time.perf_counter(), time.thread_time()
-    answer = requests.post(url, data=body, headers=headers, timeout=300)
-    assert answer.status_code == 200 and b"processed" in answer.content, answer.text[:300]
-    assert answer.headers["Content-Type"].startswith("multipart/signed")
-    return time.perf_counter() - start, time.thread_time() - cpu
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+    try:
+        connection.request("POST", parts.path, body=body, headers=headers)
+        answer = connection.getresponse()
+        content = answer.read()
+    finally:
+        connection.close()
+    elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    assert answer.status == 200 and b"processed" in content, content[:300]
+    assert answer.getheader("Content-Type").startswith("multipart/signed")
+    return elapsed, cpu
 
 
 def process_cpu(pid: int) -> float:
