@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import IO
 
 from pyas2lib.exceptions import IntegrityError as SignatureError
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -43,7 +43,7 @@ from b2bhub.engine.dispatch import (
     store_and_dispatch_many,
     store_refused,
 )
-from b2bhub.engine.history import add_line
+from b2bhub.engine.history import add_line, connection
 from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound
 from b2bhub.payloads import PayloadStore, StoredPayload
 
@@ -252,14 +252,8 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
                      direction=_direction(org, partner), lines=_mdn_lines(mode, mdn))
     try:
         [made] = store_and_dispatch_many(session, [new], now, known)
-        session.add(As2Inbound(
-            instance=instance, partner=from_party, as2_message_id=msgid[:255],
-            accepted_key=_accepted_key(from_party, msgid), message_id=made,
-            mdn_digest=mdn_stage[0] if mdn_stage else None,
-            mdn_headers=dict(mdn.headers) if mdn else None,
-            mdn_url=mdn.mdn_url if mode == "pending" else None,
-            mdn_state=mode, mdn_due_at=now if mode == "pending" else None, created_at=now))
-        session.flush()
+        _insert_inbound(session, instance, from_party, msgid, made, mdn, mode, mdn_stage, now,
+                        accepted_key=_accepted_key(from_party, msgid))
         durable.result()  # the stages are in place before the rows referring to them
         session.commit()
     except IntegrityError:  # the same Message-ID committed meanwhile by another request
@@ -273,13 +267,8 @@ def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: s
                    mdn_stage, durable: Future, now) -> Reply:
     new.lines = _mdn_lines(mode, mdn)
     message_id = store_refused(session, new, reason, now)
-    session.add(As2Inbound(
-        instance=instance, partner=new.from_party, as2_message_id=(new.external_id or "?")[:255],
-        message_id=message_id, mdn_digest=mdn_stage[0] if mdn_stage else None,
-        mdn_headers=dict(mdn.headers) if mdn else None,
-        mdn_url=mdn.mdn_url if mode == "pending" else None, mdn_state=mode,
-        mdn_due_at=now if mode == "pending" else None, created_at=now))
-    session.flush()
+    _insert_inbound(session, instance, new.from_party, new.external_id or "?", message_id, mdn,
+                    mode, mdn_stage, now)
     durable.result()
     session.commit()
     log.info("AS2 message %s from %s refused: %s", new.external_id, new.from_party, reason)
@@ -287,6 +276,19 @@ def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: s
         return _text(403 if "unknown" in reason else 400, f"refused: {reason}",
                      message_id=message_id)
     return _reply(mdn, mode, message_id, f"refused: {reason}")
+
+
+def _insert_inbound(session, instance: str, partner: str, msgid: str, message_id: int, mdn,
+                    mode: str, mdn_stage, now, accepted_key: str | None = None) -> None:
+    """The ``as2_inbound`` row of a received message: its receipt, owed or returned (one
+    Core statement; a Message-ID accepted twice raises IntegrityError here)."""
+    connection(session).execute(insert(As2Inbound.__table__), {
+        "instance": instance, "partner": partner, "as2_message_id": msgid[:255],
+        "accepted_key": accepted_key, "message_id": message_id,
+        "mdn_digest": mdn_stage[0] if mdn_stage else None,
+        "mdn_headers": dict(mdn.headers) if mdn else None,
+        "mdn_url": mdn.mdn_url if mode == "pending" else None, "mdn_state": mode,
+        "mdn_due_at": now if mode == "pending" else None, "created_at": now})
 
 
 def _refuse_early(session, instance, found, payloads: _Stages, now, reason: str,
