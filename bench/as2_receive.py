@@ -8,13 +8,19 @@ peak RSS of receiving and of sending a large message.
 Messages are signed (sha256) and encrypted (AES-256) by a pyas2lib client built before
 the clock starts; each asks for a signed sync MDN. "hub" is the time from the request to
 the whole MDN received (gunicorn, 1 worker, 8 threads, ``B2BHUB_WEB_THREADS``); "bare" is
-``pyas2lib.Message.parse`` + MDN build of the same message in this process. 4 concurrent
-clients post the same number of messages from 4 threads.
+``pyas2lib.Message.parse`` + MDN build of the same message in this process. Bare and hub
+alternate message by message (which goes first alternates too), so both see the same
+load from whatever else runs on the machine. CPU per message: bare in this process; hub
+the gunicorn worker's user + system time over the sequential run; client this process's
+CPU per post (building the request and reading the MDN, which the hub figure includes
+and the bare one does not). 4 concurrent clients post the same number of messages from 4
+threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import socket
 import statistics
@@ -25,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -87,33 +94,59 @@ def build(certs, size: int, n: int) -> list[tuple[dict, bytes]]:
     return out
 
 
-def bare_cost(certs, messages) -> list[float]:
+class Bare:
     """pyas2lib alone: parse (decrypt, verify, MIC) and the signed MDN, per message (our
     key loaded once beforehand, as the hub keeps it loaded)."""
-    key = (certs["hub"][1] + certs["hub"][0]).encode()
-    org = Organization(as2_name="HUB", sign_key=key, decrypt_key=key)
-    times = []
-    for headers, body in messages:
+
+    def __init__(self, certs):
+        key = (certs["hub"][1] + certs["hub"][0]).encode()
+        self.org = Organization(as2_name="HUB", sign_key=key, decrypt_key=key)
+        self.cert = certs["acme"][0].encode()
+
+    def __call__(self, message) -> tuple[float, float]:
+        """(seconds, CPU seconds) of one message."""
+        headers, body = message
         raw = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() + b"\r\n" + body
-        start = time.perf_counter()
-        partner = Partner(as2_name="ACME", verify_cert=certs["acme"][0].encode(),
-                          validate_certs=False, sign=True, encrypt=True)
-        status, _exc, mdn = Message().parse(raw, find_org_cb=lambda _i: org,
-                                            find_partner_cb=lambda _i, p=partner: p)
+        start, cpu = time.perf_counter(), time.thread_time()
+        partner = Partner(as2_name="ACME", verify_cert=self.cert, validate_certs=False,
+                          sign=True, encrypt=True)
+        status, _exc, mdn = Message().parse(raw, find_org_cb=lambda _i: self.org,
+                                            find_partner_cb=lambda _i: partner)
         _ = mdn.content
-        times.append(time.perf_counter() - start)
+        elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
         assert status == "processed"
-    return times
+        return elapsed, cpu
 
 
 def post(url: str, message) -> float:
+    return timed_post(url, message)[0]
+
+
+def timed_post(url: str, message) -> tuple[float, float]:
+    """(seconds, this thread's CPU seconds) of one post on a new connection, to the whole
+    MDN received. http.client rather than requests: the client's own work is in the hub
+    figure and not in the bare one, so it is kept small (requests costs about 1 ms of CPU
+    a post more)."""
     headers, body = message
-    start = time.perf_counter()
-    answer = requests.post(url, data=body, headers=headers, timeout=300)
-    elapsed = time.perf_counter() - start
-    assert answer.status_code == 200 and b"processed" in answer.content, answer.text[:300]
-    assert answer.headers["Content-Type"].startswith("multipart/signed")
-    return elapsed
+    parts = urlsplit(url)
+    start, cpu = time.perf_counter(), time.thread_time()
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+    try:
+        connection.request("POST", parts.path, body=body, headers=headers)
+        answer = connection.getresponse()
+        content = answer.read()
+    finally:
+        connection.close()
+    elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
+    assert answer.status == 200 and b"processed" in content, content[:300]
+    assert answer.getheader("Content-Type").startswith("multipart/signed")
+    return elapsed, cpu
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_gunicorn(backend, port: int) -> subprocess.Popen:
@@ -151,28 +184,45 @@ def run_latency(args, certs) -> None:
         port = free_port()
         server = start_gunicorn(backend, port)
         url = f"http://127.0.0.1:{port}/as2/as2in"
+        bare_one = Bare(certs)
         try:
+            worker = worker_pid(server.pid)
             for size in args.sizes:
                 count = args.count if size < 500_000 else max(4, args.count // 4)
-                post(url, build(certs, size, 1)[0])  # warm up
+                for message in build(certs, size, 2):  # warm up
+                    post(url, message)
+                    bare_one(message)
                 seq = build(certs, size, count)
                 conc = build(certs, size, count)
-                bare = bare_cost(certs, build(certs, size, count))
-                hub = [post(url, m) for m in seq]
+                bare, hub = [], []
+                worker_cpu = process_cpu(worker)
+                for i, message in enumerate(seq):  # alternating, the same messages
+                    if i % 2:
+                        bare.append(bare_one(message))
+                    hub.append(timed_post(url, message))
+                    if not i % 2:
+                        bare.append(bare_one(message))
+                time.sleep(0.2)  # the work after the last response is the hub's too
+                worker_cpu = process_cpu(worker) - worker_cpu
                 start = time.perf_counter()
                 with ThreadPoolExecutor(4) as pool:
                     many = list(pool.map(lambda m: post(url, m), conc))
                 wall = time.perf_counter() - start
-                b, h, c = (statistics.median(x) * 1000 for x in (bare, hub, many))
+                b, h, c = (statistics.median(x) * 1000 for x in (
+                    [t for t, _cpu in bare], [t for t, _cpu in hub], many))
+                bare_cpu, client_cpu = (statistics.mean(c for _t, c in x) * 1000
+                                        for x in (bare, hub))
                 rows.append([f"{size // 1024} KB", count, f"{b:.1f}", f"{h:.1f}",
-                             f"{h / b:.2f}x", f"{1000 / h:.1f}", f"{c:.1f}",
-                             f"{count / wall:.1f}"])
+                             f"{h / b:.2f}x", f"{bare_cpu:.1f}",
+                             f"{worker_cpu / count * 1000:.1f}", f"{client_cpu:.1f}",
+                             f"{1000 / h:.1f}", f"{c:.1f}", f"{count / wall:.1f}"])
         finally:
             server.terminate()
             server.wait(30)
     print_table("AS2 receive, signed + encrypted, signed sync MDN (median latency)",
-                ["size", "messages", "bare ms", "hub ms", "hub/bare", "seq msg/s",
-                 "4 clients ms", "4 clients msg/s"], rows)
+                ["size", "messages", "bare ms", "hub ms", "hub/bare", "bare CPU ms",
+                 "hub CPU ms", "client CPU ms", "seq msg/s", "4 clients ms",
+                 "4 clients msg/s"], rows)
 
 
 class Sink(BaseHTTPRequestHandler):
@@ -278,6 +328,9 @@ def main() -> None:
     certs = {"hub": make_pair("hub.bench"), "acme": make_pair("acme.bench")}
     for name, value in environment([args.backend]):
         print(f"{name}: {value}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent,
+                            capture_output=True, text=True).stdout.strip()
+    print(f"code: {HERE.parent} at {commit or '?'}")
     if args.rss_mb:
         run_rss(args, certs)
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -18,23 +19,33 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pyas2lib
 import pytest
 import requests
-from sqlalchemy import select
+from sqlalchemy import event, select
+from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
-from b2bhub.as2 import profiles
+from b2bhub.as2 import lib, profiles
 from b2bhub.as2.mdn_out import send_due_mdns
+from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.machine import fail_overdue_receipts
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
+from b2bhub.payloads import PayloadBatch, PayloadStore
 from plugins.as2_receiver import As2Receiver
 from plugins.as2_sender import As2Sender
 from tests.as2kit import make_pair
+from tests.conftest import IS_POSTGRES
+from tests.enginekit import counted_statements
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the receiver instance, the profiles and routes versions with the delivery settings (the
+#: profiles cached), a replay, message, payloads, deliveries (+ their sequence numbers on
+#: SQLite), history, the as2_inbound row
+STATEMENTS_PER_RECEIVE = 9
 DATA = b"ISA*00*          *00*          *ZZ*ACME~GS*PO*ACME*HUB~ST*850*0001~SE*2*0001~\r\n"
 
 
@@ -235,15 +246,143 @@ def test_hub_to_partner(as2, case):
 
 # --- duplicates, quirks, bad input, Receipt Timeout ------------------------------------
 
-def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2):
+def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2, monkeypatch):
     as2.choose(sign=True, encrypt=True)
     first = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
                              mdn_signed=True, message_id="replay-1")
     again = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
                              mdn_signed=True, message_id="replay-1")
-    assert first["mdn_status"] == again["mdn_status"] == "processed"
+    files = sorted(p for p in Path(as2.hub.store.root).rglob("*") if p.is_file())
+    writes = []
+    monkeypatch.setattr(PayloadBatch, "put", lambda *a, **k: writes.append(a))
+    third = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                             mdn_signed=True, message_id="replay-1")
+    assert first["mdn_status"] == again["mdn_status"] == third["mdn_status"] == "processed"
     [message] = as2.messages()
-    assert as2.lines(message.id, "duplicate_received")
+    assert len(as2.lines(message.id, "duplicate_received")) == 2
+    # no payload written for a replay, not even a temp file
+    assert not writes
+    assert sorted(p for p in Path(as2.hub.store.root).rglob("*") if p.is_file()) == files
+
+
+def send_signed(as2) -> dict:
+    """The partner sends a signed and encrypted message asking for a signed sync MDN."""
+    return as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                            mdn_signed=True)
+
+
+def test_a_received_message_is_stored_in_few_statements(as2):
+    """The message row carries its direction and the MDN line goes in with the intake's
+    history lines: no read-back, no UPDATE, no separate lookups after the insert."""
+    as2.choose(sign=True, encrypt=True)
+    as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync", mdn_signed=True)
+    with counted_statements(Engine) as seen:
+        result = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                                  mdn_signed=True, filename="po.edi")
+    assert result["mdn_status"] == "processed", result
+    assert seen["UPDATE"] <= (0 if IS_POSTGRES else 1), seen  # SQLite: sequence_no
+    assert sum(seen.values()) <= (STATEMENTS_PER_RECEIVE - (1 if IS_POSTGRES else 0)), seen
+    message = as2.messages()[-1]
+    assert message.direction == "inbound" and message.status == "received"
+    assert [(t, x) for t, x in as2.session.execute(
+        select(HistoryLine.type, HistoryLine.text).where(
+            HistoryLine.message_id == message.id).order_by(HistoryLine.id))] == [
+        ("received", "po.edi received from acme for mycompany by as2in"),
+        ("delivery_changed", "sink: queued"),
+        ("mdn_sent", "signed MDN returned in the response")]
+
+
+def test_the_stages_of_a_message_are_made_durable_once_before_its_commit(as2, monkeypatch):
+    as2.choose(sign=True, encrypt=True)
+    events: list[str] = []
+    commit = PayloadBatch.commit
+
+    def durable(batch):
+        commit(batch)
+        events.append(f"durable {len(list(Path(batch.store.root, 'tmp').iterdir()))} left")
+
+    monkeypatch.setattr(PayloadBatch, "commit", durable)
+    monkeypatch.setattr(PayloadStore, "put", lambda *a, **k: events.append("put"))
+    on_commit = lambda *_a: events.append("commit")  # noqa: E731
+    event.listen(Engine, "commit", on_commit)
+    try:
+        result = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                                  mdn_signed=True)
+    finally:
+        event.remove(Engine, "commit", on_commit)
+    assert result["mdn_status"] == "processed", result
+    assert "put" not in events and events.count("durable 0 left") == 1, events
+    assert events[-2:] == ["durable 0 left", "commit"], events
+    [message] = as2.messages()
+    assert set(as2.stages(message.id)) == {"raw", "unpacked", "receipt"}
+
+
+def test_a_profile_saved_elsewhere_applies_to_the_next_message(as2, certs):
+    """The receiver keeps profiles with their loaded keys and certificates per process;
+    a save in another session (as another process would make it) is seen at once."""
+    as2.choose(sign=True, encrypt=True)
+    assert send_signed(as2)["mdn_status"] == "processed"
+    for pem, expected in ((certs["other"][0], False), (certs["acme"][0], True)):
+        with new_session() as other:
+            profiles.save_profile(other, "partner", "acme", {"certificate": {"pem": pem}})
+            other.commit()
+        answer = send_signed(as2)
+        assert (answer["mdn_status"] == "processed") is expected, answer
+    with new_session() as other:
+        profiles.save_profile(other, "partner", "acme", {"as2_id": "ACME2"})
+        other.commit()
+    answer = send_signed(as2)  # still signed AS2-From: ACME, no longer anyone's AS2 ID
+    assert answer["mdn_status"] != "processed", answer
+    messages = as2.messages()
+    assert [m.status for m in messages] == ["received", "refused", "received", "refused"]
+    assert messages[-1].from_party == "ACME"  # an unknown AS2 ID is recorded as itself
+
+
+def test_wakeups_are_published_after_the_commit_once_the_response_is_sent(as2, app, certs):
+    as2.choose(sign=True, encrypt=True)
+    key = (certs["acme"][1] + certs["acme"][0]).encode()
+    message = pyas2lib.Message(
+        pyas2lib.Organization(as2_name="ACME", sign_key=key, decrypt_key=key),
+        pyas2lib.Partner(as2_name="HUB", verify_cert=certs["hub"][0].encode(),
+                         encrypt_cert=certs["hub"][0].encode(), validate_certs=False,
+                         sign=True, encrypt=True, mdn_mode="SYNC", mdn_digest_alg="sha256"))
+    message.build(DATA, filename="po.edi")
+    published = []
+
+    def publish(items):  # what another process sees of the deliveries when woken
+        with new_session() as other:
+            published.append([(other.scalar(select(Delivery.state).where(
+                Delivery.id == delivery_id)), target) for delivery_id, target in items])
+
+    previous = wakeup_module.set_publisher(publish)
+    try:
+        response = app.test_client().post("/as2/as2in", data=message.content,
+                                          headers=dict(message.headers))
+        assert response.status_code == 200 and b"processed" in response.data
+        assert published == []  # the partner has its MDN before the broker is asked
+        response.close()
+    finally:
+        wakeup_module.set_publisher(previous)
+    assert published == [[("queued", "sink")]]
+
+
+def test_the_parse_flattens_no_mime_tree_for_debug_lines_unless_debug_is_on(as2, monkeypatch):
+    as2.choose(sign=True, encrypt=True)
+    flattened = []
+    real = lib._real_mime_to_bytes
+    monkeypatch.setattr(lib, "_real_mime_to_bytes",
+                        lambda msg, *a, **k: flattened.append(msg) or real(msg, *a, **k))
+    assert send_signed(as2)["mdn_status"] == "processed"
+    assert len(flattened) == 1  # the MDN returned; pyas2lib's debug lines would add 4
+    flattened.clear()
+    level = lib._as2.logger.level
+    lib._as2.logger.setLevel(logging.DEBUG)
+    try:
+        assert send_signed(as2)["mdn_status"] == "processed"
+    finally:
+        lib._as2.logger.setLevel(level)
+    assert len(flattened) == 5
+    assert [m.status for m in as2.messages()] == ["received", "received"]
 
 
 def test_partner_quirks_micalg_dash_and_binary_canonicalisation_and_no_chunking(as2):

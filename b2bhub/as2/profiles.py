@@ -10,7 +10,8 @@ certificate left out keeps the stored one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.as2.certs import CertificateError, read_upload
 from b2bhub.engine.history import raise_alert, resolve_alert
+from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
 from b2bhub.models import ORGANIZATION, Certificate, Party, ProtocolProfile
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
 
@@ -86,6 +88,8 @@ class As2Profile:
     cert_pem: str | None
     key_pem: str | None
     updated_at: datetime
+    #: pyas2lib objects built from this profile, kept with it (see :mod:`.lib`)
+    loaded: dict = field(default_factory=dict, compare=False, repr=False)
 
     def get(self, choice: str):
         return self.settings.get(choice, CHOICES[choice][0])
@@ -163,12 +167,14 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> Protocol
             usage="own" if kind == ORGANIZATION else "partner", pem=pair.pem,
             private_key_pem=pair.private_key_pem, subject=pair.subject[:500],
             issuer=pair.issuer[:500], not_before=pair.not_before, not_after=pair.not_after))
+    bump_profiles_version(session)
     session.flush()
     return profile
 
 
 def delete_profile(session: Session, kind: str, name: str) -> None:
     session.delete(get_profile(session, kind, name))
+    bump_profiles_version(session)
     session.flush()
 
 
@@ -220,6 +226,55 @@ def by_as2_id(session: Session, as2_id: str, kind: str) -> As2Profile | None:
 
 def by_party(session: Session, name: str) -> As2Profile | None:
     return _lookup(session, Party.name == name)
+
+
+# --- the per-process cache of the AS2 receiver ------------------------------------------
+
+#: a setting replaced by every transaction that saves or deletes a profile, a certificate
+#: or a party (:func:`bump_profiles_version`)
+VERSION_KEY = PROFILES_VERSION_KEY
+
+
+def bump_profiles_version(session: Session) -> None:
+    """Call in the transaction that changes a profile, its certificates or its party."""
+    bump_version(session, VERSION_KEY)
+
+
+class ProfileCache:
+    """The profiles this process looked up, with the pyas2lib objects built from them
+    (keys and certificates loaded), valid while the profiles version read in the
+    request's transaction is the one they were read under. Reading the version costs
+    one row, which the receiver reads with the routes version in one statement; a save
+    in any process is seen by the next request of every process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._version: object = None
+        self._profiles: dict[tuple[str, str], As2Profile | None] = {}
+
+    def by_as2_id(self, session: Session, version, as2_id: str, kind: str
+                  ) -> As2Profile | None:
+        """:func:`by_as2_id` through the cache; ``version`` is the VERSION_KEY value read
+        in ``session``'s transaction before this call (None when no profile was ever
+        saved)."""
+        key = (as2_id, kind)
+        with self._lock:
+            if version is not None and version == self._version and key in self._profiles:
+                return self._profiles[key]
+        profile = by_as2_id(session, as2_id, kind)  # read after the version: as new
+        with self._lock:
+            if version != self._version:
+                self._version, self._profiles = version, {}
+            if version is not None:
+                self._profiles[key] = profile
+        return profile
+
+    def clear(self) -> None:
+        with self._lock:
+            self._version, self._profiles = None, {}
+
+
+profile_cache = ProfileCache()
 
 
 # --- certificate expiry (beat, daily) ------------------------------------------------

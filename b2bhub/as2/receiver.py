@@ -4,16 +4,18 @@
 input. The order of work:
 
 1. Over ``max_size`` (by Content-Length, or while reading) → Refused without reading on.
-2. The raw stage (HTTP headers + body, what pyas2lib parses) goes to the payload store.
-3. An MDN (multipart/report, signed or not) settles a delivery of ours (:mod:`.mdn_in`).
-4. AS2-From/AS2-To are looked up in the profiles; a Message-ID the same partner had
-   accepted already gets the stored receipt and a ``duplicate_received`` line, no message.
-5. pyas2lib decrypts, decompresses, verifies the signature and computes the MIC. A
-   signature that fails with the partner's canonicalisation is tried once with the other
-   (text vs binary): partners differ on it.
-6. Accepted: raw, unpacked and receipt stages, the message, its deliveries and the
-   ``as2_inbound`` row commit in one transaction; the positive MDN is returned (sync) or
-   owed (async, sent by a worker) only after that commit. Refused: the message is stored
+2. An MDN (multipart/report, signed or not) settles a delivery of ours (:mod:`.mdn_in`).
+3. AS2-From/AS2-To are looked up in the profiles (cached per process, see
+   :class:`.profiles.ProfileCache`); a Message-ID the same partner had accepted already
+   gets the stored receipt and a ``duplicate_received`` line, no message and no payload.
+4. pyas2lib decrypts, decompresses, verifies the signature and computes the MIC, while
+   the raw stage (HTTP headers + body, what pyas2lib parses) is written to a temp file
+   of the payload store. A signature that fails with the partner's canonicalisation is
+   tried once with the other (text vs binary): partners differ on it.
+5. Accepted: the raw, unpacked and receipt stages are made durable and put in place by
+   one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
+   are inserted, and before that transaction commits; the positive MDN is returned
+   (sync) or owed (async, sent by a worker) only after that commit. Refused: the message is stored
    with status Refused, the reason in its history, and a negative MDN where the partner
    asked for one.
 """
@@ -29,45 +31,64 @@ from datetime import datetime
 from typing import IO
 
 from pyas2lib.exceptions import IntegrityError as SignatureError
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from b2bhub.as2 import lib, mdn_in, profiles
-from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_refused
-from b2bhub.engine.history import add_line
+from b2bhub.engine.dispatch import (
+    INTAKE_KEYS,
+    NewMessage,
+    read_settings,
+    store_and_dispatch_many,
+    store_refused,
+)
+from b2bhub.engine.history import add_line, connection
 from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound
-from b2bhub.payloads import PayloadStore
+from b2bhub.payloads import PayloadStore, StoredPayload
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SIZE = 100 * 1024 * 1024
 CHUNK = 1 << 20
 
 
-#: payload writes run here so that their fsyncs overlap parsing and each other
+#: the raw stage is written here while the request parses, the stages made durable
+#: here while the request inserts its rows
 _writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="as2-store")
 
 
-class _Pending:
-    """A payload being written: its digest and size once the write is done."""
+class _Stages:
+    """The payload stages of one received message: temp files of one
+    :class:`PayloadBatch` (the raw stage written on a thread while the message is
+    parsed), made durable and put in place together, by one sync, before the
+    transaction that refers to them commits."""
 
-    def __init__(self, future: Future):
-        self._future = future
+    def __init__(self, store: PayloadStore, raw: bytes | None):
+        self._batch = store.batch()
+        self._raw = _writer.submit(self._batch.put, raw) if raw is not None else None
 
-    @property
-    def digest(self) -> str:
-        return self._future.result().digest
+    def raw(self) -> dict[str, tuple[str, int]]:
+        """``{"raw": (digest, size)}`` once its temp file is written (else empty)."""
+        if self._raw is None:
+            return {}
+        stored = self._raw.result()
+        return {"raw": (stored.digest, stored.size)}
 
-    @property
-    def size(self) -> int:
-        return self._future.result().size
+    def add(self, data: bytes) -> tuple[str, int]:
+        stored = self._batch.put(data)
+        return stored.digest, stored.size
 
+    def durable(self) -> Future:
+        """Start making every stage durable and in place (on a thread): wait for the
+        future before committing the rows that refer to them."""
+        if self._raw is not None:
+            self._raw.result()
+        return _writer.submit(self._batch.commit)
 
-def _stage(write: Future | None) -> tuple[str, int] | None:
-    if write is None:
-        return None
-    stored = write.result()
-    return stored.digest, stored.size
+    def discard(self) -> None:
+        if self._raw is not None:
+            self._raw.result()
+        self._batch.discard()
 
 
 @dataclass
@@ -113,28 +134,38 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict,
     else:
         data = read_limited(body, max_size)
     if data is None:
-        return _refuse_early(session, store, instance, found, None, now,
+        return _refuse_early(session, instance, found, _Stages(store, None), now,
                              f"the body is over the size limit of {max_size} bytes",
                              status=413)
     raw = block + b"\r\n" + data
-    stored_raw = _Pending(_writer.submit(store.put, raw))  # its fsync overlaps the parse
     if mdn_in.looks_like_mdn(found, data):
-        return mdn_in.receive_mdn(session, store, raw, stored_raw, found, now)
+        stages = _Stages(store, raw)
+        stages.durable().result()
+        stored = stages.raw()["raw"]
+        return mdn_in.receive_mdn(session, store, raw, StoredPayload(*stored), found, now)
     as2_from, as2_to = (lib.unquote(found.get("as2-from")), lib.unquote(found.get("as2-to")))
     msgid = lib.message_id_of(found.get("message-id"))
     if not (as2_from and as2_to and msgid):
         missing = [h for h, v in (("AS2-From", as2_from), ("AS2-To", as2_to),
                                   ("Message-ID", msgid)) if not v]
-        return _refuse_early(session, store, instance, found, stored_raw, now,
+        return _refuse_early(session, instance, found, _Stages(store, raw), now,
                              f"not an AS2 message: no {', '.join(missing)} header")
-    org = profiles.by_as2_id(session, as2_to, ORGANIZATION)
-    partner = profiles.by_as2_id(session, as2_from, PARTNER)
+    # the profiles version with the intake's own settings rows, in one statement
+    known = read_settings(session, (profiles.VERSION_KEY, *INTAKE_KEYS))
+    version = known.pop(profiles.VERSION_KEY)
+    org = profiles.profile_cache.by_as2_id(session, version, as2_to, ORGANIZATION)
+    partner = profiles.profile_cache.by_as2_id(session, version, as2_from, PARTNER)
     if partner is not None and org is not None:
         duplicate = _duplicate(session, store, partner.party, msgid, now)
         if duplicate is not None:
-            return duplicate
-    return _parse_and_store(session, store, instance, raw, stored_raw, found, org, partner,
-                            msgid, now)
+            return duplicate  # and no payload written
+    stages = _Stages(store, raw)  # the raw stage is written while the message is parsed
+    try:
+        return _parse_and_store(session, store, instance, raw, stages, found, org, partner,
+                                msgid, now, known)
+    except BaseException:
+        stages.discard()  # nothing of it in place (a no-op once made durable)
+        raise
 
 
 def _duplicate(session: Session, store: PayloadStore, partner: str, msgid: str,
@@ -177,14 +208,15 @@ class BuiltMdn:
 def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Profile | None,
            binary: bool | None = None):
     message = lib.Message()
-    status, (exc, _tb), mdn = message.parse(
-        raw, find_org_cb=lambda _id: lib.organization(org) if org else None,
-        find_partner_cb=lambda _id: lib.partner(partner, binary) if partner else None)
+    with lib.parsing():
+        status, (exc, _tb), mdn = message.parse(
+            raw, find_org_cb=lambda _id: lib.organization(org) if org else None,
+            find_partner_cb=lambda _id: lib.partner(partner, binary) if partner else None)
     return message, status, exc, BuiltMdn(mdn) if mdn is not None else None
 
 
-def _parse_and_store(session, store, instance, raw, stored_raw, found, org, partner, msgid,
-                     now) -> Reply:
+def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org, partner,
+                     msgid, now, known: dict) -> Reply:
     try:
         message, status, exc, mdn = _parse(raw, org, partner)
         if isinstance(exc, SignatureError) and partner is not None:
@@ -194,57 +226,50 @@ def _parse_and_store(session, store, instance, raw, stored_raw, found, org, part
                 message, status, exc, mdn = retry
     except Exception as error:  # malformed MIME pyas2lib could not even start on
         log.info("AS2 message could not be parsed: %r", error)
-        return _refuse_early(session, store, instance, found, stored_raw, now,
+        return _refuse_early(session, instance, found, stages, now,
                              f"malformed AS2 message: {error}")
-    # the receipt and the business document are written (and fsynced) side by side
-    mdn_write = _writer.submit(store.put, mdn.headers_str + b"\r\n" + mdn.content) \
-        if mdn is not None else None
-    unpacked_write = _writer.submit(
-        store.put, message.content if isinstance(message.content, bytes) else b"") \
-        if status == "processed" else None
-    mdn_stage = _stage(mdn_write)
+    # the receipt and the business document join the raw stage's batch
+    mdn_stage = _mdn_stage(stages, mdn)
+    unpacked = None
+    if status == "processed":
+        content = message.content  # decoded anew at every read
+        unpacked = stages.add(content if isinstance(content, bytes) else b"")
+    durable = stages.durable()  # one sync for all three, while the rows go in
     from_party = partner.party if partner else _party_name(lib.unquote(found.get("as2-from")))
     to_party = org.party if org else _party_name(lib.unquote(found.get("as2-to")))
-    stages = {"raw": (stored_raw.digest, stored_raw.size)}
+    stored = stages.raw()
     if mdn_stage:
-        stages["receipt"] = mdn_stage
+        stored["receipt"] = mdn_stage
     mode = _mdn_mode(mdn)
     if status != "processed":
         reason = _reason(status, exc, message)
         return _store_refusal(session, instance, NewMessage(
-            source=instance, from_party=from_party, to_party=to_party, stages=stages,
-            external_id=msgid), reason, mdn, mode, mdn_stage, now)
-    stages["unpacked"] = _stage(unpacked_write)
+            source=instance, from_party=from_party, to_party=to_party, stages=stored,
+            external_id=msgid), reason, mdn, mode, mdn_stage, durable, now)
+    stored["unpacked"] = unpacked
     new = NewMessage(source=instance, from_party=from_party, to_party=to_party,
-                     stages=stages, external_id=msgid, original_filename=_filename(message))
+                     stages=stored, external_id=msgid, original_filename=_filename(message),
+                     direction=_direction(org, partner), lines=_mdn_lines(mode, mdn))
     try:
-        made = store_and_dispatch(session, new, now)
-        session.add(As2Inbound(
-            instance=instance, partner=from_party, as2_message_id=msgid[:255],
-            accepted_key=_accepted_key(from_party, msgid), message_id=made.id,
-            mdn_digest=mdn_stage[0] if mdn_stage else None,
-            mdn_headers=dict(mdn.headers) if mdn else None,
-            mdn_url=mdn.mdn_url if mode == "pending" else None,
-            mdn_state=mode, mdn_due_at=now if mode == "pending" else None, created_at=now))
-        _mdn_line(session, made.id, mode, mdn, now)
+        [made] = store_and_dispatch_many(session, [new], now, known)
+        _insert_inbound(session, instance, from_party, msgid, made, mdn, mode, mdn_stage, now,
+                        accepted_key=_accepted_key(from_party, msgid))
+        durable.result()  # the stages are in place before the rows referring to them
         session.commit()
     except IntegrityError:  # the same Message-ID committed meanwhile by another request
         session.rollback()
         return _duplicate(session, store, from_party, msgid, now) or _text(
             503, "try again")
-    return _reply(mdn, mode, made.id, "accepted")
+    return _reply(mdn, mode, made, "accepted")
 
 
 def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: str,
-                   mdn_stage, now) -> Reply:
+                   mdn_stage, durable: Future, now) -> Reply:
+    new.lines = _mdn_lines(mode, mdn)
     message_id = store_refused(session, new, reason, now)
-    session.add(As2Inbound(
-        instance=instance, partner=new.from_party, as2_message_id=(new.external_id or "?")[:255],
-        message_id=message_id, mdn_digest=mdn_stage[0] if mdn_stage else None,
-        mdn_headers=dict(mdn.headers) if mdn else None,
-        mdn_url=mdn.mdn_url if mode == "pending" else None, mdn_state=mode,
-        mdn_due_at=now if mode == "pending" else None, created_at=now))
-    _mdn_line(session, message_id, mode, mdn, now)
+    _insert_inbound(session, instance, new.from_party, new.external_id or "?", message_id, mdn,
+                    mode, mdn_stage, now)
+    durable.result()
     session.commit()
     log.info("AS2 message %s from %s refused: %s", new.external_id, new.from_party, reason)
     if mode == "none":
@@ -253,15 +278,29 @@ def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: s
     return _reply(mdn, mode, message_id, f"refused: {reason}")
 
 
-def _refuse_early(session, store, instance, found, stored_raw, now, reason: str,
+def _insert_inbound(session, instance: str, partner: str, msgid: str, message_id: int, mdn,
+                    mode: str, mdn_stage, now, accepted_key: str | None = None) -> None:
+    """The ``as2_inbound`` row of a received message: its receipt, owed or returned (one
+    Core statement; a Message-ID accepted twice raises IntegrityError here)."""
+    connection(session).execute(insert(As2Inbound.__table__), {
+        "instance": instance, "partner": partner, "as2_message_id": msgid[:255],
+        "accepted_key": accepted_key, "message_id": message_id,
+        "mdn_digest": mdn_stage[0] if mdn_stage else None,
+        "mdn_headers": dict(mdn.headers) if mdn else None,
+        "mdn_url": mdn.mdn_url if mode == "pending" else None, "mdn_state": mode,
+        "mdn_due_at": now if mode == "pending" else None, "created_at": now})
+
+
+def _refuse_early(session, instance, found, payloads: _Stages, now, reason: str,
                   status: int = 400) -> Reply:
     """Refused before pyas2lib could read it: recorded with what was kept, the negative
     MDN (unsigned, as nothing is verified) when the partner asked for one synchronously."""
-    stages = {"raw": (stored_raw.digest, stored_raw.size)} if stored_raw else {}
     msgid = lib.message_id_of(found.get("message-id"))
     mdn = _negative_mdn(found, msgid, reason) if found.get("disposition-notification-to") \
         else None
-    mdn_stage = _mdn_stage(store, mdn)
+    mdn_stage = _mdn_stage(payloads, mdn)
+    durable = payloads.durable()
+    stages = payloads.raw()
     if mdn_stage:
         stages["receipt"] = mdn_stage
     new = NewMessage(source=instance,
@@ -269,7 +308,7 @@ def _refuse_early(session, store, instance, found, stored_raw, now, reason: str,
                      to_party=_party_name(lib.unquote(found.get("as2-to"))),
                      stages=stages, external_id=msgid)
     reply = _store_refusal(session, instance, new, reason, mdn, _mdn_mode(mdn), mdn_stage,
-                           now)
+                           durable, now)
     if mdn is None:
         reply.status = status
     return reply
@@ -295,21 +334,25 @@ def _mdn_mode(mdn) -> str:
     return "pending" if mdn.mdn_mode == "ASYNC" and mdn.mdn_url else "sync"
 
 
-def _mdn_stage(store: PayloadStore, mdn) -> tuple[str, int] | None:
-    if mdn is None:
-        return None
-    stored = store.put(mdn.headers_str + b"\r\n" + mdn.content)
-    return stored.digest, stored.size
+def _mdn_stage(stages: _Stages, mdn) -> tuple[str, int] | None:
+    return stages.add(mdn.headers_str + b"\r\n" + mdn.content) if mdn is not None else None
 
 
-def _mdn_line(session, message_id: int, mode: str, mdn, now) -> None:
+def _mdn_lines(mode: str, mdn) -> list[dict]:
+    """The history line of the MDN returned or owed, written with the message."""
     if mdn is None:
-        return
+        return []
     signed = "signed " if mdn.headers.get("Content-Type", "").startswith(
         "multipart/signed") else ""
     where = "returned in the response" if mode == "sync" else f"owed to {mdn.mdn_url}"
-    add_line(session, message_id, "mdn_sent" if mode == "sync" else "mdn_queued",
-             f"{signed}MDN {where}", now=now)
+    return [{"type": "mdn_sent" if mode == "sync" else "mdn_queued",
+             "text": f"{signed}MDN {where}"}]
+
+
+def _direction(org, partner) -> str | None:
+    """From a partner's profile to an organization's: inbound (else the parties' kinds
+    are looked up)."""
+    return "inbound" if org is not None and partner is not None else None
 
 
 def _reply(mdn, mode: str, message_id: int, text: str) -> Reply:

@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from b2bhub import hub
 from b2bhub.as2 import receiver
+from b2bhub.engine import wakeups
 from b2bhub.extensions import db
 from b2bhub.models import PluginInstance, utcnow
 
@@ -28,11 +29,20 @@ def _plain(status: int, text: str) -> Response:
 
 @bp.post("/as2/<instance>")
 def receive(instance: str):
+    wakeups.defer(db.session)  # what the request commits is woken once it is answered
+    try:
+        response, mdn_owed = _receive(instance)
+    finally:
+        committed = wakeups.stop_deferring(db.session)
+    return _after_response(response, committed, mdn_owed)
+
+
+def _receive(instance: str) -> tuple[Response, bool]:
     try:
         row = db.session.scalar(select(PluginInstance).where(
             PluginInstance.name == instance, PluginInstance.type == TYPE))
         if row is None or not row.enabled:
-            return _plain(404, f"no enabled AS2 receiver named '{instance}'")
+            return _plain(404, f"no enabled AS2 receiver named '{instance}'"), False
         config = dict(row.config or {})
         db.session.commit()
         reply = receiver.receive(
@@ -42,10 +52,22 @@ def receive(instance: str):
     except Exception:
         db.session.rollback()
         log.exception("AS2 receiver %s failed; answered 503", instance)
-        return _plain(503, "the hub could not take the message now; try again later")
-    if reply.mdn_owed:
+        return _plain(503, "the hub could not take the message now; try again later"), False
+    return Response(reply.body, reply.status, reply.headers), reply.mdn_owed
+
+
+def _after_response(response: Response, committed: list, mdn_owed: bool) -> Response:
+    """Wake the workers for what the request committed once the response is sent (the
+    partner waits for its MDN, not for the broker); the sweep re-wakes what is lost."""
+    if committed or mdn_owed:
+        response.call_on_close(lambda: _wake(committed, mdn_owed))
+    return response
+
+
+def _wake(committed: list, mdn_owed: bool) -> None:
+    wakeups.publish_now(committed)
+    if mdn_owed:
         _wake_mdn_sender()
-    return Response(reply.body, reply.status, reply.headers)
 
 
 def _wake_mdn_sender() -> None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import functools
 import threading
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain import routing
@@ -25,7 +24,8 @@ from b2bhub.domain.status import derive_status
 from b2bhub.engine.history import add_lines, connection
 from b2bhub.engine.machine import wakeups_per_target
 from b2bhub.engine.rows import insert_rows
-from b2bhub.engine.settings import DeliverySettings, load_settings
+from b2bhub.engine.settings import KEY as SETTINGS_KEY
+from b2bhub.engine.settings import DeliverySettings, bump_version
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import (
@@ -49,9 +49,14 @@ class RouteCache:
         self._version: int | None = None
         self._table = routing.RouteTable([])
 
-    def table(self, session: Session) -> routing.RouteTable:
-        version = session.scalar(select(Setting.value).where(
-            Setting.key == ROUTES_VERSION_KEY)) or 0
+    def table(self, session: Session, known: dict | None = None) -> routing.RouteTable:
+        """The routes; ``known`` holds setting rows already read in this transaction
+        (:func:`read_settings`), the routes version among them."""
+        if known is not None and ROUTES_VERSION_KEY in known:
+            version = known[ROUTES_VERSION_KEY] or 0
+        else:
+            version = session.scalar(select(Setting.value).where(
+                Setting.key == ROUTES_VERSION_KEY)) or 0
         with self._lock:
             if version != self._version:
                 rows = session.scalars(select(Route).order_by(Route.id)).all()
@@ -68,15 +73,21 @@ class RouteCache:
 
 route_cache = RouteCache()
 
+#: the settings rows an intake reads: the routes version and the delivery settings
+INTAKE_KEYS = (ROUTES_VERSION_KEY, SETTINGS_KEY)
+
+
+def read_settings(session: Session, keys) -> dict:
+    """Setting rows by key in one statement (a key without a row maps to None), to
+    pass as ``known`` to :func:`store_and_dispatch_many` in the same transaction."""
+    found = dict(session.execute(select(Setting.key, Setting.value).where(
+        Setting.key.in_(list(keys)))).all())
+    return {key: found.get(key) for key in keys}
+
 
 def bump_routes_version(session: Session) -> None:
     """Call in the transaction that saves or deletes a route."""
-    token = uuid.uuid4().hex
-    changed = session.execute(update(Setting).where(Setting.key == ROUTES_VERSION_KEY)
-                              .values(value=token)
-                              .execution_options(synchronize_session=False)).rowcount
-    if not changed:
-        session.add(Setting(key=ROUTES_VERSION_KEY, value=token))
+    bump_version(session, ROUTES_VERSION_KEY)
     route_cache.clear()
 
 
@@ -95,6 +106,10 @@ class NewMessage:
     actor: str = ""
     targets: list[str] | None = None  # given targets bypass the routes (send by hand)
     data: dict = field(default_factory=dict)
+    #: inbound / outbound / internal when the source knows the parties' kinds already
+    direction: str | None = None
+    #: history lines of the message to add after its own (``type``, ``text``...)
+    lines: list[dict] = field(default_factory=list)
 
 
 def _direction(kinds: dict[str, str], from_party: str, to_party: str) -> str:
@@ -155,7 +170,7 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
 # --- a batch of messages in a handful of statements ---------------------------------
 
 def store_and_dispatch_many(session: Session, batch: list[NewMessage],
-                            now: datetime) -> list[int]:
+                            now: datetime, known: dict | None = None) -> list[int]:
     """:func:`store_and_dispatch` for a batch, in the caller's transaction, with one
     statement per kind of row instead of several per message: the same messages,
     payload rows, deliveries, history lines, statuses and alerts. Returns the message
@@ -163,13 +178,16 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
 
     Wake-ups (hints: a woken worker drains its target) go out after the commit as the
     sweep sends them: per target, one per batch it may claim at once, not one per
-    delivery.
+    delivery. ``known``: the :data:`INTAKE_KEYS` rows read in this transaction already
+    (:func:`read_settings`); else they are read here, in one statement.
     """
     if not batch:
         return []
+    if known is None or any(key not in known for key in INTAKE_KEYS):
+        known = {**read_settings(session, INTAKE_KEYS), **(known or {})}
     ids = _insert_messages(session, batch, now)
-    targets = _targets_of(session, batch)
-    settings = load_settings(session)
+    targets = _targets_of(session, batch, known)
+    settings = DeliverySettings.from_dict(known[SETTINGS_KEY])
     made = _insert_deliveries(session, batch, ids, targets, now, settings)
     add_lines(session, _intake_lines(batch, ids, targets, made), now)
     # A new message is stored Received; what its new deliveries say of it is known
@@ -194,9 +212,10 @@ def _status_of_new(deliveries: int) -> str:
 
 def _insert_messages(session: Session, batch: list[NewMessage], now: datetime
                      ) -> list[int]:
-    names = {name for new in batch for name in (new.from_party, new.to_party)}
+    names = {name for new in batch if new.direction is None
+             for name in (new.from_party, new.to_party)}
     kinds = dict(session.execute(select(Party.name, Party.kind).where(
-        Party.name.in_(names))).all())
+        Party.name.in_(names))).all()) if names else {}
     rows = [_message_row(new, kinds) for new in batch]
     payloads = [[{"stage": stage, "digest": digest, "size": size}
                  for stage, (digest, size) in new.stages.items()] for new in batch]
@@ -213,7 +232,7 @@ def _message_row(new: NewMessage, kinds: dict[str, str]) -> dict:
     """A new message's columns but its times."""
     digest, size = _main_stage(new)
     return {"source": new.source, "from_party": new.from_party, "to_party": new.to_party,
-            "direction": _direction(kinds, new.from_party, new.to_party),
+            "direction": new.direction or _direction(kinds, new.from_party, new.to_party),
             "original_filename": new.original_filename, "external_id": new.external_id,
             "correlation_id": new.correlation_id, "status": MessageStatus.RECEIVED,
             "status_text": "",
@@ -221,9 +240,10 @@ def _message_row(new: NewMessage, kinds: dict[str, str]) -> dict:
             "sha256": digest, "size": size}
 
 
-def _targets_of(session: Session, batch: list[NewMessage]) -> list[list[str]]:
+def _targets_of(session: Session, batch: list[NewMessage], known: dict
+                ) -> list[list[str]]:
     """Each message's distinct targets: given ones, else the routes' (read once)."""
-    table = (route_cache.table(session) if any(n.targets is None for n in batch)
+    table = (route_cache.table(session, known) if any(n.targets is None for n in batch)
              else None)
     return [list(dict.fromkeys(new.targets if new.targets is not None
                                else table.targets(new.source, new.from_party,
@@ -264,6 +284,8 @@ def _intake_lines(batch: list[NewMessage], ids: list[int], targets: list[list[st
     lines += [{"message_id": mid, "type": "not_routed", "actor": new.actor,
                "text": _not_routed_text(new)}
               for mid, new, names in zip(ids, batch, targets, strict=True) if not names]
+    lines += [{"actor": new.actor, **line, "message_id": mid}
+              for mid, new in zip(ids, batch, strict=True) for line in new.lines]
     return lines
 
 
@@ -277,9 +299,9 @@ def _by_actor(batch: list[NewMessage], ids: list[int]) -> dict[str, list[int]]:
 def store_refused(session: Session, new: NewMessage, reason: str, now: datetime) -> int:
     """Record a message a source turned down on its merits (status Refused, no
     deliveries, no alert), with what was received and the reason in its history."""
-    names = [new.from_party, new.to_party]
+    names = [new.from_party, new.to_party] if new.direction is None else []
     kinds = dict(session.execute(select(Party.name, Party.kind).where(
-        Party.name.in_(names))).all())
+        Party.name.in_(names))).all()) if names else {}
     row = {**_message_row(new, kinds), "created_at": now, "updated_at": now}
     row["status"], row["status_text"] = MessageStatus.REFUSED, reason[:2000]
     message_id = session.scalar(insert(Message).returning(Message.id), row)
@@ -292,5 +314,7 @@ def store_refused(session: Session, new: NewMessage, reason: str, now: datetime)
          "text": _received_text(new), "data": {"size": _main_stage(new)[1]}},
         {"message_id": message_id, "type": "refused", "actor": new.actor, "text": reason},
         {"message_id": message_id, "type": "status_changed", "actor": new.actor,
-         "text": "Refused", "data": {"to": MessageStatus.REFUSED}}], now)
+         "text": "Refused", "data": {"to": MessageStatus.REFUSED}},
+        *({"actor": new.actor, **line, "message_id": message_id} for line in new.lines)],
+        now)
     return message_id

@@ -543,6 +543,8 @@ def wakeups_per_target(session: Session, due: Iterable[tuple[int, str]],
         by_target.setdefault(target, []).append(delivery_id)
     if not by_target:
         return []
+    if all(len(ids) == 1 for ids in by_target.values()):
+        return [(ids[0], target) for target, ids in by_target.items()]  # one each anyway
     rows = session.execute(select(PluginInstance.name, PluginInstance.type,
                                   PluginInstance.max_concurrent_deliveries)
                            .where(PluginInstance.name.in_(list(by_target)))).all()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict, dataclass, fields, replace
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.models import Setting
 
 KEY = "delivery"
+#: replaced by every change of a party's protocol profiles (their per-process caches)
+PROFILES_VERSION_KEY = "as2_profiles_version"
 
 
 @dataclass(frozen=True)
@@ -56,3 +59,16 @@ def save_settings(session: Session, settings: DeliverySettings) -> None:
     row = session.get(Setting, KEY) or Setting(key=KEY)
     row.value = settings.to_dict()
     session.add(row)
+
+
+def bump_version(session: Session, key: str) -> None:
+    """Give the version setting ``key`` a fresh random token, in the caller's transaction
+    (call it in the transaction that changes what the version stands for). A token, never
+    a counter: something read inside a transaction that then rolled back is cached under a
+    token no commit will ever store, so it can never pass for what a later commit made (a
+    counter would reach the same number again)."""
+    token = uuid.uuid4().hex
+    changed = session.execute(update(Setting).where(Setting.key == key).values(value=token)
+                              .execution_options(synchronize_session=False)).rowcount
+    if not changed:
+        session.add(Setting(key=key, value=token))

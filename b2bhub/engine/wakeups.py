@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 log = logging.getLogger(__name__)
 Publisher = Callable[[list[tuple[int, str]]], None]
 _KEY = "b2bhub_wakeups"
+_DEFERRED = "b2bhub_wakeups_deferred"
 _publisher: Publisher | None = None
 _claim_batch: Callable[[str], int] | None = None
 
@@ -57,9 +58,27 @@ def publish_now(wakeups: list[tuple[int, str]]) -> None:
                     len(wakeups), exc_info=True)
 
 
+def defer(session: Session) -> list[tuple[int, str]]:
+    """From now on, the wake-ups of ``session``'s commits go to the list returned instead
+    of the publisher (still only once committed, never on rollback): a request handler
+    publishes them with :func:`publish_now` once its response is sent, so the client
+    does not wait for the broker. :func:`stop_deferring` ends it."""
+    return session.info.setdefault(_DEFERRED, [])
+
+
+def stop_deferring(session: Session) -> list[tuple[int, str]]:
+    """End :func:`defer`; the wake-ups committed meanwhile, to publish."""
+    return session.info.pop(_DEFERRED, [])
+
+
 @event.listens_for(Session, "after_commit")
 def _publish(session: Session) -> None:
-    publish_now(session.info.pop(_KEY, []))
+    committed = session.info.pop(_KEY, [])
+    deferred = session.info.get(_DEFERRED)
+    if deferred is not None:
+        deferred.extend(committed)
+    else:
+        publish_now(committed)
 
 
 @event.listens_for(Session, "after_rollback")

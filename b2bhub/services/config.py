@@ -11,6 +11,7 @@ from b2bhub.config_schema import ConfigError, validate_config
 from b2bhub.domain import routing
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
+from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
 from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
 from b2bhub.services.pages import Page, keyset_page
@@ -82,6 +83,7 @@ def delete_party(session: Session, kind: str, name: str) -> None:
     _refuse_while_routed(session, or_(Route.from_party == name, Route.to_party == name),
                          f"{kind} '{name}' is named by")
     session.delete(party)
+    bump_version(session, PROFILES_VERSION_KEY)  # its profiles go with it
     session.flush()
 
 
