@@ -16,11 +16,12 @@ import io
 import logging
 
 from flask import Blueprint, Response, request
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from b2bhub import hub
 from b2bhub.as2 import receiver
 from b2bhub.engine import wakeups
+from b2bhub.engine.history import connection
 from b2bhub.extensions import db
 from b2bhub.models import PluginInstance, utcnow
 
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 TYPE = "as2_receiver"
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
+_INSTANCE = select(PluginInstance.enabled, PluginInstance.config).where(
+    PluginInstance.name == bindparam("name"), PluginInstance.type == TYPE)
 
 
 def _plain(status: int, text: str) -> Response:
@@ -51,8 +54,7 @@ def _receive(instance: str) -> tuple[Response, bool]:
         small = length is not None and length <= PREREAD
         if small:
             body = io.BytesIO(body.read())
-        row = db.session.execute(select(PluginInstance.enabled, PluginInstance.config).where(
-            PluginInstance.name == instance, PluginInstance.type == TYPE)).first()
+        row = connection(db.session).execute(_INSTANCE, {"name": instance}).first()
         if row is None or not row.enabled:
             return _plain(404, f"no enabled AS2 receiver named '{instance}'"), False
         config = dict(row.config or {})
