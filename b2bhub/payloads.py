@@ -5,11 +5,18 @@ written to ``<root>/tmp`` first, made durable and renamed into place (the rename
 durable too), so a reader never sees half a file, and it is written *before* the
 transaction that references it; the nightly cleanup therefore only removes unreferenced
 files older than a grace period. :meth:`PayloadStore.batch` stores many payloads with
-the same order but their durability paid once per batch: all data made durable, then
-all renamed, then all renames made durable (``syncfs`` of the store's file system where
-the system has it, else an fsync per file and one per directory). Reads check
-the sha256 at the end of the stream, so silent corruption on disk is never handed on as
-a good payload. Plain Python: no Flask, no Celery, no SQLAlchemy.
+their durability paid once per batch: where the system has ``syncfs``, all are renamed
+into place and then one ``syncfs`` of the store's file system makes the data and the
+new names durable together; elsewhere all data is fsynced, then renamed, then each
+directory fsynced. Reads check the sha256 at the end of the stream, so silent
+corruption on disk is never handed on as a good payload.
+
+With one ``syncfs`` a crash between the rename and the sync can leave a file under its
+digest whose bytes never reached the disk (empty, short, or zeros). No row refers to it
+(the rows commit only after the sync), reads would report it corrupt, and storing the
+same content again never trusts it: a file already under the digest is kept only when
+its bytes hash to the digest, else it is replaced. Plain Python: no Flask, no Celery,
+no SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -178,7 +185,7 @@ class PayloadStore:
         the directory that got a new name (fsynced unless ``sync_dir`` is off)."""
         final = self.path(stored.digest)
         final.parent.mkdir(parents=True, exist_ok=True)
-        if _same_size(final, stored.size):
+        if _holds(final, stored):
             tmp.unlink()
             # Refresh the age so the orphan cleanup gives the new reference its grace period.
             os.utime(final)
@@ -298,9 +305,14 @@ class PayloadBatch:
         self._written = keep
 
     def commit(self) -> None:
-        """Data durable, then every payload in place, then the new names durable."""
+        """Every payload in place and durable: renamed, then one ``syncfs`` for the data
+        and the names together (see the module docstring); without ``syncfs``, data
+        fsynced, then renamed, then the directories fsynced."""
         written, self._written = self._written, []
         if not written:
+            return
+        if _SYNCFS is not None:
+            self._place_then_sync(written)
             return
         try:
             if not syncfs(written[0][0]):
@@ -324,6 +336,16 @@ class PayloadBatch:
         if dirs and not _syncfs_path(self.store.root):
             for path in sorted(dirs):
                 _fsync_dir(path)
+
+    def _place_then_sync(self, written: list[tuple[int, Path, StoredPayload]]) -> None:
+        try:
+            for _fd, tmp, stored in written:
+                self.store._place(tmp, stored, sync_dir=False)
+            # the descriptor of a temp file still open: the file system to sync
+            syncfs(written[0][0])
+        finally:
+            for item in written:
+                _remove_temp(item)  # closes it; the temp name is gone once placed
 
     def discard(self) -> None:
         """Remove the temp files of payloads not committed."""
@@ -402,12 +424,19 @@ def _copy_hashing(chunks: Iterator[bytes], out: BinaryIO) -> StoredPayload:
     return StoredPayload(digest.hexdigest(), size)
 
 
-def _same_size(path: Path, size: int) -> bool:
-    """True if ``path`` exists with ``size`` bytes; a truncated copy gets replaced."""
+def _holds(path: Path, stored: StoredPayload) -> bool:
+    """True if ``path`` holds exactly the stored content (size, then sha256, read in
+    chunks); a short, corrupt or never-synced copy gets replaced."""
     try:
-        return path.stat().st_size == size
+        with open(path, "rb") as file:
+            if os.fstat(file.fileno()).st_size != stored.size:
+                return False
+            digest = hashlib.sha256()
+            while chunk := file.read(READ_CHUNK):
+                digest.update(chunk)
     except FileNotFoundError:
         return False
+    return digest.hexdigest() == stored.digest
 
 
 def _fsync_dir(path: Path) -> None:

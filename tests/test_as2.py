@@ -28,6 +28,7 @@ from werkzeug.serving import make_server
 
 from b2bhub.as2 import lib, profiles
 from b2bhub.as2.mdn_out import send_due_mdns
+from b2bhub.as2.views import PREREAD
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.machine import fail_overdue_receipts
@@ -315,6 +316,26 @@ def test_the_stages_of_a_message_are_made_durable_once_before_its_commit(as2, mo
     assert events[-2:] == ["durable 0 left", "commit"], events
     [message] = as2.messages()
     assert set(as2.stages(message.id)) == {"raw", "unpacked", "receipt"}
+
+
+@pytest.mark.parametrize("size", [len(DATA), PREREAD + 1])
+def test_a_request_holds_no_connection_while_a_large_body_arrives(as2, app, size):
+    """A small body is read first and the request checks out one connection; a large
+    one is read once the instance lookup gave its connection back, then takes another."""
+    as2.choose(sign=True, encrypt=True)
+    send_signed(as2)
+    checkouts = []
+    pool = app.extensions["sqlalchemy"].engines[None].pool
+    on_checkout = lambda *_a: checkouts.append(threading.current_thread().name)  # noqa: E731
+    event.listen(pool, "checkout", on_checkout)
+    try:
+        result = as2.partner.send(as2.url, data=DATA * (size // len(DATA) + 1), sign=True,
+                                  encrypt=True, mdn_mode="sync", mdn_signed=True)
+    finally:
+        event.remove(pool, "checkout", on_checkout)
+    assert result["mdn_status"] == "processed", result
+    assert len(checkouts) == (1 if size <= PREREAD else 2), checkouts
+    assert as2.messages()[-1].status == "received"
 
 
 def test_a_profile_saved_elsewhere_applies_to_the_next_message(as2, certs):

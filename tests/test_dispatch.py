@@ -136,3 +136,22 @@ def test_the_celery_publisher_with_an_unreachable_broker_never_fails_an_intake(
     [row] = deliveries(session, sent.id)
     assert (row.target, row.state) == ("writer_a", "queued")
     assert message(session, sent.id).status == "received"
+
+
+def test_read_settings_sees_the_transactions_own_rows_and_maps_missing_keys_to_none(
+        session):
+    """The intake reads its settings rows on the session's connection: rows added in the
+    same transaction (flushed or not) are seen, committed ones too, a key without a row
+    is None, and the same keys asked twice give the same answer."""
+    from b2bhub.engine.dispatch import read_settings
+    from b2bhub.models import Setting
+
+    session.add(Setting(key="k_a", value={"n": 1}))
+    session.commit()
+    session.add(Setting(key="k_b", value=[2]))  # pending, not flushed
+    keys = ("k_a", "k_b", "k_missing")
+    assert read_settings(session, keys) == {"k_a": {"n": 1}, "k_b": [2],
+                                            "k_missing": None}
+    session.rollback()
+    assert read_settings(session, list(keys)) == {"k_a": {"n": 1}, "k_b": None,
+                                                  "k_missing": None}

@@ -273,3 +273,76 @@ def test_a_batch_whose_put_fails_keeps_the_others(store):
     batch.commit()
     assert list(store.iter_digests()) == [sha(b"one")]
     assert temp_files(store) == []
+
+
+def test_a_batch_renames_into_place_then_syncs_once(store, monkeypatch):
+    """Where syncfs exists, one call makes the data and the new names durable: it comes
+    after every payload is in place, and no file is fsynced on its own."""
+    from b2bhub import payloads
+
+    calls = []
+
+    def fake_syncfs(fd):
+        calls.append(sorted(store.iter_digests()))
+        return 0
+
+    fsyncs = []
+    monkeypatch.setattr(payloads, "_SYNCFS", fake_syncfs)
+    monkeypatch.setattr(payloads.os, "fsync", lambda fd: fsyncs.append(fd))
+    batch = store.batch()
+    batch.put(DOC)
+    batch.put(b"second")
+    batch.commit()
+    assert calls == [sorted([sha(DOC), sha(b"second")])]
+    assert fsyncs == []
+    assert temp_files(store) == []
+
+
+def test_a_failed_sync_raises_and_leaves_no_temp_file(store, monkeypatch):
+    from b2bhub import payloads
+
+    monkeypatch.setattr(payloads, "_SYNCFS", lambda fd: -1)
+    batch = store.batch()
+    batch.put(DOC)
+    with pytest.raises(OSError):
+        batch.commit()
+    assert temp_files(store) == []
+
+
+def test_without_syncfs_a_batch_fsyncs_each_file_before_its_rename(store, monkeypatch):
+    from b2bhub import payloads
+
+    real_fsync, synced_before_place = os.fsync, []
+
+    def fsync(fd):
+        synced_before_place.append(list(store.iter_digests()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(payloads, "_SYNCFS", None)
+    monkeypatch.setattr(payloads.os, "fsync", fsync)
+    batch = store.batch()
+    batch.put(DOC)
+    batch.put(b"second")
+    batch.commit()
+    assert synced_before_place[:2] == [[], []]  # both data fsyncs before any rename
+    with store.open(sha(DOC)) as a, store.open(sha(b"second")) as b:
+        assert (a.read(), b.read()) == (DOC, b"second")
+
+
+@pytest.mark.parametrize("left", [b"\x00" * len(DOC), DOC[:-1] + b"?"])
+@pytest.mark.parametrize("how", ["put", "batch"])
+def test_a_file_under_its_digest_with_other_bytes_of_the_same_size_is_replaced(
+        store, left, how):
+    """What a crash between rename and sync may leave (zeros, or bytes never written)
+    is never taken for the content: storing it again replaces the file."""
+    stored = store.put(DOC)
+    store.path(stored.digest).write_bytes(left)
+    if how == "put":
+        assert store.put(DOC) == stored
+    else:
+        batch = store.batch()
+        batch.put(DOC)
+        batch.commit()
+    with store.open(stored.digest) as stream:
+        assert stream.read() == DOC
+    assert temp_files(store) == []

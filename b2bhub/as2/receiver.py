@@ -170,10 +170,12 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict,
 
 def _duplicate(session: Session, store: PayloadStore, partner: str, msgid: str,
                now: datetime) -> Reply | None:
-    row = session.scalar(select(As2Inbound).where(
-        As2Inbound.accepted_key == _accepted_key(partner, msgid)))
-    if row is None:
+    # a Core lookup of the id (the usual answer is none), the row loaded when there is one
+    found = connection(session).execute(select(As2Inbound.id).where(
+        As2Inbound.accepted_key == _accepted_key(partner, msgid))).first()
+    if found is None:
         return None
+    row = session.get(As2Inbound, found.id)
     add_line(session, row.message_id, "duplicate_received",
              f"{partner} sent Message-ID <{msgid}> again; the stored receipt was returned "
              "and no new message made", now=now)

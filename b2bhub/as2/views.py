@@ -3,24 +3,35 @@
 No login and no CSRF token: AS2 is authenticated by signatures and party profiles. The
 view never answers 500: an unexpected failure (the database unreachable, say) is logged
 and answered 503, which an AS2 sender retries; nothing was accepted then.
+
+No request holds a database connection while its body arrives: a body of at most
+:data:`PREREAD` bytes (by Content-Length) is read before the receiver instance is
+looked up, so the whole request is one transaction on one connection; a larger one is
+read after that lookup's transaction ended, the instance's ``max_size`` known.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 
 from flask import Blueprint, Response, request
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 
 from b2bhub import hub
 from b2bhub.as2 import receiver
 from b2bhub.engine import wakeups
+from b2bhub.engine.history import connection
 from b2bhub.extensions import db
 from b2bhub.models import PluginInstance, utcnow
 
 bp = Blueprint("as2", __name__)
 log = logging.getLogger(__name__)
 TYPE = "as2_receiver"
+#: bodies up to this size (by Content-Length) are read before any database work
+PREREAD = 256 * 1024
+_INSTANCE = select(PluginInstance.enabled, PluginInstance.config).where(
+    PluginInstance.name == bindparam("name"), PluginInstance.type == TYPE)
 
 
 def _plain(status: int, text: str) -> Response:
@@ -39,16 +50,20 @@ def receive(instance: str):
 
 def _receive(instance: str) -> tuple[Response, bool]:
     try:
-        row = db.session.scalar(select(PluginInstance).where(
-            PluginInstance.name == instance, PluginInstance.type == TYPE))
+        length, body = request.content_length, request.stream
+        small = length is not None and length <= PREREAD
+        if small:
+            body = io.BytesIO(body.read())
+        row = connection(db.session).execute(_INSTANCE, {"name": instance}).first()
         if row is None or not row.enabled:
             return _plain(404, f"no enabled AS2 receiver named '{instance}'"), False
         config = dict(row.config or {})
-        db.session.commit()
+        if not small:
+            db.session.commit()  # its connection back to the pool while the body arrives
         reply = receiver.receive(
             db.session, hub.store(), instance, config,
             [(k, v) for k, v in request.headers.items() if k.lower() != "host"],
-            request.stream, request.content_length, utcnow())
+            body, length, utcnow())
     except Exception:
         db.session.rollback()
         log.exception("AS2 receiver %s failed; answered 503", instance)

@@ -80,9 +80,15 @@ INTAKE_KEYS = (ROUTES_VERSION_KEY, SETTINGS_KEY)
 def read_settings(session: Session, keys) -> dict:
     """Setting rows by key in one statement (a key without a row maps to None), to
     pass as ``known`` to :func:`store_and_dispatch_many` in the same transaction."""
-    found = dict(session.execute(select(Setting.key, Setting.value).where(
-        Setting.key.in_(list(keys)))).all())
+    keys = tuple(keys)
+    found = dict(connection(session).execute(_settings_query(keys)).all())
     return {key: found.get(key) for key in keys}
+
+
+@functools.cache
+def _settings_query(keys: tuple[str, ...]):
+    """The SELECT of these setting rows, built once (callers ask for the same few sets)."""
+    return select(Setting.key, Setting.value).where(Setting.key.in_(keys))
 
 
 def bump_routes_version(session: Session) -> None:
