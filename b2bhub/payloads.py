@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 __all__ = [
     "PayloadCorrupt",
@@ -60,6 +60,7 @@ DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 SHARD_RE = re.compile(r"[0-9a-f]{2}")
 READ_CHUNK = 1 << 16
 TMP_DIR = "tmp"
+_T = TypeVar("_T")
 #: seconds after which a file in ``tmp`` is taken for the leftover of a dead process
 TEMP_GRACE = 24 * 3600
 
@@ -181,8 +182,8 @@ class PayloadStore:
     def _write_temp(self, data: bytes | BinaryIO, chunk_size: int
                     ) -> tuple[int, Path, StoredPayload]:
         """Write ``data`` to a new temp file; its open descriptor, path and digest."""
-        tmp_dir = self._tmp_dir()
-        fd, tmp_name = tempfile.mkstemp(dir=tmp_dir, prefix="put-")
+        fd, tmp_name = self._in_tmp(lambda tmp_dir: tempfile.mkstemp(dir=tmp_dir,
+                                                                     prefix="put-"))
         try:
             with open(fd, "wb", closefd=False) as out:
                 stored = _copy_hashing(_chunks(data, chunk_size), out)
@@ -192,10 +193,15 @@ class PayloadStore:
             raise
         return fd, Path(tmp_name), stored
 
-    def _tmp_dir(self) -> Path:
+    def _in_tmp(self, make: Callable[[Path], _T]) -> _T:
+        """``make(tmp directory)``, creating the directory only when it is missing (a
+        mkdir per payload cost more than the rest of a small payload's bookkeeping)."""
         tmp_dir = self.root / TMP_DIR
-        tmp_dir.mkdir(parents=True, exist_ok=True)
-        return tmp_dir
+        try:
+            return make(tmp_dir)
+        except FileNotFoundError:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            return make(tmp_dir)
 
     def _link_temp(self, data: BinaryIO, name: str | Path, chunk_size: int
                    ) -> tuple[int, Path, StoredPayload] | None:
@@ -212,9 +218,9 @@ class PayloadStore:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
                 raise _NoLink
-            tmp = self._tmp_dir() / f"link-{secrets.token_hex(8)}"
+            tmp = self.root / TMP_DIR / f"link-{secrets.token_hex(8)}"
             try:
-                os.link(name, tmp, follow_symlinks=False)
+                self._in_tmp(lambda _tmp_dir: os.link(name, tmp, follow_symlinks=False))
             except OSError as exc:
                 tmp = None
                 raise _NoLink from exc
@@ -239,13 +245,16 @@ class PayloadStore:
         """Move a written temp file to its place, or drop it if the content is there;
         the directory that got a new name (fsynced unless ``sync_dir`` is off)."""
         final = self.path(stored.digest)
-        final.parent.mkdir(parents=True, exist_ok=True)
         if _same_size(final, stored.size):
             tmp.unlink()
             # Refresh the age so the orphan cleanup gives the new reference its grace period.
             os.utime(final)
             return None
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except FileNotFoundError:  # its shard directories are new (or tmp is gone)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
         if sync_dir:
             _fsync_dir(final.parent)
         return final.parent

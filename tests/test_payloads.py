@@ -384,3 +384,27 @@ def test_a_dropped_link_leaves_the_file_alone(store, dropped):
     batch.drop(stored)
     assert temp_files(store) == []
     assert dropped.read_bytes() == DOC and dropped.stat().st_nlink == 1
+
+
+def test_directories_are_made_when_missing_not_before_each_payload(store, monkeypatch):
+    """The temp and shard directories are created when a write finds them missing
+    (even removed by hand after the first payload), not by a mkdir per payload."""
+    store.put(b"first")
+    (store.root / "tmp").rmdir()
+    made = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        made.append(os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    batch = store.batch()
+    one, two = batch.put(DOC), batch.put(DOC[::-1])
+    batch.commit()
+    again = store.put(DOC + b"more")
+    assert made.count(str(store.root / "tmp")) == 1
+    for stored in (one, two, again):
+        assert store.open(stored.digest).read() in (DOC, DOC[::-1], DOC + b"more")
+    shards = {str(store.path(s.digest).parent) for s in (one, two, again)}
+    # a new shard: one failed mkdir of <ab>/<cd>, then <ab>, then <ab>/<cd>
+    assert shards <= set(made) and len(made) <= 1 + 3 * len(shards)
