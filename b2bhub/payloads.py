@@ -19,8 +19,8 @@ goes the way of a copy (durable, in place, then the caller's transaction, then t
 caller removes its own name). That spares a new file and a data write per payload. It
 is taken only for a regular file with no other name (``st_nlink`` 1), so that once the
 caller has removed its name nothing but the store reaches the inode; on any other file,
-or when the link fails (another file system, no hard links, no ``/proc/self/fd``,
-permission), the bytes are copied as before. A process that dies before the commit
+or when the link fails (another file system, no hard links, permission), the bytes
+are copied as before. A process that dies before the commit
 leaves the link in ``tmp``, which :meth:`PayloadStore.remove_stale_temp` removes like an
 interrupted copy. A link keeps the file's old mtime, so the store sets its atime to the
 time of the link (the mtime untouched, so the caller's checks of size and mtime still
@@ -230,13 +230,18 @@ class PayloadStore:
             if ((linked.st_dev, linked.st_ino) != (info.st_dev, info.st_ino)
                     or linked.st_nlink != 2):
                 raise _NoLink
-            _touch_atime(fd)  # its age for the cleanups starts now; mtime stays
+            try:
+                _touch_atime(fd)  # its age for the cleanups starts now; mtime stays
+            except PermissionError as exc:
+                raise _NoLink from exc
+            # Nothing of the stream was read before this point, so a copy can still
+            # take over above; a failure from here on is the read's own.
             stored = _copy_hashing(_chunks(data, chunk_size), None)
         except BaseException as exc:
             os.close(fd)
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
-            if isinstance(exc, _NoLink | PermissionError):
+            if isinstance(exc, _NoLink):
                 return None
             raise
         return fd, tmp, stored

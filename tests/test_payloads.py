@@ -408,3 +408,35 @@ def test_directories_are_made_when_missing_not_before_each_payload(store, monkey
     shards = {str(store.path(s.digest).parent) for s in (one, two, again)}
     # a new shard: one failed mkdir of <ab>/<cd>, then <ab>, then <ab>/<cd>
     assert shards <= set(made) and len(made) <= 1 + 3 * len(shards)
+
+
+def test_a_link_whose_age_cannot_be_set_is_copied(store, dropped, monkeypatch):
+    def refuse(fd):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(payloads, "_touch_atime", refuse)
+    batch = store.batch()
+    with dropped.open("rb") as stream:
+        stored = batch.put(stream, link=dropped)
+    batch.commit()
+    assert stored == StoredPayload(sha(DOC), len(DOC))
+    assert store.path(stored.digest).stat().st_ino != dropped.stat().st_ino
+    assert dropped.stat().st_nlink == 1
+
+
+def test_a_read_failing_after_the_link_is_not_taken_for_a_copy(store, dropped):
+    """Once the linked file is being read, a failure is the read's: no copy of a stream
+    already partly read, and no link left behind."""
+    class FailsOnce(io.BufferedReader):
+        """Its second read fails; later reads go on where the first one ended."""
+        reads = 0
+
+        def read(self, size=-1):
+            self.reads += 1
+            if self.reads == 2:
+                raise PermissionError(13, "Permission denied")
+            return super().read(size)
+    batch = store.batch()
+    with FailsOnce(io.FileIO(dropped, "rb")) as stream, pytest.raises(PermissionError):
+        batch.put(stream, chunk_size=1000, link=dropped)
+    assert temp_files(store) == [] and len(batch) == 0
+    assert dropped.stat().st_nlink == 1
