@@ -135,8 +135,9 @@ class SourceIntake:
     def _stage(self, file: PickedFile) -> StoredPayload | None:
         try:
             with file.open() as stream:
-                # A hard link into the store where it can be: the file's name is
-                # removed after the commit whichever way it was stored.
+                # A source's file with a ``path`` (the poller's take_by_link) goes in
+                # by a hard link where it can; its name is removed after the commit
+                # whichever way it was stored.
                 stored = self._payloads.put(_KeepAlive(stream, self.fence),
                                             link=getattr(file, "path", None))
             if stored.size == file.size and file.unchanged():
