@@ -233,3 +233,19 @@ def test_lines_added_together_are_stored_as_lines_added_one_by_one(hub, session)
         .where(HistoryLine.created_at == at(1)).order_by(HistoryLine.id)).all()
     assert stored[2:] == stored[:2]
     assert [line.data for line in lines(session, message_id)][-4:] == [data, None, data, None]
+
+
+def test_postgresql_connections_plan_each_statement_for_its_own_parameters(session):
+    """Generic plans kept from when the tables were empty made the lookups by id of a
+    batch's messages sequential scans for the life of a worker's connection."""
+    if session.get_bind().dialect.name != "postgresql":
+        pytest.skip("a PostgreSQL setting")
+    assert session.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
+    session.rollback()
+
+
+def test_the_environments_pgoptions_are_kept():
+    from b2bhub.config import postgres_options
+    assert postgres_options("") == "-c plan_cache_mode=force_custom_plan"
+    assert postgres_options(" -c work_mem=8MB ") == (
+        "-c work_mem=8MB -c plan_cache_mode=force_custom_plan")
