@@ -68,8 +68,25 @@ def load(overrides: dict | None = None) -> dict:
     if cfg["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
         cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {"timeout": 30}}
     else:
-        cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"pool_pre_ping": True}
+        cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"pool_pre_ping": True, "connect_args": {
+            "options": postgres_options(os.environ.get("PGOPTIONS", ""))}}
     return cfg
+
+
+def postgres_options(extra: str = "") -> str:
+    """The server settings of every PostgreSQL connection (after ``extra``, the
+    environment's PGOPTIONS, which the connection's own options would otherwise hide).
+
+    ``plan_cache_mode=force_custom_plan``: psycopg prepares a statement once it has run
+    five times, and PostgreSQL then keeps a generic plan made for the table as it was.
+    Workers start with empty tables, so the generic plans of the lookups by id of a
+    batch's messages were sequential scans, kept while the tables grew (without a
+    vacuum or ANALYZE nothing replans them): the message lock and status UPDATE of a
+    batch took 1.1-1.4 ms instead of 0.13-0.25. Planned for each execution, every
+    statement gets the plan of its own parameters and table; the planning costs less
+    than that (the intake and delivery of 4,000 files: 2.0 s of server time, 1.5 s)."""
+    return " ".join(part for part in (extra.strip(), "-c plan_cache_mode=force_custom_plan")
+                    if part)
 
 
 def secret_key(data_dir: str) -> str:

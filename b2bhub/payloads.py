@@ -17,22 +17,40 @@ digest whose bytes never reached the disk (empty, short, or zeros). No row refer
 same content again never trusts it: a file already under the digest is kept only when
 its bytes hash to the digest, else it is replaced. Plain Python: no Flask, no Celery,
 no SQLAlchemy.
+
+A batch may take a file that is already on the store's file system by a hard link
+instead of a copy (``PayloadBatch.put(stream, link=its name)``, the file poller's
+intake): the name is linked into ``<root>/tmp``, the link checked to be the inode the
+stream has open, and the bytes hashed by reading that inode; then it
+goes the way of a copy (in place, durable, then the caller's transaction, then the
+caller removes its own name). That spares a new file and a data write per payload. It
+is taken only for a regular file with no other name (``st_nlink`` 1), so that once the
+caller has removed its name nothing but the store reaches the inode; on any other file,
+or when the link fails (another file system, no hard links, permission), the bytes
+are copied as before. A process that dies before the commit
+leaves the link in ``tmp``, which :meth:`PayloadStore.remove_stale_temp` removes like an
+interrupted copy. A link keeps the file's old mtime, so the store sets its atime to the
+time of the link (the mtime untouched, so the caller's checks of size and mtime still
+hold) and the cleanups take a file's age from the later of the two.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import hashlib
 import io
 import os
 import re
+import secrets
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 __all__ = [
     "PayloadCorrupt",
@@ -49,6 +67,9 @@ DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 SHARD_RE = re.compile(r"[0-9a-f]{2}")
 READ_CHUNK = 1 << 16
 TMP_DIR = "tmp"
+_T = TypeVar("_T")
+#: seconds after which a file in ``tmp`` is taken for the leftover of a dead process
+TEMP_GRACE = 24 * 3600
 
 
 class PayloadError(Exception):
@@ -168,9 +189,8 @@ class PayloadStore:
     def _write_temp(self, data: bytes | BinaryIO, chunk_size: int
                     ) -> tuple[int, Path, StoredPayload]:
         """Write ``data`` to a new temp file; its open descriptor, path and digest."""
-        tmp_dir = self.root / TMP_DIR
-        tmp_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=tmp_dir, prefix="put-")
+        fd, tmp_name = self._in_tmp(lambda tmp_dir: tempfile.mkstemp(dir=tmp_dir,
+                                                                     prefix="put-"))
         try:
             with open(fd, "wb", closefd=False) as out:
                 stored = _copy_hashing(_chunks(data, chunk_size), out)
@@ -180,17 +200,73 @@ class PayloadStore:
             raise
         return fd, Path(tmp_name), stored
 
+    def _in_tmp(self, make: Callable[[Path], _T]) -> _T:
+        """``make(tmp directory)``, creating the directory only when it is missing (a
+        mkdir per payload cost more than the rest of a small payload's bookkeeping)."""
+        tmp_dir = self.root / TMP_DIR
+        try:
+            return make(tmp_dir)
+        except FileNotFoundError:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            return make(tmp_dir)
+
+    def _link_temp(self, data: BinaryIO, name: str | Path, chunk_size: int
+                   ) -> tuple[int, Path, StoredPayload] | None:
+        """Hard-link the file ``name`` into ``tmp``, check that the link is the very
+        file ``data`` has open, and hash it there; the link's descriptor, path and
+        digest, or None (nothing left behind) where a copy must do (see the module
+        docstring)."""
+        try:
+            fd = os.dup(data.fileno())
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return None
+        tmp = None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+                raise _NoLink
+            tmp = self.root / TMP_DIR / f"link-{secrets.token_hex(8)}"
+            try:
+                self._in_tmp(lambda _tmp_dir: os.link(name, tmp, follow_symlinks=False))
+            except OSError as exc:
+                tmp = None
+                raise _NoLink from exc
+            linked = tmp.stat()
+            # The name may point at another file by now; and no other name may have
+            # appeared (one that could still change the stored bytes).
+            if ((linked.st_dev, linked.st_ino) != (info.st_dev, info.st_ino)
+                    or linked.st_nlink != 2):
+                raise _NoLink
+            try:
+                _touch_atime(fd)  # its age for the cleanups starts now; mtime stays
+            except PermissionError as exc:
+                raise _NoLink from exc
+            # Nothing of the stream was read before this point, so a copy can still
+            # take over above; a failure from here on is the read's own.
+            stored = _copy_hashing(_chunks(data, chunk_size), None)
+        except BaseException as exc:
+            os.close(fd)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            if isinstance(exc, _NoLink):
+                return None
+            raise
+        return fd, tmp, stored
+
     def _place(self, tmp: Path, stored: StoredPayload, sync_dir: bool = True) -> Path | None:
         """Move a written temp file to its place, or drop it if the content is there;
         the directory that got a new name (fsynced unless ``sync_dir`` is off)."""
         final = self.path(stored.digest)
-        final.parent.mkdir(parents=True, exist_ok=True)
         if _holds(final, stored):
             tmp.unlink()
             # Refresh the age so the orphan cleanup gives the new reference its grace period.
             os.utime(final)
             return None
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except FileNotFoundError:  # its shard directories are new (or tmp is gone)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
         if sync_dir:
             _fsync_dir(final.parent)
         return final.parent
@@ -267,6 +343,14 @@ class PayloadStore:
                 removed += _unlink(path)
         return removed + self._remove_old_temp_files(cutoff)
 
+    def remove_stale_temp(self, older_than_seconds: float = TEMP_GRACE) -> int:
+        """Remove the files in ``tmp`` older than ``older_than_seconds``: copies and
+        links of batches whose process died before putting them in place. A batch
+        still under way whose file is removed this way fails its commit (the file is
+        not found when it is moved into place), stores nothing, and its files are
+        taken again; nothing is lost. Returns how many files went."""
+        return self._remove_old_temp_files(time.time() - older_than_seconds)
+
     def _remove_old_temp_files(self, cutoff: float) -> int:
         tmp_dir = self.root / TMP_DIR
         if not tmp_dir.is_dir():
@@ -288,9 +372,15 @@ class PayloadBatch:
     def __len__(self) -> int:
         return len(self._written)
 
-    def put(self, data: bytes | BinaryIO, chunk_size: int = 1 << 20) -> StoredPayload:
-        """Write ``data`` (read in chunks, never whole) to a temp file of the batch."""
-        written = self.store._write_temp(data, chunk_size)
+    def put(self, data: bytes | BinaryIO, chunk_size: int = 1 << 20,
+            link: str | Path | None = None) -> StoredPayload:
+        """Write ``data`` (read in chunks, never whole) to a temp file of the batch.
+        With ``link``, the name of the open file ``data``, a regular file with no other
+        name on the store's file system is hard-linked into the batch instead of
+        copied (module docstring); its caller removes its own name after the commit, as
+        it would after a copy."""
+        written = (self.store._link_temp(data, link, chunk_size) if link else None) \
+            or self.store._write_temp(data, chunk_size)
         self._written.append(written)
         return written[2]
 
@@ -363,19 +453,39 @@ def _remove_temp(written: tuple[int, Path, StoredPayload]) -> None:
     tmp.unlink(missing_ok=True)
 
 
-def _load_syncfs():
-    """libc's ``syncfs`` (Linux), or None."""
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_UTIME_NOW, _UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+
+
+def _load_libc(name: str, argtypes: list):
+    """libc's function ``name`` (Linux) returning an int, or None."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        function = libc.syncfs
+        function = getattr(libc, name)
     except (OSError, AttributeError):
         return None
-    function.argtypes = [ctypes.c_int]
+    function.argtypes = argtypes
     function.restype = ctypes.c_int
     return function
 
 
-_SYNCFS = _load_syncfs()
+_SYNCFS = _load_libc("syncfs", [ctypes.c_int])
+_FUTIMENS = _load_libc("futimens", [ctypes.c_int, ctypes.POINTER(_Timespec * 2)])
+
+
+def _touch_atime(fd: int) -> None:
+    """Set the atime of ``fd`` to now and leave its mtime exactly as it is (futimens
+    with UTIME_OMIT: reading the mtime and writing it back could undo a write made in
+    between). PermissionError where this is not allowed or not available."""
+    if _FUTIMENS is None:
+        raise PermissionError(errno.ENOSYS, "futimens is not available")
+    times = (_Timespec * 2)(_Timespec(0, _UTIME_NOW), _Timespec(0, _UTIME_OMIT))
+    if _FUTIMENS(fd, ctypes.byref(times)) != 0:
+        err = ctypes.get_errno()
+        raise PermissionError(err, f"futimens: {os.strerror(err)}")
 
 
 def syncfs(fd: int) -> bool:
@@ -414,14 +524,20 @@ def _chunks(data: bytes | BinaryIO, chunk_size: int) -> Iterator[bytes]:
         yield chunk
 
 
-def _copy_hashing(chunks: Iterator[bytes], out: BinaryIO) -> StoredPayload:
+def _copy_hashing(chunks: Iterator[bytes], out: BinaryIO | None) -> StoredPayload:
+    """Hash the chunks (and write them to ``out`` unless it is None)."""
     digest = hashlib.sha256()
     size = 0
     for chunk in chunks:
         digest.update(chunk)
-        out.write(chunk)
+        if out is not None:
+            out.write(chunk)
         size += len(chunk)
     return StoredPayload(digest.hexdigest(), size)
+
+
+class _NoLink(Exception):
+    """The file cannot be taken by a hard link: copy it instead."""
 
 
 def _holds(path: Path, stored: StoredPayload) -> bool:
@@ -458,10 +574,13 @@ def _shards(path: Path) -> Iterator[Path]:
 
 
 def _older(path: Path, cutoff: float) -> bool:
+    """Written (mtime) and taken in (atime, set when a hard link brought it in; a read
+    may move it later, never earlier) before ``cutoff``."""
     try:
-        return path.stat().st_mtime < cutoff
+        info = path.stat()
     except FileNotFoundError:
         return False
+    return max(info.st_mtime, info.st_atime) < cutoff
 
 
 def _unlink(path: Path) -> int:

@@ -111,6 +111,9 @@ class PickedFile(Protocol):
     # optional: def sync_removal(self) -> None, and a hashable ``directory``:
     #     make the removal durable (fsync the directory); OSError if it could not be.
     #     After removing a batch, the context calls it once per ``directory``.
+    # optional: ``path``, the file's name for the payload store to take it by a hard
+    #     link instead of a copy (the store checks that the name still is the file
+    #     open() gave and copies when it is not, or when it has another name).
 
 
 class SourceContext(Protocol):

@@ -66,17 +66,17 @@ def arguments(description: str, extra: Callable[[argparse.ArgumentParser], None]
 
 
 @contextmanager
-def fresh_bench(backend: str, keep: bool = False, writer_concurrency: int = 4
-                ) -> Iterator[Bench]:
+def fresh_bench(backend: str, keep: bool = False, writer_concurrency: int = 4,
+                take_by_link: bool = False) -> Iterator[Bench]:
     """A migrated backend with mycompany, acme, poller -> writer (its Max Concurrent
-    Deliveries ``writer_concurrency``) and a route."""
+    Deliveries ``writer_concurrency``) and a route; the poller's ``take_by_link``."""
     tmp = Path(tempfile.mkdtemp(prefix="b2bhub-fbench-"))
     bench = Bench(backend, {}, tmp, tmp / "in", tmp / "out", tmp / "staging")
     bench.staging.mkdir()
     drop_db = None
     try:
         bench.urls, drop_db = _create_backend(backend, tmp)
-        _migrate_and_configure(bench, writer_concurrency)
+        _migrate_and_configure(bench, writer_concurrency, take_by_link)
         yield bench
     finally:
         if bench.procs is not None:
@@ -112,7 +112,8 @@ def _create_backend(backend: str, tmp: Path) -> tuple[dict[str, str], Callable |
     return {"database_url": url, "broker_url": REDIS_URL, "data_dir": str(data_dir)}, drop
 
 
-def _migrate_and_configure(bench: Bench, writer_concurrency: int) -> None:
+def _migrate_and_configure(bench: Bench, writer_concurrency: int,
+                           take_by_link: bool = False) -> None:
     from flask_migrate import upgrade
 
     from b2bhub import create_app, hub
@@ -132,7 +133,7 @@ def _migrate_and_configure(bench: Bench, writer_concurrency: int) -> None:
         svc.save_instance(session, registry, {
             "name": POLLER, "type": "file_poller",
             "config": {"base_directory": str(bench.inbox), "path_pattern": "{to}/{filename}",
-                       "polling_interval": 1}})
+                       "polling_interval": 1, "take_by_link": take_by_link}})
         svc.save_instance(session, registry, {
             "name": WRITER, "type": "file_writer",
             "max_concurrent_deliveries": writer_concurrency,

@@ -39,6 +39,9 @@ def _options(parser) -> None:
     parser.add_argument("--writer-concurrency", type=int, metavar="N",
                         help="the writer's Max Concurrent Deliveries (default 16 x "
                              "workers, so that every worker can claim a batch)")
+    parser.add_argument("--take-by-link", action="store_true",
+                        help="the poller's take_by_link: files go into the payload store "
+                             "by a hard link instead of a copy")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="record each worker with py-spy into DIR and print the top "
                              "costs")
@@ -63,7 +66,8 @@ def drop_all(bench, files: int, size: int) -> tuple[float, float]:
 def main() -> None:
     args = arguments(__doc__.splitlines()[0], _options)
     concurrency = args.writer_concurrency or 16 * args.workers
-    with fresh_bench(args.backend, keep=args.keep, writer_concurrency=concurrency) as bench:
+    with fresh_bench(args.backend, keep=args.keep, writer_concurrency=concurrency,
+                     take_by_link=args.take_by_link) as bench:
         procs = start_processes(bench, args.workers)
         profiler = Profiler(args.profile, procs)
         before = environment(bench, args.workers)
@@ -88,7 +92,8 @@ def main() -> None:
         print("\n".join(before))
         print(f"load average after: {' '.join(f'{x:.2f}' for x in _load())}")
         print(f"files: {args.files} x {args.size} bytes; writer's Max Concurrent "
-              f"Deliveries {concurrency}")
+              f"Deliveries {concurrency}; the poller takes files by "
+              f"{'hard link' if args.take_by_link else 'copy'}")
         print(f"dropped in: {dropped - first:.2f} s")
         print(f"first dropped -> last written: {seconds:.2f} s")
         print(f"first dropped -> all Delivered in the database: {settled - first:.2f} s")

@@ -3,9 +3,15 @@
 Every ``polling_interval`` seconds it walks ``base_directory`` exactly as deep as its
 path pattern, never through a symbolic link, and hands each complete file (size and
 mtime the same as at the previous scan) that matches the path and file patterns to its
-context, which stores it and removes it after the commit. A file whose parties cannot be
-resolved is moved to ``unroutable/<its relative path>`` with the reason beside it; a
-file at a place the pattern does not describe is left alone and logged once.
+context, which stores it and removes it after the commit. The payload store gets a copy
+of the file; with ``take_by_link`` the file itself, by a hard link (no new file): the
+stored message then shares the file's bytes until the file is removed after the commit,
+so a sender that rewrote the file in place in between would change it (the read's
+sha256 check would then refuse the payload). A copy keeps the first version intact and
+the rewritten file becomes a message of its own; hence the copy by default. A file
+whose parties cannot be resolved is moved to ``unroutable/<its relative path>`` with
+the reason beside it; a file at a place the pattern does not describe is left alone and
+logged once.
 """
 
 from __future__ import annotations
@@ -76,6 +82,12 @@ class FilePoller(Plugin):
                    "it is the single organization"),
         Field("to", "string", validate=_party_problem,
               help="the business partner, unless captured by {to}"),
+        Field("take_by_link", "boolean", default=False,
+              help="senders write each file elsewhere and rename it in, never rewrite "
+                   "one in place: take files into the payload store by a hard link "
+                   "instead of a copy (one file fewer per message; copied anyway from "
+                   "another file system). A file rewritten in place between its pickup "
+                   "and its removal would change the stored message"),
     ]
 
     @classmethod
@@ -91,6 +103,7 @@ class FilePoller(Plugin):
         self.base = Path(config["base_directory"])
         self.pattern = _parse(config)
         self.file_pattern = config.get("file_pattern") or "*"
+        self.take_by_link = bool(config.get("take_by_link"))
         self._previous: dict[Parts, tuple[int, int]] = {}
         self._logged = LogOnce()
 
@@ -193,7 +206,8 @@ class FilePoller(Plugin):
         except Unroutable as exc:
             self._move_unroutable(parts, str(exc))
             return
-        context.take_file(LocalFile(self.base, parts, *seen), from_party, to_party, filename)
+        file = LocalFile(self.base, parts, *seen, linkable=self.take_by_link)
+        context.take_file(file, from_party, to_party, filename)
 
     def _parties(self, context: SourceContext, match: Match) -> tuple[str, str]:
         """From and to of a file, as the seed says; Unroutable with the reason if not."""
@@ -338,10 +352,14 @@ def stat_at(base: Path, parts: Parts) -> os.stat_result:
 class LocalFile:
     """A file below the base directory as it was seen (see plugin_api.PickedFile)."""
 
-    def __init__(self, base: Path, parts: Parts, size: int, mtime_ns: int):
+    def __init__(self, base: Path, parts: Parts, size: int, mtime_ns: int,
+                 linkable: bool = False):
         self.base, self.parts, self.size, self.mtime_ns = base, parts, size, mtime_ns
         self.relative = record_text(parts)
         self.directory = (str(base), parts[:-1])  # what sync_removal fsyncs
+        # With take_by_link, its name for the payload store to hard-link (the store
+        # checks that the name still is the file open() gave, whatever lies on the way).
+        self.path = base.joinpath(*parts) if linkable else None
 
     def open(self) -> IO[bytes]:
         fd = open_dir(self.base, self.parts[:-1])

@@ -20,6 +20,14 @@ durable is a storage error (retried). A re-attempt that finds the file already h
 exactly the payload (same size, same sha256) counts as written, so an attempt cut short
 after the move does not fail its retry.
 
+A worker killed between a write and its move leaves the hidden temporary file
+(``.b2bhub-<16 hex digits>.tmp``) behind. The first write into a directory in an hour
+(per process) removes the files of exactly that naming there that are older than
+``STALE_TEMP_SECONDS`` (an hour): a temporary file lives from its write to the end of
+its claimed batch, seconds, so one that old belongs to no attempt still under way;
+were one nonetheless removed under a live attempt, that attempt's move would fail as a
+storage error and be retried, never recorded as delivered.
+
 Directories are walked one element at a time with directory descriptors, and each one's
 resolved path must lie below the resolved base directory, so a symbolic link can never
 lead a write out of it.
@@ -30,8 +38,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,8 +54,8 @@ from b2bhub.domain.filename_pattern import (
     parse,
     placeholder_values,
 )
-from b2bhub.domain.retry import FILE_WRITER_DEFAULT
 from b2bhub.domain.outcome import OutcomeKind
+from b2bhub.domain.retry import FILE_WRITER_DEFAULT
 from b2bhub.payloads import PayloadError, syncfs
 from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader, Plugin, TargetContext
 
@@ -55,6 +65,11 @@ CHUNK = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # linkat errors meaning "this file system has no hard links", not "the name is taken"
 _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK}
+_TEMP_NAME = re.compile(r"\.b2bhub-[0-9a-f]{16}\.tmp")
+#: age after which a temporary file of this naming is a leftover (module docstring)
+STALE_TEMP_SECONDS = 3600.0
+#: seconds between two looks for leftovers in one directory, per process
+STALE_TEMP_CHECK_SECONDS = 3600.0
 
 
 def _pattern_problem(value: str) -> str | None:
@@ -123,6 +138,8 @@ class FileWriter(Plugin):
         self._dirs: dict[tuple[int, int], int] = {}
         # writes waiting for before_settle to make them durable and put them in place
         self._staged: list[_Staged] = []
+        # directories looked at for leftover temporary files: (dev, inode) -> monotonic
+        self._swept: dict[tuple[int, int], float] = {}
 
     def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
                 context: TargetContext) -> Outcome:
@@ -176,7 +193,17 @@ class FileWriter(Plugin):
         key = (info.st_dev, info.st_ino)
         if key not in self._dirs:
             self._dirs[key] = os.dup(dir_fd)
+            self._sweep(dir_fd, key)
         return key
+
+    def _sweep(self, dir_fd: int, key: tuple[int, int]) -> None:
+        """Remove this directory's leftover temporary files, at most once per
+        ``STALE_TEMP_CHECK_SECONDS`` per process (module docstring)."""
+        last = self._swept.get(key)
+        if last is not None and time.monotonic() - last < STALE_TEMP_CHECK_SECONDS:
+            return
+        self._swept[key] = time.monotonic()
+        remove_stale_temp_files(dir_fd)
 
     def before_settle(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Make the writes these outcomes report durable and put them in place: their
@@ -359,6 +386,32 @@ def _write_temp(dir_fd: int, payload: PayloadReader, stage: str) -> tuple[str, i
         raise
     os.close(fd)
     return tmp, size
+
+
+def remove_stale_temp_files(dir_fd: int, older_than: float = STALE_TEMP_SECONDS) -> int:
+    """Remove the regular files named as this writer names its temporary files that
+    were last written ``older_than`` seconds ago or more; how many went. Anything else
+    in the directory is left alone, and a failure only means another try later."""
+    cutoff = time.time() - older_than
+    removed = 0
+    try:
+        with os.scandir(dir_fd) as entries:
+            stale = [entry.name for entry in entries if _TEMP_NAME.fullmatch(entry.name)
+                     and _written_before(entry, cutoff)]
+        for name in stale:
+            os.unlink(name, dir_fd=dir_fd)
+            removed += 1
+    except OSError:
+        pass
+    return removed
+
+
+def _written_before(entry: os.DirEntry, cutoff: float) -> bool:
+    try:
+        info = entry.stat(follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_mtime < cutoff
 
 
 def _copy(payload: PayloadReader, stage: str, fd: int) -> int:

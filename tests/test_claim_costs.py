@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from sqlalchemy import Text, cast, select, text
 
 from b2bhub.domain.outcome import Outcome
@@ -92,6 +93,62 @@ def test_a_claim_reads_the_rows_it_takes_not_the_whole_backlog(hub, session):
     assert ("Sort" not in plan) if postgres else ("TEMP B-TREE" not in plan)
 
 
+def _explain(session, statement, params) -> str:
+    plan = " ".join(row[0] for row in session.execute(
+        text("EXPLAIN " + statement.text).bindparams(*statement._bindparams.values()),
+        params))
+    session.rollback()
+    return plan
+
+
+def test_claim_and_delivered_update_find_their_rows_by_key_with_or_without_statistics(
+        hub, session):
+    """The claim updates the rows it took through the primary key, and the batch's
+    delivered UPDATE finds its rows by id: before statistics, and after ANALYZE with
+    10,000 deliveries (when the planner, unable to estimate the claim's LIMIT, joined
+    the claimed rows to a sequential scan of every delivery, and found the delivered
+    rows through a state index holding every row once in progress)."""
+    if session.get_bind().dialect.name != "postgresql":
+        pytest.skip("planner choices of PostgreSQL")
+    standard_hub(hub, max_concurrent_deliveries=64)
+    session.execute(text("""
+        INSERT INTO messages (id, source, from_party, to_party, direction, size, status,
+                              status_text, created_at, updated_at)
+        SELECT g, 'inbox', 'acme', 'mycompany', 'inbound', 1, 'received', '', :t, :t
+          FROM generate_series(1000001, 1010000) g"""), {"t": at()})
+    session.execute(text("""
+        INSERT INTO deliveries (id, message_id, target, state, attempt, failures, due_at,
+                                wake_count, last_result, created_at, updated_at,
+                                lease_owner)
+        SELECT g, g, 'writer_a', CASE WHEN g <= 1005000 THEN 'delivered'
+                                      WHEN g <= 1005016 THEN 'in_progress'
+                                      ELSE 'queued' END,
+               1, 0, :t, 0, '', :t, :t, CASE WHEN g <= 1005016 THEN 'w' END
+          FROM generate_series(1000001, 1010000) g"""), {"t": at()})
+    session.commit()
+    claim = machine._claim_statement(True, False)
+    claim_params = {"target": "writer_a", "now": at(60), "owner": "w2", "n": 16,
+                    "until": at(360), "max_concurrent": 64}
+    delivered = machine._delivered_statement(16)
+    delivered_params = {"owner": "w", "now": at(60)}
+    for k in range(16):
+        delivered_params.update({f"i{k}": 1005001 + k, f"a{k}": 1, f"r{k}": "ok"})
+    for analyzed in (False, True):
+        if analyzed:
+            session.execute(text("ANALYZE deliveries"))
+            session.commit()
+        claim_plan = _explain(session, claim, claim_params)
+        assert "Seq Scan" not in claim_plan and "Join" not in claim_plan, claim_plan
+        assert "pk_deliveries" in claim_plan, claim_plan
+        assert "Index Cond: (id = ANY" in claim_plan, claim_plan
+        compiled = delivered.compile(dialect=session.get_bind().dialect)
+        plan = " ".join(row[0] for row in session.connection().exec_driver_sql(
+            "EXPLAIN " + str(compiled), compiled.construct_params(delivered_params)))
+        session.rollback()
+        assert "pk_deliveries" in plan and "ix_deliveries_state" not in plan, plan
+        assert "Seq Scan" not in plan, plan
+
+
 def test_the_claim_of_a_stalled_delivery_resolves_its_alert_and_no_other(hub, session):
     standard_hub(hub, max_concurrent_deliveries=16)
     hub.route("inbox", "*", "*", "writer_a")
@@ -176,3 +233,19 @@ def test_lines_added_together_are_stored_as_lines_added_one_by_one(hub, session)
         .where(HistoryLine.created_at == at(1)).order_by(HistoryLine.id)).all()
     assert stored[2:] == stored[:2]
     assert [line.data for line in lines(session, message_id)][-4:] == [data, None, data, None]
+
+
+def test_postgresql_connections_plan_each_statement_for_its_own_parameters(session):
+    """Generic plans kept from when the tables were empty made the lookups by id of a
+    batch's messages sequential scans for the life of a worker's connection."""
+    if session.get_bind().dialect.name != "postgresql":
+        pytest.skip("a PostgreSQL setting")
+    assert session.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
+    session.rollback()
+
+
+def test_the_environments_pgoptions_are_kept():
+    from b2bhub.config import postgres_options
+    assert postgres_options("") == "-c plan_cache_mode=force_custom_plan"
+    assert postgres_options(" -c work_mem=8MB ") == (
+        "-c work_mem=8MB -c plan_cache_mode=force_custom_plan")

@@ -14,7 +14,8 @@ import pytest
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
-from b2bhub.engine import scans
+from b2bhub import payloads
+from b2bhub.engine import intake, scans
 from b2bhub.engine.scans import ScanLease, SourceRunner, due_scans
 from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.hub import new_session
@@ -27,6 +28,7 @@ from b2bhub.models import (
     PluginInstance,
     PollerPickup,
 )
+from b2bhub.payloads import PayloadCorrupt
 from b2bhub.registry import PluginRegistry
 from b2bhub.services.errors import ServiceError
 from plugins import file_poller
@@ -576,23 +578,104 @@ def test_a_removal_not_made_durable_keeps_its_pickup_until_the_next_scan(
     assert count(session, Message) == 3 and count(session, PollerPickup) == 0
 
 
+def scan_rewriting_before_removal(runner, clock, path: Path, monkeypatch) -> None:
+    """A scan that stores ``path``, whose sender rewrites it in place (new and longer)
+    after the commit, just before the poller removes it."""
+    real_remove = file_poller.LocalFile.remove
+
+    def rewrite_then_remove(self):
+        path.write_bytes(b"new and longer")
+        return real_remove(self)
+    monkeypatch.setattr(file_poller.LocalFile, "remove", rewrite_then_remove)
+    scan(runner, clock)
+    monkeypatch.undo()
+
+
 def test_a_file_replaced_after_the_commit_is_not_removed(poller, runner, clock, base,
                                                          session, monkeypatch):
     poller()
     path = put(base, "acme/o.xml", b"old")
     scan(runner, clock)
-    real_remove = file_poller.LocalFile.remove
-
-    def replace_then_remove(self):
-        path.write_bytes(b"new and longer")
-        return real_remove(self)
-    monkeypatch.setattr(file_poller.LocalFile, "remove", replace_then_remove)
-    scan(runner, clock)
-    monkeypatch.undo()
+    scan_rewriting_before_removal(runner, clock, path, monkeypatch)
     assert path.read_bytes() == b"new and longer" and count(session, Message) == 1
     scan(runner, clock, 2)
     bodies = [runner.store.open(r.sha256).read() for r in messages(session)]
     assert bodies == [b"old", b"new and longer"] and not path.exists()
+
+
+def test_files_are_copied_into_the_payload_store_by_default(poller, runner, clock, base,
+                                                           session):
+    poller()
+    path = put(base, "acme/o.xml", b"copied")
+    inode = path.stat().st_ino
+    scan(runner, clock, 2)
+    [row] = messages(session)
+    assert runner.store.path(row.sha256).stat().st_ino != inode and not path.exists()
+
+
+def test_take_by_link_stores_the_file_itself(poller, runner, clock, base, session):
+    poller(take_by_link=True)
+    paths = [put(base, f"acme/o{i}.xml", b"linked %d" % i) for i in range(3)]
+    inodes = [p.stat().st_ino for p in paths]
+    scan(runner, clock, 2)
+    rows = messages(session)
+    assert [runner.store.path(r.sha256).stat().st_ino for r in rows] == inodes
+    assert [runner.store.open(r.sha256).read() for r in rows] == [
+        b"linked 0", b"linked 1", b"linked 2"]
+    assert not any(p.exists() for p in paths)
+    assert list((runner.store.root / "tmp").iterdir()) == []
+    assert all(runner.store.path(r.sha256).stat().st_nlink == 1 for r in rows)
+
+
+def test_take_by_link_copies_a_file_that_has_another_name(poller, runner, clock, base,
+                                                          tmp_path, session):
+    poller(take_by_link=True)
+    path = put(base, "acme/o.xml", b"two names")
+    elsewhere = tmp_path / "elsewhere.xml"
+    os.link(path, elsewhere)
+    scan(runner, clock, 2)
+    [row] = messages(session)
+    assert not path.exists()
+    assert runner.store.path(row.sha256).stat().st_ino != elsewhere.stat().st_ino
+    assert elsewhere.stat().st_nlink == 1  # the store took no link
+    elsewhere.write_bytes(b"changed through the other name")
+    assert runner.store.open(row.sha256).read() == b"two names"
+
+
+def test_take_by_link_a_file_rewritten_in_place_before_its_removal_is_refused(
+        poller, runner, clock, base, session, monkeypatch):
+    """The trade-off take_by_link documents: the stored message shares the file's bytes
+    until its removal, so a rewrite in place in that window changes them; the payload's
+    sha256 check then refuses it rather than hand on other bytes. (By default the copy
+    keeps the first version: test_a_file_replaced_after_the_commit_is_not_removed.)"""
+    poller(take_by_link=True)
+    path = put(base, "acme/o.xml", b"old")
+    scan(runner, clock)
+    scan_rewriting_before_removal(runner, clock, path, monkeypatch)
+    [row] = messages(session)
+    with pytest.raises(PayloadCorrupt), runner.store.open(row.sha256) as stream:
+        stream.read()
+
+
+def test_a_poll_removes_payload_temp_files_a_dead_process_left(
+        poller, runner, clock, base, session, monkeypatch):
+    poller()
+    tmp = runner.store.root / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    stale, fresh = tmp / "link-0123456789abcdef", tmp / "put-being-written"
+    stale.write_bytes(b"a batch never committed")
+    fresh.write_bytes(b"a batch under way")
+    then = time.time() - payloads.TEMP_GRACE - 60
+    os.utime(stale, (then, then))
+    monkeypatch.setattr(intake, "_TEMP_CHECKED", {})
+    scan(runner, clock)
+    assert sorted(p.name for p in tmp.iterdir()) == ["put-being-written"]
+    os.utime(fresh, (then, then))
+    scan(runner, clock)  # checked once an hour per process, not at every poll
+    assert fresh.exists()
+    monkeypatch.setattr(intake, "_TEMP_CHECKED", {})
+    scan(runner, clock)
+    assert not fresh.exists()
 
 
 # --- configuration and registration -----------------------------------------------------

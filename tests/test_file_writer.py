@@ -12,6 +12,7 @@ import hashlib
 import io
 import os
 import stat
+import time
 import tracemalloc
 from datetime import timedelta
 from pathlib import Path
@@ -672,3 +673,75 @@ def test_two_writes_of_one_batch_to_one_name_the_second_fails(message_info, out)
     assert outcomes[1].text == "order1.xml exists and overwrite is off"
     assert (out / "order1.xml").read_bytes() == BODY
     assert files_below(out) == ["order1.xml"]
+
+
+# --- temporary files left by a killed worker ----------------------------------------
+
+def hidden(out: Path) -> list[str]:
+    return sorted(p.name for p in out.iterdir() if p.name.startswith("."))
+
+
+def age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_a_killed_workers_temporary_file_is_removed_by_a_later_write(message_info, out):
+    """A worker killed between its write and its move leaves its hidden temporary file;
+    the re-attempt (another process) writes the file and removes the leftover once it
+    is older than an hour. Fresh temporary files (attempts under way elsewhere) and
+    anything not named as the writer names them stay."""
+    killed = FileWriter("writer", {"base_directory": str(out)})
+    killed.deliver(message_info, Body(BODY), None)  # killed before before_settle
+    [leftover] = hidden(out)
+    assert not (out / "order1.xml").exists()
+    under_way = out / ".b2bhub-0123456789abcdef.tmp"
+    under_way.write_bytes(b"another worker's attempt, just written")
+    strangers = [out / ".b2bhub-not-ours.tmp", out / "report.tmp", out / ".b2bhub-x"]
+    for path in strangers:
+        path.write_bytes(b"not the writer's")
+        age(path, 7200)
+    (out / ".b2bhub-fedcba9876543210.tmp").mkdir()  # not a regular file
+    age(out / ".b2bhub-fedcba9876543210.tmp", 7200)
+    os.symlink("/nonexistent", out / ".b2bhub-00000000000000ff.tmp")
+    age(out / ".b2bhub-00000000000000ff.tmp", 7200)
+    age(out / leftover, 3700)
+
+    again = FileWriter("writer", {"base_directory": str(out)})
+    [outcome] = again.before_settle([again.deliver(
+        dataclasses.replace(message_info, attempt=2), Body(BODY), None)])
+
+    assert outcome.kind == "delivered"
+    assert (out / "order1.xml").read_bytes() == BODY
+    assert leftover not in hidden(out)
+    assert hidden(out) == sorted([under_way.name, ".b2bhub-00000000000000ff.tmp",
+                                  ".b2bhub-fedcba9876543210.tmp", ".b2bhub-not-ours.tmp",
+                                  ".b2bhub-x"])
+    assert all(p.exists() for p in strangers)
+
+
+def test_a_leftover_younger_than_an_hour_stays(message_info, out):
+    killed = FileWriter("writer", {"base_directory": str(out)})
+    killed.deliver(message_info, Body(BODY), None)
+    [leftover] = hidden(out)
+    age(out / leftover, 3500)
+    again = FileWriter("writer", {"base_directory": str(out)})
+    again.before_settle([again.deliver(_info(message_info, 2), Body(BODY), None)])
+    assert hidden(out) == [leftover]
+
+
+def test_a_directory_is_looked_at_for_leftovers_once_an_hour_per_process(
+        message_info, out, monkeypatch):
+    import plugins.file_writer as module
+    plugin = FileWriter("writer", {"base_directory": str(out)})
+    plugin.before_settle([plugin.deliver(_info(message_info, 1), Body(BODY), None)])
+    leftover = out / ".b2bhub-0123456789abcdef.tmp"
+    leftover.write_bytes(b"left by a killed worker")
+    age(leftover, 7200)
+    plugin.before_settle([plugin.deliver(_info(message_info, 2), Body(BODY), None)])
+    assert leftover.exists()  # looked at less than an hour ago
+    later = time.monotonic() + module.STALE_TEMP_CHECK_SECONDS + 1
+    monkeypatch.setattr(module.time, "monotonic", lambda: later)
+    plugin.before_settle([plugin.deliver(_info(message_info, 3), Body(BODY), None)])
+    assert not leftover.exists()
+    assert files_below(out) == ["order1.xml", "order2.xml", "order3.xml"]

@@ -3,6 +3,7 @@ corrupt or half-written content."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -11,6 +12,7 @@ import tracemalloc
 
 import pytest
 
+from b2bhub import payloads
 from b2bhub.payloads import PayloadCorrupt, PayloadMissing, PayloadStore, StoredPayload
 
 DOC = b"UNB+UNOC:3+SENDER+RECEIVER+240101:1200+1'\n" * 1000
@@ -346,3 +348,168 @@ def test_a_file_under_its_digest_with_other_bytes_of_the_same_size_is_replaced(
     with store.open(stored.digest) as stream:
         assert stream.read() == DOC
     assert temp_files(store) == []
+
+
+# --- a batch taking an open file by a hard link ---------------------------------------
+
+@pytest.fixture
+def dropped(store, tmp_path):
+    """A file on the store's file system, as a poller finds it (written a while ago)."""
+    path = tmp_path / "inbox" / "order.xml"
+    path.parent.mkdir()
+    path.write_bytes(DOC)
+    age(path, 7200)
+    return path
+
+
+def test_a_batch_links_an_open_file_and_hashes_the_bytes_it_stores(store, dropped):
+    seen = dropped.stat()
+    batch = store.batch()
+    with dropped.open("rb") as stream:
+        stored = batch.put(stream, chunk_size=1000, link=dropped)
+    assert stored == StoredPayload(sha(DOC), len(DOC))
+    linked = temp_files(store)
+    assert [p.stat().st_ino for p in linked] == [seen.st_ino]  # no copy was made
+    assert not store.exists(stored.digest)
+
+    batch.commit()
+    placed = store.path(stored.digest).stat()
+    assert (placed.st_ino, placed.st_nlink) == (seen.st_ino, 2)
+    assert temp_files(store) == []
+    # The caller's checks of size and mtime still see the file it picked up.
+    assert (dropped.stat().st_size, dropped.stat().st_mtime_ns) == (
+        seen.st_size, seen.st_mtime_ns)
+    dropped.unlink()  # the caller removes its name after its commit
+    with store.open(stored.digest) as stream:
+        assert stream.read() == DOC
+    assert store.path(stored.digest).stat().st_nlink == 1
+
+
+def test_a_linked_payload_counts_its_age_from_the_link(store, dropped):
+    """The file's mtime is old; the cleanups must not take the new payload (not yet
+    referenced: its transaction commits after the batch) nor its temp link for old."""
+    batch = store.batch()
+    with dropped.open("rb") as stream:
+        stored = batch.put(stream, link=dropped)
+    assert store.remove_stale_temp(older_than_seconds=3600) == 0
+    assert len(temp_files(store)) == 1
+    batch.commit()
+    assert store.path(stored.digest).stat().st_mtime < time.time() - 3600
+    assert store.remove_orphans(set(), older_than_seconds=3600) == 0
+    assert store.exists(stored.digest)
+
+
+def test_a_file_with_another_name_is_copied(store, dropped, tmp_path):
+    other = tmp_path / "inbox" / "kept-elsewhere.xml"
+    os.link(dropped, other)
+    batch = store.batch()
+    with dropped.open("rb") as stream:
+        stored = batch.put(stream, link=dropped)
+    batch.commit()
+    assert store.path(stored.digest).stat().st_ino != dropped.stat().st_ino
+    assert dropped.stat().st_nlink == 2  # no name of ours is left on it
+    other.write_bytes(b"changed through the other name")
+    with store.open(stored.digest) as stream:
+        assert stream.read() == DOC
+
+
+@pytest.mark.parametrize("error", [errno.EXDEV, errno.EPERM, errno.ENOENT, errno.EMLINK])
+def test_a_link_that_fails_falls_back_to_a_copy(store, dropped, monkeypatch, error):
+    def refuse(*args, **kwargs):
+        raise OSError(error, os.strerror(error))
+    monkeypatch.setattr(payloads.os, "link", refuse)
+    batch = store.batch()
+    with dropped.open("rb") as stream:
+        stored = batch.put(stream, link=dropped)
+    assert [p.name[:4] for p in temp_files(store)] == ["put-"]
+    batch.commit()
+    assert stored == StoredPayload(sha(DOC), len(DOC))
+    assert store.path(stored.digest).stat().st_ino != dropped.stat().st_ino
+    assert dropped.stat().st_nlink == 1
+
+
+def test_a_stream_without_a_file_is_copied(store):
+    batch = store.batch()
+    stored = batch.put(io.BytesIO(DOC), link=store.root / 'no-such-file')
+    batch.commit()
+    assert stored == StoredPayload(sha(DOC), len(DOC))
+
+
+def test_a_link_left_by_a_dead_process_is_removed_once_stale(store, dropped):
+    """A process that dies between the link and the commit leaves the link in tmp and
+    the file where it was; the file is taken again, the link removed when stale."""
+    batch = store.batch()
+    with dropped.open("rb") as stream:
+        batch.put(stream, link=dropped)
+    # the process dies here: nothing committed, nothing discarded
+    [left] = temp_files(store)
+    assert store.remove_stale_temp(older_than_seconds=3600) == 0
+    age(left, 7200)
+    assert store.remove_stale_temp(older_than_seconds=3600) == 1
+    assert temp_files(store) == []
+    assert dropped.read_bytes() == DOC and dropped.stat().st_nlink == 1
+
+
+def test_a_dropped_link_leaves_the_file_alone(store, dropped):
+    batch = store.batch()
+    with dropped.open("rb") as stream:
+        stored = batch.put(stream, link=dropped)
+    batch.drop(stored)
+    assert temp_files(store) == []
+    assert dropped.read_bytes() == DOC and dropped.stat().st_nlink == 1
+
+
+def test_directories_are_made_when_missing_not_before_each_payload(store, monkeypatch):
+    """The temp and shard directories are created when a write finds them missing
+    (even removed by hand after the first payload), not by a mkdir per payload."""
+    store.put(b"first")
+    (store.root / "tmp").rmdir()
+    made = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        made.append(os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    batch = store.batch()
+    one, two = batch.put(DOC), batch.put(DOC[::-1])
+    batch.commit()
+    again = store.put(DOC + b"more")
+    assert made.count(str(store.root / "tmp")) == 1
+    for stored in (one, two, again):
+        assert store.open(stored.digest).read() in (DOC, DOC[::-1], DOC + b"more")
+    shards = {str(store.path(s.digest).parent) for s in (one, two, again)}
+    # a new shard: one failed mkdir of <ab>/<cd>, then <ab>, then <ab>/<cd>
+    assert shards <= set(made) and len(made) <= 1 + 3 * len(shards)
+
+
+def test_a_link_whose_age_cannot_be_set_is_copied(store, dropped, monkeypatch):
+    def refuse(fd):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(payloads, "_touch_atime", refuse)
+    batch = store.batch()
+    with dropped.open("rb") as stream:
+        stored = batch.put(stream, link=dropped)
+    batch.commit()
+    assert stored == StoredPayload(sha(DOC), len(DOC))
+    assert store.path(stored.digest).stat().st_ino != dropped.stat().st_ino
+    assert dropped.stat().st_nlink == 1
+
+
+def test_a_read_failing_after_the_link_is_not_taken_for_a_copy(store, dropped):
+    """Once the linked file is being read, a failure is the read's: no copy of a stream
+    already partly read, and no link left behind."""
+    class FailsOnce(io.BufferedReader):
+        """Its second read fails; later reads go on where the first one ended."""
+        reads = 0
+
+        def read(self, size=-1):
+            self.reads += 1
+            if self.reads == 2:
+                raise PermissionError(13, "Permission denied")
+            return super().read(size)
+    batch = store.batch()
+    with FailsOnce(io.FileIO(dropped, "rb")) as stream, pytest.raises(PermissionError):
+        batch.put(stream, chunk_size=1000, link=dropped)
+    assert temp_files(store) == [] and len(batch) == 0
+    assert dropped.stat().st_nlink == 1

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from time import monotonic
 from typing import IO, Any
 
 from sqlalchemy import delete, select
@@ -134,7 +135,11 @@ class SourceIntake:
     def _stage(self, file: PickedFile) -> StoredPayload | None:
         try:
             with file.open() as stream:
-                stored = self._payloads.put(_KeepAlive(stream, self.fence))
+                # A source's file with a ``path`` (the poller's take_by_link) goes in
+                # by a hard link where it can; its name is removed after the commit
+                # whichever way it was stored.
+                stored = self._payloads.put(_KeepAlive(stream, self.fence),
+                                            link=getattr(file, "path", None))
             if stored.size == file.size and file.unchanged():
                 return stored
             self._payloads.drop(stored)
@@ -262,7 +267,10 @@ class SourceIntake:
 
     # after a crash -----------------------------------------------------------
     def recover_files(self, find: Callable[[str], PickedFile | None]) -> int:
-        """Remove the files a dead process stored but did not remove; forget the rows."""
+        """Remove the files a dead process stored but did not remove; forget the rows.
+        Once an hour per process, also the payload store's temp files a dead process
+        left (copies and links of batches never put in place)."""
+        _remove_stale_temp(self.store, self.instance_name)
         rows = self.session.scalars(select(PollerPickup).where(
             PollerPickup.instance == self.instance_name).order_by(PollerPickup.id)).all()
         self.session.commit()
@@ -280,6 +288,27 @@ class SourceIntake:
             return len(removed)  # the rows stay; the next scan finds the files gone
         self._forget(done)
         return len(removed)
+
+
+_TEMP_CHECKED: dict[str, float] = {}  # payload store root -> monotonic time of the check
+TEMP_CHECK_INTERVAL = 3600.0
+
+
+def _remove_stale_temp(store: PayloadStore, instance: str) -> None:
+    root = str(store.root)
+    last = _TEMP_CHECKED.get(root)
+    if last is not None and monotonic() - last < TEMP_CHECK_INTERVAL:
+        return
+    _TEMP_CHECKED[root] = monotonic()
+    try:
+        removed = store.remove_stale_temp()
+    except OSError as exc:
+        log.warning("%s: the payload store's temp files could not be cleaned: %s",
+                    instance, exc)
+        return
+    if removed:
+        log.info("%s: removed %d temp files of the payload store left by a process "
+                 "that stopped", instance, removed)
 
 
 def _removals_durable(files: list[PickedFile], instance: str) -> list[PickedFile]:
@@ -312,6 +341,9 @@ class _KeepAlive:
     def read(self, size: int = -1) -> bytes:
         self._fence.keep_alive()
         return self._stream.read(size)
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
 
 
 def _key(file: PickedFile, digest: str) -> tuple:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime, bindparam, case, or_, select, text, update
+from sqlalchemy import DateTime, bindparam, case, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -91,12 +91,17 @@ _PG_LIMIT = """GREATEST(0, LEAST(:n, :max_concurrent - (
 _SQLITE_LIMIT = """max(0, min(:n, :max_concurrent - (
         SELECT count(*) FROM deliveries x
          WHERE x.target = :target AND x.state = 'in_progress')))"""
-_PG_STALLED = ", c.state = 'stalled'"
+_PG_STALLED = """,
+       u.id = ANY (ARRAY(SELECT c.id FROM c WHERE c.state = 'stalled'))"""
 _SQLITE_STALLED = """, EXISTS (SELECT 1 FROM alerts a WHERE a.kind = 'delivery_stalled'
     AND a.subject = 'delivery:' || deliveries.id AND a.resolved_at IS NULL)"""
 
+# The claimed rows are updated through the primary key, by the array of their ids: the
+# planner cannot estimate the LIMIT expression, and once statistics exist a join of the
+# claimed rows chose a hash of a sequential scan of all deliveries (2.5 ms per claim at
+# 10,000 rows). ``id = ANY (ARRAY(...))`` leaves it the primary key alone.
 _PG_CLAIM = """
-WITH c AS (
+WITH c AS MATERIALIZED (
   SELECT d.id, d.state FROM deliveries d
    WHERE d.target = :target AND d.state IN ('queued', 'retrying', 'stalled')
      AND d.due_at <= :now {ordered}
@@ -106,7 +111,7 @@ WITH c AS (
 UPDATE deliveries AS u
    SET state = 'in_progress', attempt = u.attempt + 1, lease_owner = :owner,
        lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now
-  FROM c WHERE u.id = c.id
+ WHERE u.id = ANY (ARRAY(SELECT c.id FROM c))
 RETURNING u.id, u.message_id, u.attempt, u.failures{stalled}"""
 
 _SQLITE_CLAIM = """
@@ -323,8 +328,14 @@ def _delivered_statement(count: int):
     results = case(*((ids[k], bindparam(f"r{k}", type_=t.c.last_result.type))
                      for k in range(count)), value=t.c.id)
     now = bindparam("now", type_=DateTime())
+    # The rows are found by id alone: ``state`` is compared through COALESCE (it is
+    # never NULL), which no index matches. Otherwise the planner may pick a state index
+    # instead of the primary key, and with no statistics it did: a bitmap scan of every
+    # entry 'in_progress' ever had in it (dead ones too, until a vacuum), 0.9 ms per
+    # batch.
     return (update(t).where(t.c.id.in_(ids), t.c.lease_owner == bindparam("owner"),
-                            t.c.state == S.IN_PROGRESS, t.c.attempt == attempts)
+                            func.coalesce(t.c.state, "") == S.IN_PROGRESS,
+                            t.c.attempt == attempts)
             .values(state=S.DELIVERED, settled_at=now, failure_kind=None, lease_owner=None,
                     lease_until=None, updated_at=now, last_result=results)
             .returning(t.c.id))
