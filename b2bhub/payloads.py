@@ -169,8 +169,11 @@ class PayloadStore:
                     ) -> tuple[int, Path, StoredPayload]:
         """Write ``data`` to a new temp file; its open descriptor, path and digest."""
         tmp_dir = self.root / TMP_DIR
-        tmp_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(dir=tmp_dir, prefix="put-")
+        try:  # the directory is made once, not checked at every write
+            fd, tmp_name = tempfile.mkstemp(dir=tmp_dir, prefix="put-")
+        except FileNotFoundError:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(dir=tmp_dir, prefix="put-")
         try:
             with open(fd, "wb", closefd=False) as out:
                 stored = _copy_hashing(_chunks(data, chunk_size), out)
@@ -184,13 +187,16 @@ class PayloadStore:
         """Move a written temp file to its place, or drop it if the content is there;
         the directory that got a new name (fsynced unless ``sync_dir`` is off)."""
         final = self.path(stored.digest)
-        final.parent.mkdir(parents=True, exist_ok=True)
         if _holds(final, stored):
             tmp.unlink()
             # Refresh the age so the orphan cleanup gives the new reference its grace period.
             os.utime(final)
             return None
-        os.replace(tmp, final)
+        try:  # the directory is made when a name first needs it, not checked every time
+            os.replace(tmp, final)
+        except FileNotFoundError:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp, final)
         if sync_dir:
             _fsync_dir(final.parent)
         return final.parent
