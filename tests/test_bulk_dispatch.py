@@ -88,6 +88,29 @@ def test_a_batch_stores_what_one_by_one_stores(hub, session, broker):
     assert [r.sequence_no for r in made] == [r.id for r in made]
 
 
+def test_sequence_numbers_equal_fresh_ids_after_the_newest_delivery_is_gone(
+        hub, session, broker):
+    """Each new delivery's sequence number is its own id, a fresh one above every id
+    in the table, also when the newest delivery was deleted and when the batch is empty
+    of deliveries before it."""
+    standard_hub(hub, targets=("writer_a", "writer_b"))
+    hub.route("inbox", "*", "mycompany", "writer_a")
+    hub.route("inbox", "acme", "*", "writer_b")
+    first = store_and_dispatch_many(session, batch(hub), T0)
+    session.commit()
+    newest = session.scalar(select(func.max(Delivery.id)))
+    session.execute(Delivery.__table__.delete().where(Delivery.id == newest))
+    session.commit()
+    second = store_and_dispatch_many(session, batch(hub), T0)
+    session.commit()
+    old = session.scalars(select(Delivery.id).where(Delivery.message_id.in_(first))).all()
+    made = session.execute(select(Delivery.id, Delivery.sequence_no)
+                           .where(Delivery.message_id.in_(second))
+                           .order_by(Delivery.id)).all()
+    assert len(made) == 4 and min(r.id for r in made) > max(old)
+    assert [r.sequence_no for r in made] == [r.id for r in made]
+    assert session.scalar(select(func.count()).select_from(Delivery)) == len(old) + 4
+
 def test_wakeups_go_out_after_the_commit_once_per_claim_batch_of_each_target(
         hub, session, broker, tmp_path):
     """A woken worker claims up to its target's claim batch at a time and drains the

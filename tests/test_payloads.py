@@ -242,6 +242,27 @@ def test_a_batch_puts_nothing_in_place_before_its_commit(store):
     assert len(batch) == 0
 
 
+def test_directories_removed_under_the_store_are_made_again(store):
+    """Directories are made when a write first needs them, not checked every time: the
+    temp directory and the fan-out directories come back when something removed them."""
+    import shutil
+
+    first = store.put(DOC)
+    shutil.rmtree(store.root)
+    second = store.put(DOC)
+    assert second == first
+    with store.open(first.digest) as stream:
+        assert stream.read() == DOC
+    shutil.rmtree(store.root)
+    batch = store.batch()
+    other = batch.put(DOC[::-1])
+    assert not store.path(other.digest).parent.parent.exists()
+    batch.commit()
+    with store.open(other.digest) as stream:
+        assert stream.read() == DOC[::-1]
+    assert temp_files(store) == []
+
+
 def test_a_batch_keeps_one_copy_of_content_already_stored_or_put_twice(store):
     store.put(DOC)
     batch = store.batch()

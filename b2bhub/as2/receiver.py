@@ -10,7 +10,8 @@ input. The order of work:
    gets the stored receipt and a ``duplicate_received`` line, no message and no payload.
 4. pyas2lib decrypts, decompresses, verifies the signature and computes the MIC, while
    the raw stage (HTTP headers + body, what pyas2lib parses) is written to a temp file
-   of the payload store. A signature that fails with the partner's canonicalisation is
+   of the payload store (a raw stage up to :data:`INLINE_RAW` is written first, on the
+   request's thread). A signature that fails with the partner's canonicalisation is
    tried once with the other (text vs binary): partners differ on it.
 5. Accepted: the raw, unpacked and receipt stages are made durable and put in place by
    one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
@@ -52,20 +53,28 @@ DEFAULT_MAX_SIZE = 100 * 1024 * 1024
 CHUNK = 1 << 20
 
 
-#: the raw stage is written here while the request parses, the stages made durable
+#: a large raw stage is written here while the request parses, the stages made durable
 #: here while the request inserts its rows
 _writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="as2-store")
+#: a raw stage up to this size is written on the request's own thread: a write this small
+#: costs less than handing it to another thread and taking the result back
+INLINE_RAW = 64 * 1024
 
 
 class _Stages:
     """The payload stages of one received message: temp files of one
-    :class:`PayloadBatch` (the raw stage written on a thread while the message is
-    parsed), made durable and put in place together, by one sync, before the
-    transaction that refers to them commits."""
+    :class:`PayloadBatch` (a large raw stage written on a thread while the message is
+    parsed, a small one at once), made durable and put in place together, by one sync,
+    before the transaction that refers to them commits."""
 
     def __init__(self, store: PayloadStore, raw: bytes | None):
         self._batch = store.batch()
-        self._raw = _writer.submit(self._batch.put, raw) if raw is not None else None
+        self._raw: Future | None = None
+        if raw is not None and len(raw) > INLINE_RAW:
+            self._raw = _writer.submit(self._batch.put, raw)
+        elif raw is not None:
+            self._raw = Future()
+            self._raw.set_result(self._batch.put(raw))
 
     def raw(self) -> dict[str, tuple[str, int]]:
         """``{"raw": (digest, size)}`` once its temp file is written (else empty)."""

@@ -10,8 +10,8 @@ same for any number of rows, so psycopg parses it once and the server prepares i
 Ids come back as SQLAlchemy's own bulk insert takes them: the rows are inserted in the
 order given, the serial id of each is drawn in that order, so the ids sorted ascending
 are those of the rows in order. On SQLite the rows go through SQLAlchemy's own bulk
-insert (ids in the order of the rows), and a column that takes the row's own id is set by
-an UPDATE after it.
+insert (ids in the order of the rows), but rows with a column that takes the row's own id
+go in as one ``INSERT ... SELECT`` over ``json_each`` that sets both, with no UPDATE after.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
     if not rows:
         return []
     times = times or {}
+    if conn.dialect.name == "sqlite" and id_also is not None:
+        statement = _sqlite_statement(table, tuple(rows[0]), tuple(times), id_also)
+        result = conn.execute(statement, {"rows": json.dumps(rows, separators=(",", ":")),
+                                          **times})
+        return sorted(result.scalars())
     if conn.dialect.name != "postgresql":
         return _insert_rows_core(conn, table, rows, times, returning_ids or bool(id_also),
                                  id_also)
@@ -85,3 +90,21 @@ def _statement(table: Table, columns: tuple[str, ...], times: tuple[str, ...],
            + (" RETURNING id" if returning_ids else ""))
     return text(sql).bindparams(*(bindparam(name, type_=DateTime()) for name in times))
 
+
+
+@functools.cache
+def _sqlite_statement(table: Table, columns: tuple[str, ...], times: tuple[str, ...],
+                      id_also: str):
+    """SQLite's INSERT of rows that take their own id in ``id_also`` too, in one
+    statement: each row gets the id SQLite would draw itself for a table without
+    AUTOINCREMENT (the largest id + 1, in the order of the rows), set explicitly in
+    both columns; the statement reads the largest id under the write lock it holds."""
+    extracted = [f"json_extract(j.value, '$.{name}')" for name in columns]
+    targets = ["id", id_also, *columns, *times]
+    values = ["b.m + j.key + 1", "b.m + j.key + 1", *extracted,
+              *(f":{name}" for name in times)]
+    sql = (f"INSERT INTO {table.name} ({', '.join(targets)}) "
+           f"SELECT {', '.join(values)} "
+           f"FROM (SELECT COALESCE(MAX(id), 0) AS m FROM {table.name}) AS b, "
+           f"json_each(:rows) AS j ORDER BY j.key RETURNING id")
+    return text(sql).bindparams(*(bindparam(name, type_=DateTime()) for name in times))
