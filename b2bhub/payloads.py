@@ -405,9 +405,8 @@ class PayloadBatch:
             self._place_then_sync(written)
             return
         try:
-            if not syncfs(written[0][0]):
-                for fd, _tmp, _stored in written:
-                    os.fsync(fd)
+            for fd, _tmp, _stored in written:
+                os.fsync(fd)
         except BaseException:
             for item in written:
                 _remove_temp(item)
@@ -423,9 +422,8 @@ class PayloadBatch:
         finally:
             for _fd, tmp, _stored in written:
                 tmp.unlink(missing_ok=True)
-        if dirs and not _syncfs_path(self.store.root):
-            for path in sorted(dirs):
-                _fsync_dir(path)
+        for path in sorted(dirs):
+            _fsync_dir(path)
 
     def _place_then_sync(self, written: list[tuple[int, Path, StoredPayload]]) -> None:
         try:
@@ -499,16 +497,6 @@ def syncfs(fd: int) -> bool:
     return True
 
 
-def _syncfs_path(path: Path) -> bool:
-    if _SYNCFS is None:
-        return False
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        return syncfs(fd)
-    finally:
-        os.close(fd)
-
-
 def _chunks(data: bytes | BinaryIO, chunk_size: int) -> Iterator[bytes]:
     """Yield ``data`` in chunks, reading a stream piece by piece."""
     if isinstance(data, bytes | bytearray | memoryview):
@@ -545,14 +533,10 @@ def _holds(path: Path, stored: StoredPayload) -> bool:
     chunks); a short, corrupt or never-synced copy gets replaced."""
     try:
         with open(path, "rb") as file:
-            if os.fstat(file.fileno()).st_size != stored.size:
-                return False
-            digest = hashlib.sha256()
-            while chunk := file.read(READ_CHUNK):
-                digest.update(chunk)
+            return (os.fstat(file.fileno()).st_size == stored.size
+                    and _copy_hashing(_chunks(file, READ_CHUNK), None) == stored)
     except FileNotFoundError:
         return False
-    return digest.hexdigest() == stored.digest
 
 
 def _fsync_dir(path: Path) -> None:
