@@ -218,10 +218,8 @@ def _status_of_new(deliveries: int) -> str:
 
 def _insert_messages(session: Session, batch: list[NewMessage], now: datetime
                      ) -> list[int]:
-    names = {name for new in batch if new.direction is None
-             for name in (new.from_party, new.to_party)}
-    kinds = dict(session.execute(select(Party.name, Party.kind).where(
-        Party.name.in_(names))).all()) if names else {}
+    kinds = _party_kinds(session, {name for new in batch if new.direction is None
+                                   for name in (new.from_party, new.to_party)})
     rows = [_message_row(new, kinds) for new in batch]
     payloads = [[{"stage": stage, "digest": digest, "size": size}
                  for stage, (digest, size) in new.stages.items()] for new in batch]
@@ -232,6 +230,15 @@ def _insert_messages(session: Session, batch: list[NewMessage], now: datetime
         {"message_id": mid, **stage} for mid, stages in zip(ids, payloads, strict=True)
         for stage in stages], {"created_at": now})
     return ids
+
+
+def _party_kinds(session: Session, names: set[str]) -> dict[str, str]:
+    """The kind of each named party that exists (no query for no names: a source that
+    knows the direction already asks for none)."""
+    if not names:
+        return {}
+    return dict(session.execute(select(Party.name, Party.kind).where(
+        Party.name.in_(names))).all())
 
 
 def _message_row(new: NewMessage, kinds: dict[str, str]) -> dict:
@@ -305,9 +312,8 @@ def _by_actor(batch: list[NewMessage], ids: list[int]) -> dict[str, list[int]]:
 def store_refused(session: Session, new: NewMessage, reason: str, now: datetime) -> int:
     """Record a message a source turned down on its merits (status Refused, no
     deliveries, no alert), with what was received and the reason in its history."""
-    names = [new.from_party, new.to_party] if new.direction is None else []
-    kinds = dict(session.execute(select(Party.name, Party.kind).where(
-        Party.name.in_(names))).all()) if names else {}
+    kinds = _party_kinds(session, {new.from_party, new.to_party}
+                         if new.direction is None else set())
     row = {**_message_row(new, kinds), "created_at": now, "updated_at": now}
     row["status"], row["status_text"] = MessageStatus.REFUSED, reason[:2000]
     message_id = session.scalar(insert(Message).returning(Message.id), row)
