@@ -68,7 +68,8 @@ def load(overrides: dict | None = None) -> dict:
     if cfg["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
         cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {"timeout": 30}}
     else:
-        cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"pool_pre_ping": True, "connect_args": {
+        # no pool_pre_ping: an idle connection is pinged before use (b2bhub.dbsetup)
+        cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {
             "options": postgres_options(os.environ.get("PGOPTIONS", ""))}}
     return cfg
 

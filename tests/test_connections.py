@@ -1,0 +1,82 @@
+"""Pooled connections: an idle PostgreSQL connection is pinged before use, one used a
+moment ago is not (a round trip per request saved); SQLite connections are left alone."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from b2bhub import dbsetup
+
+
+@pytest.fixture
+def engine(app):
+    """An engine of its own with one pooled connection, for the test to break."""
+    engine = create_engine(app.config["SQLALCHEMY_DATABASE_URI"], pool_size=1,
+                           max_overflow=0, **app.config["SQLALCHEMY_ENGINE_OPTIONS"])
+    yield engine
+    engine.dispose()
+
+
+def _last_query(app, pid: int) -> str:
+    """What the server says the backend ``pid`` ran last (from another connection)."""
+    with create_engine(app.config["SQLALCHEMY_DATABASE_URI"]).connect() as other:
+        return other.execute(text("SELECT query FROM pg_stat_activity WHERE pid = :pid"),
+                             {"pid": pid}).scalar()
+
+
+def test_only_an_idle_postgresql_connection_is_pinged_before_use(app, engine, monkeypatch):
+    if engine.dialect.name != "postgresql":
+        # the hook leaves SQLite alone: a closed SQLite connection is not pinged (a ping
+        # would raise here), it fails on use as before
+        with engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+        raw.close()  # in the pool
+        monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 0.0)
+        with pytest.raises(Exception, match="closed database"), engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return
+    with engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+    checked_in = _last_query(app, pid)  # the pool's reset
+    with engine.connect() as conn:  # used a moment ago: taken as it is
+        assert _last_query(app, pid) == checked_in != "SELECT 1"
+    monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 0.0)
+    with engine.connect() as conn:  # idle long enough (any time, now): pinged
+        assert _last_query(app, pid) == "SELECT 1"
+
+
+def _identity(conn) -> object:
+    """The server process of a PostgreSQL connection; the SQLite connection object."""
+    if conn.dialect.name == "postgresql":
+        return conn.execute(text("SELECT pg_backend_pid()")).scalar()
+    return id(conn.connection.dbapi_connection)
+
+
+def _drop(app, engine, identity, raw) -> None:
+    """What a server restart does to a connection in the pool (SQLite: the file closed)."""
+    if engine.dialect.name == "postgresql":
+        with create_engine(app.config["SQLALCHEMY_DATABASE_URI"],
+                           isolation_level="AUTOCOMMIT").connect() as other:
+            assert other.execute(text("SELECT pg_terminate_backend(:pid)"),
+                                 {"pid": identity}).scalar()
+    else:
+        raw.close()
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_a_dropped_connection_is_replaced(app, engine, monkeypatch, idle):
+    """Idle long enough, a dropped PostgreSQL connection is replaced before use; one
+    used a moment ago (or any SQLite one) fails its request once, then the pool has a
+    new connection."""
+    with engine.connect() as conn:
+        before, raw = _identity(conn), conn.connection.dbapi_connection
+    _drop(app, engine, before, raw)
+    if idle:
+        monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 0.0)
+    if not (idle and engine.dialect.name == "postgresql"):
+        with pytest.raises(Exception), engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT 1")).scalar() == 1
+        assert _identity(conn) != before
