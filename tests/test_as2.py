@@ -43,10 +43,10 @@ from tests.as2kit import make_pair
 from tests.enginekit import counted_statements
 
 ROOT = Path(__file__).resolve().parent.parent
-#: the receiver instance, the profiles and routes versions with the delivery settings (the
-#: profiles cached), a replay, message, payloads, deliveries (+ their sequence numbers on
-#: SQLite), history, the as2_inbound row
-STATEMENTS_PER_RECEIVE = 9
+#: the receiver instance, the profiles and routes versions, the delivery settings and a
+#: replay in one (the profiles cached), then message, payloads, deliveries (+ their
+#: sequence numbers), history, the as2_inbound row
+STATEMENTS_PER_RECEIVE = 7
 DATA = b"ISA*00*          *00*          *ZZ*ACME~GS*PO*ACME*HUB~ST*850*0001~SE*2*0001~\r\n"
 
 
@@ -266,6 +266,38 @@ def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2, mon
     assert sorted(p for p in Path(as2.hub.store.root).rglob("*") if p.is_file()) == files
 
 
+@pytest.mark.parametrize("since", ["process_started", "profile_saved"])
+def test_a_replay_is_found_whatever_this_process_knows_of_the_partner(as2, since):
+    """The replay lookup goes with the statement that reads the profiles version, by
+    the partner this process had cached; a process that knows no partner yet (a new
+    one), or one whose partner profile changed since, still finds the replay."""
+    as2.choose(sign=True, encrypt=True)
+    first = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                             mdn_signed=True, message_id="replay-2")
+    if since == "process_started":
+        profiles.profile_cache.clear()
+    else:
+        as2.choose(receipt_timeout=7200)  # a new profiles version
+    again = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
+                             mdn_signed=True, message_id="replay-2")
+    assert first["mdn_status"] == again["mdn_status"] == "processed", again
+    [message] = as2.messages()
+    assert len(as2.lines(message.id, "duplicate_received")) == 1
+
+
+@pytest.mark.parametrize("size", [len(DATA), PREREAD + 1])
+@pytest.mark.parametrize("instance", ["nobody", "off"])
+def test_an_unknown_or_disabled_receiver_answers_404_and_stores_nothing(as2, size,
+                                                                         instance):
+    as2.hub.instance("off", "as2_receiver", enabled=False)
+    answer = requests.post(as2.served + f"/as2/{instance}", data=b"x" * size, timeout=30,
+                           headers={"AS2-From": "ACME", "AS2-To": "HUB",
+                                    "Message-ID": "<to-nobody@acme>"})
+    assert answer.status_code == 404, answer.text
+    assert answer.text == f"no enabled AS2 receiver named '{instance}'\n"
+    assert as2.messages() == []
+
+
 def send_signed(as2) -> dict:
     """The partner sends a signed and encrypted message asking for a signed sync MDN."""
     return as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
@@ -283,6 +315,7 @@ def test_a_received_message_is_stored_in_few_statements(as2):
     assert result["mdn_status"] == "processed", result
     assert seen["UPDATE"] == 0, seen  # sequence_no goes in with the delivery's INSERT
     assert sum(seen.values()) <= STATEMENTS_PER_RECEIVE - 1, seen
+    assert seen["SELECT"] == 1, seen  # the lookups before the parse are one statement
     message = as2.messages()[-1]
     assert message.direction == "inbound" and message.status == "received"
     assert [(t, x) for t, x in as2.session.execute(

@@ -269,6 +269,13 @@ class ProfileCache:
                 self._profiles[key] = profile
         return profile
 
+    def peek(self, as2_id: str, kind: str) -> As2Profile | None:
+        """The profile cached for ``as2_id`` under the version this process last read,
+        if any: a guess to look things up by in the statement that reads the version
+        (:meth:`by_as2_id` then says what holds)."""
+        with self._lock:
+            return self._profiles.get((as2_id, kind))
+
     def clear(self) -> None:
         with self._lock:
             self._version, self._profiles = None, {}

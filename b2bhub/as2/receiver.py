@@ -23,6 +23,7 @@ input. The order of work:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -32,7 +33,7 @@ from datetime import datetime
 from typing import IO
 
 from pyas2lib.exceptions import IntegrityError as SignatureError
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, insert, null, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -40,16 +41,16 @@ from b2bhub.as2 import lib, mdn_in, profiles
 from b2bhub.engine.dispatch import (
     INTAKE_KEYS,
     NewMessage,
-    read_settings,
     store_and_dispatch_many,
     store_refused,
 )
 from b2bhub.engine.history import add_line, connection
-from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound
+from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound, PluginInstance, Setting
 from b2bhub.payloads import PayloadStore, StoredPayload
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SIZE = 100 * 1024 * 1024
+TYPE = "as2_receiver"
 CHUNK = 1 << 20
 
 
@@ -132,19 +133,31 @@ def read_limited(stream: IO[bytes], limit: int) -> bytes | None:
         parts.append(chunk)
 
 
-def receive(session: Session, store: PayloadStore, instance: str, config: dict,
+def receive(session: Session, store: PayloadStore, instance: str, config: dict | None,
             headers: list[tuple[str, str]], body: IO[bytes], content_length: int | None,
             now: datetime) -> Reply:
-    max_size = int(config.get("max_size") or DEFAULT_MAX_SIZE)
+    """The reply to one request to the receiver ``instance``. ``config``: the instance's
+    configuration when the caller looked it up already (it reads a large body only after
+    that); None to look it up here, with the rest (:func:`_lookups`), from a body the
+    caller holds in memory."""
     block = lib.header_block(headers)
     found = lib.read_headers(block)
-    if content_length is not None and content_length > max_size:
-        data = None
-    else:
-        data = read_limited(body, max_size)
+    as2_from, as2_to = (lib.unquote(found.get("as2-from")), lib.unquote(found.get("as2-to")))
+    msgid = lib.message_id_of(found.get("message-id"))
+    data = None if config is None else _read_body(body, content_length, config)
+    # the partner as this process knows it, to look for its Message-ID in the same
+    # statement; checked once the profiles version is read
+    guess = profiles.profile_cache.peek(as2_from, PARTNER) if as2_from and msgid else None
+    looked = _lookups(session, instance if config is None else None,
+                      _accepted_key(guess.party, msgid) if guess else None)
+    if config is None:
+        if not looked.enabled:
+            return _text(404, f"no enabled AS2 receiver named '{instance}'")
+        config = looked.config
+        data = _read_body(body, content_length, config)
     if data is None:
         return _refuse_early(session, instance, found, _Stages(store, None), now,
-                             f"the body is over the size limit of {max_size} bytes",
+                             f"the body is over the size limit of {_max_size(config)} bytes",
                              status=413)
     raw = block + b"\r\n" + data
     if mdn_in.looks_like_mdn(found, data):
@@ -152,22 +165,22 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict,
         stages.durable().result()
         stored = stages.raw()["raw"]
         return mdn_in.receive_mdn(session, store, raw, StoredPayload(*stored), found, now)
-    as2_from, as2_to = (lib.unquote(found.get("as2-from")), lib.unquote(found.get("as2-to")))
-    msgid = lib.message_id_of(found.get("message-id"))
     if not (as2_from and as2_to and msgid):
         missing = [h for h, v in (("AS2-From", as2_from), ("AS2-To", as2_to),
                                   ("Message-ID", msgid)) if not v]
         return _refuse_early(session, instance, found, _Stages(store, raw), now,
                              f"not an AS2 message: no {', '.join(missing)} header")
-    # the profiles version with the intake's own settings rows, in one statement
-    known = read_settings(session, (profiles.VERSION_KEY, *INTAKE_KEYS))
+    known = looked.settings
     version = known.pop(profiles.VERSION_KEY)
     org = profiles.profile_cache.by_as2_id(session, version, as2_to, ORGANIZATION)
     partner = profiles.profile_cache.by_as2_id(session, version, as2_from, PARTNER)
     if partner is not None and org is not None:
-        duplicate = _duplicate(session, store, partner.party, msgid, now)
-        if duplicate is not None:
-            return duplicate  # and no payload written
+        if guess is not None and guess.party == partner.party:
+            duplicate_id = looked.duplicate  # looked up for this very party
+        else:
+            duplicate_id = _duplicate_id(session, partner.party, msgid)
+        if duplicate_id is not None:
+            return _duplicate(session, store, duplicate_id, partner.party, msgid, now)
     stages = _Stages(store, raw)  # the raw stage is written while the message is parsed
     try:
         return _parse_and_store(session, store, instance, raw, stages, found, org, partner,
@@ -177,14 +190,70 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict,
         raise
 
 
-def _duplicate(session: Session, store: PayloadStore, partner: str, msgid: str,
-               now: datetime) -> Reply | None:
-    # a Core lookup of the id (the usual answer is none), the row loaded when there is one
-    found = connection(session).execute(select(As2Inbound.id).where(
-        As2Inbound.accepted_key == _accepted_key(partner, msgid))).first()
-    if found is None:
+def _max_size(config: dict) -> int:
+    return int(config.get("max_size") or DEFAULT_MAX_SIZE)
+
+
+def _read_body(body: IO[bytes], content_length: int | None, config: dict) -> bytes | None:
+    """The body, or None when it is over the instance's ``max_size``."""
+    max_size = _max_size(config)
+    if content_length is not None and content_length > max_size:
         return None
-    row = session.get(As2Inbound, found.id)
+    return read_limited(body, max_size)
+
+
+@dataclass
+class _Looked:
+    enabled: bool
+    config: dict
+    settings: dict  # the profiles version and the intake's settings rows by key
+    duplicate: int | None  # the as2_inbound row of an accepted key asked for
+
+
+#: the settings rows a received message needs: the profiles version and the intake's
+_KEYS = (profiles.VERSION_KEY, *INTAKE_KEYS)
+
+
+def _lookups(session: Session, instance: str | None, accepted_key: str | None) -> _Looked:
+    """What a request reads before parsing, in one statement (each is a round trip to
+    PostgreSQL, where the hub's own work per message is mostly waiting): the receiver
+    instance (when ``instance`` is given), the settings rows of :data:`_KEYS`, and the
+    ``as2_inbound`` row holding ``accepted_key`` (when given)."""
+    row = connection(session).execute(
+        _lookups_query(instance is not None, accepted_key is not None),
+        {"instance": instance, "accepted_key": accepted_key}).one()
+    return _Looked(enabled=bool(row.enabled), config=dict(row.config or {}),
+                   settings={key: row._mapping[f"s{i}"] for i, key in enumerate(_KEYS)},
+                   duplicate=row.duplicate)
+
+
+@functools.cache
+def _lookups_query(instance: bool, accepted_key: bool):
+    """One row of scalar subqueries (a missing row reads as NULL), built once a shape."""
+    def of_instance(column):
+        return select(column).where(PluginInstance.name == bindparam("instance"),
+                                    PluginInstance.type == TYPE).scalar_subquery()
+    columns = [select(Setting.value).where(Setting.key == key).scalar_subquery()
+               .label(f"s{i}") for i, key in enumerate(_KEYS)]
+    columns += [(of_instance(PluginInstance.enabled) if instance else null()).label("enabled"),
+                (of_instance(PluginInstance.config) if instance else null()).label("config"),
+                (select(As2Inbound.id).where(As2Inbound.accepted_key == bindparam(
+                    "accepted_key")).scalar_subquery() if accepted_key else null()
+                 ).label("duplicate")]
+    return select(*columns)
+
+
+def _duplicate_id(session: Session, partner: str, msgid: str) -> int | None:
+    """The ``as2_inbound`` row of a Message-ID ``partner`` had accepted, if any."""
+    return connection(session).execute(select(As2Inbound.id).where(
+        As2Inbound.accepted_key == _accepted_key(partner, msgid))).scalar()
+
+
+def _duplicate(session: Session, store: PayloadStore, inbound_id: int, partner: str,
+               msgid: str, now: datetime) -> Reply:
+    """The reply to a Message-ID accepted before (``as2_inbound`` row ``inbound_id``): its
+    stored receipt, with a ``duplicate_received`` line; no message and no payload."""
+    row = session.get(As2Inbound, inbound_id)
     add_line(session, row.message_id, "duplicate_received",
              f"{partner} sent Message-ID <{msgid}> again; the stored receipt was returned "
              "and no new message made", now=now)
@@ -269,8 +338,10 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
         session.commit()
     except IntegrityError:  # the same Message-ID committed meanwhile by another request
         session.rollback()
-        return _duplicate(session, store, from_party, msgid, now) or _text(
-            503, "try again")
+        duplicate_id = _duplicate_id(session, from_party, msgid)
+        if duplicate_id is None:
+            return _text(503, "try again")
+        return _duplicate(session, store, duplicate_id, from_party, msgid, now)
     return _reply(mdn, mode, made, "accepted")
 
 

@@ -5,9 +5,10 @@ view never answers 500: an unexpected failure (the database unreachable, say) is
 and answered 503, which an AS2 sender retries; nothing was accepted then.
 
 No request holds a database connection while its body arrives: a body of at most
-:data:`PREREAD` bytes (by Content-Length) is read before the receiver instance is
-looked up, so the whole request is one transaction on one connection; a larger one is
-read after that lookup's transaction ended, the instance's ``max_size`` known.
+:data:`PREREAD` bytes (by Content-Length) is read first, and the receiver looks the
+instance up with the rest it reads before parsing, in one statement, so the whole
+request is one transaction on one connection; a larger one is read after the
+instance's lookup and its transaction ended, the instance's ``max_size`` known.
 """
 
 from __future__ import annotations
@@ -27,11 +28,10 @@ from b2bhub.models import PluginInstance, utcnow
 
 bp = Blueprint("as2", __name__)
 log = logging.getLogger(__name__)
-TYPE = "as2_receiver"
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
 _INSTANCE = select(PluginInstance.enabled, PluginInstance.config).where(
-    PluginInstance.name == bindparam("name"), PluginInstance.type == TYPE)
+    PluginInstance.name == bindparam("name"), PluginInstance.type == receiver.TYPE)
 
 
 def _plain(status: int, text: str) -> Response:
@@ -51,14 +51,14 @@ def receive(instance: str):
 def _receive(instance: str) -> tuple[Response, bool]:
     try:
         length, body = request.content_length, request.stream
-        small = length is not None and length <= PREREAD
-        if small:
+        config = None  # the receiver looks it up
+        if length is not None and length <= PREREAD:
             body = io.BytesIO(body.read())
-        row = connection(db.session).execute(_INSTANCE, {"name": instance}).first()
-        if row is None or not row.enabled:
-            return _plain(404, f"no enabled AS2 receiver named '{instance}'"), False
-        config = dict(row.config or {})
-        if not small:
+        else:
+            row = connection(db.session).execute(_INSTANCE, {"name": instance}).first()
+            if row is None or not row.enabled:
+                return _plain(404, f"no enabled AS2 receiver named '{instance}'"), False
+            config = dict(row.config or {})
             db.session.commit()  # its connection back to the pool while the body arrives
         reply = receiver.receive(
             db.session, hub.store(), instance, config,
