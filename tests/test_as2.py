@@ -326,6 +326,25 @@ def test_a_received_message_is_stored_in_few_statements(as2):
         ("mdn_sent", "signed MDN returned in the response")]
 
 
+def test_the_hub_signs_its_mdns_and_messages_through_openssl(as2, monkeypatch):
+    """pyas2lib's own signer is not called for a signed MDN or a signed message with a
+    SHA-2 digest, and the partner (pyas2lib alone) verifies both."""
+    by_pyas2lib = []
+    real = lib._real_sign_message
+    monkeypatch.setattr(lib, "_real_sign_message",
+                        lambda *a, **k: by_pyas2lib.append(a) or real(*a, **k))
+    as2.choose(sign=True, encrypt=True, digest_alg="sha384", mdn_mode="sync",
+               mdn_signed=True)
+    assert send_signed(as2)["mdn_status"] == "processed"
+    seen = len(as2.partner.received())
+    message = as2.outbound()
+    as2.drain()
+    assert as2.delivery(message.id).state == "delivered", as2.delivery(message.id).last_result
+    [got] = as2.partner.received()[seen:]
+    assert got["status"] == "processed" and got["signed"], got
+    assert by_pyas2lib == []
+
+
 def test_the_stages_of_a_message_are_made_durable_once_before_its_commit(as2, monkeypatch):
     as2.choose(sign=True, encrypt=True)
     events: list[str] = []

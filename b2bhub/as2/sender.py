@@ -51,9 +51,10 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         left, domain = (previous.as2_message_id.rsplit("@", 1) if previous
                         and "@" in previous.as2_message_id else (None, None))
         message = lib.Message(lib.organization(org, domain=domain), lib.partner(partner))
-        message.build(data, filename=delivery.original_filename,
-                      content_type=partner.get("content_type"),
-                      subject=partner.get("subject"), message_id=left)
+        with lib.signing():
+            message.build(data, filename=delivery.original_filename,
+                          content_type=partner.get("content_type"),
+                          subject=partner.get("subject"), message_id=left)
         body = message.content if isinstance(message.content, bytes) else b""
         headers = dict(message.headers)
         sent = context.store.put(lib.wire(headers.items(), body))
