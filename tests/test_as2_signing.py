@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from asn1crypto import cms
 from oscrypto import asymmetric
-from pyas2lib import Organization
+from pyas2lib import Message, Organization, Partner
 from pyas2lib.cms import verify_message
 
 from b2bhub.as2 import lib
@@ -105,3 +105,25 @@ def test_pyas2lib_used_on_its_own_signs_as_it_always_did(org, monkeypatch):
                         lambda *a, **k: by_pyas2lib.append(a) or real(*a, **k))
     lib.sign_message(DATA, "sha256", org.sign_key)
     assert len(by_pyas2lib) == 1
+
+
+@pytest.mark.parametrize("mdn_digest", ["sha1", "sha256", "sha512", None])
+def test_a_signed_mdn_is_laid_out_byte_for_byte_as_pyas2lib_renders_it(org, pair,
+                                                                        mdn_digest):
+    """The MDN body is put together from the bytes signed and the signature instead of
+    rendering the MIME tree again: the same bytes as pyas2lib's ``Mdn.content`` (SHA-1
+    is signed by pyas2lib itself; None: an unsigned MDN, which pyas2lib renders)."""
+    partner_cert, partner_key = make_pair("partner.test")
+    sender = Organization(as2_name="ACME", sign_key=(partner_key + partner_cert).encode())
+    hub = Partner(as2_name="HUB", verify_cert=pair[0].encode(), validate_certs=False,
+                  sign=True, mdn_mode="SYNC", mdn_digest_alg=mdn_digest)
+    outgoing = Message(sender, hub)
+    outgoing.build(DATA, filename="po.edi")
+    raw = lib.wire(outgoing.headers.items(), outgoing.content)
+    them = Partner(as2_name="ACME", verify_cert=partner_cert.encode(), validate_certs=False)
+    with lib.parsing():
+        status, _exc, mdn = Message().parse(raw, find_org_cb=lambda _i: org,
+                                            find_partner_cb=lambda _i: them)
+    assert status == "processed"
+    assert lib.mdn_content(mdn) == mdn.content
+    assert mdn.content.count(b"application/pkcs7-signature") == (mdn_digest is not None)

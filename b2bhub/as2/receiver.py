@@ -280,7 +280,7 @@ class BuiltMdn:
 
     def __init__(self, mdn):
         self.headers = dict(mdn.headers)
-        self.content = mdn.content
+        self.content = lib.mdn_content(mdn)
         self.mdn_mode, self.mdn_url = mdn.mdn_mode, mdn.mdn_url
         self.headers_str = lib.header_block(self.headers.items())
 
