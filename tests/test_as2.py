@@ -28,7 +28,7 @@ from werkzeug.serving import make_server
 
 from b2bhub.as2 import lib, profiles
 from b2bhub.as2.mdn_out import send_due_mdns
-from b2bhub.as2.receiver import INLINE_RAW
+from b2bhub.as2.receiver import SMALL_STAGE
 from b2bhub.as2.views import PREREAD
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
@@ -370,27 +370,40 @@ def test_the_stages_of_a_message_are_made_durable_once_before_its_commit(as2, mo
     assert set(as2.stages(message.id)) == {"raw", "unpacked", "receipt"}
 
 
-@pytest.mark.parametrize("size", [len(DATA), INLINE_RAW + 1])
-def test_a_small_raw_stage_is_written_on_the_request_thread(as2, monkeypatch, size):
-    """A small raw stage is written at once by the request's thread; a large one on a
-    writer thread while the message is parsed. Both are stored the same way."""
+@pytest.mark.parametrize("size", [len(DATA), SMALL_STAGE + 1])
+def test_small_stages_are_written_with_the_sync_and_a_large_raw_one_while_parsing(
+        as2, monkeypatch, size):
+    """The request's thread only hashes a small stage: the writer thread writes the
+    small ones with the sync, in one job. A large raw stage is written on a writer
+    thread while the message is parsed, a large unpacked one by the request's thread
+    as it comes. All are stored the same way."""
     as2.choose(sign=True, encrypt=True)
     writers: list[str] = []
-    put = PayloadBatch.put
+    put, commit = PayloadBatch.put, PayloadBatch.commit
 
     def recorded(batch, data, *args, **kwargs):
         writers.append(threading.current_thread().name)
         return put(batch, data, *args, **kwargs)
 
+    def committed(batch):
+        writers.append(f"sync on {threading.current_thread().name}")
+        return commit(batch)
+
     monkeypatch.setattr(PayloadBatch, "put", recorded)
+    monkeypatch.setattr(PayloadBatch, "commit", committed)
     result = as2.partner.send(as2.url, data=DATA * (size // len(DATA) + 1), sign=True,
                               encrypt=True, mdn_mode="sync", mdn_signed=True)
     assert result["mdn_status"] == "processed", result
-    # raw, then unpacked and receipt on the request's thread
-    assert len(writers) == 3 and writers[1] == writers[2], writers
-    assert writers[0].startswith("as2-store") == (size > INLINE_RAW), writers
+    raw, unpacked, receipt, sync = writers
+    assert raw.startswith("as2-store") and sync == f"sync on {receipt}", writers
+    if size <= SMALL_STAGE:  # raw, unpacked and receipt in the sync's job
+        assert raw == unpacked == receipt, writers
+    else:  # the raw one while parsing, the unpacked one on the request's thread
+        assert not unpacked.startswith("as2-store") and receipt != unpacked, writers
     [message] = as2.messages()
     assert set(as2.stages(message.id)) == {"raw", "unpacked", "receipt"}
+    assert as2.stages(message.id)["unpacked"] == DATA * (size // len(DATA) + 1)
+
 
 @pytest.mark.parametrize("size", [len(DATA), PREREAD + 1])
 def test_a_request_holds_no_connection_while_a_large_body_arrives(as2, app, size):

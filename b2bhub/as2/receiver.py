@@ -9,9 +9,9 @@ input. The order of work:
    :class:`.profiles.ProfileCache`); a Message-ID the same partner had accepted already
    gets the stored receipt and a ``duplicate_received`` line, no message and no payload.
 4. pyas2lib decrypts, decompresses, verifies the signature and computes the MIC, while
-   the raw stage (HTTP headers + body, what pyas2lib parses) is written to a temp file
-   of the payload store (a raw stage up to :data:`INLINE_RAW` is written first, on the
-   request's thread). A signature that fails with the partner's canonicalisation is
+   a large raw stage (HTTP headers + body, what pyas2lib parses) is written to a temp
+   file of the payload store (one up to :data:`SMALL_STAGE` is only hashed, and written
+   with the sync). A signature that fails with the partner's canonicalisation is
    tried once with the other (text vs binary): partners differ on it.
 5. Accepted: the raw, unpacked and receipt stages are made durable and put in place by
    one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
@@ -24,9 +24,11 @@ input. The order of work:
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import re
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,47 +59,68 @@ CHUNK = 1 << 20
 #: a large raw stage is written here while the request parses, the stages made durable
 #: here while the request inserts its rows
 _writer = ThreadPoolExecutor(max_workers=4, thread_name_prefix="as2-store")
-#: a raw stage up to this size is written on the request's own thread: a write this small
-#: costs less than handing it to another thread and taking the result back
-INLINE_RAW = 64 * 1024
+#: a stage up to this size is hashed on the request's thread and written with the sync,
+#: on the writer's: the request goes on to its rows at once (writing the three temp
+#: files of a small message cost it 1 ms here); a larger one is written as it comes
+#: (the raw stage on the writer's thread while the message is parsed)
+SMALL_STAGE = 64 * 1024
 
 
 class _Stages:
     """The payload stages of one received message: temp files of one
-    :class:`PayloadBatch` (a large raw stage written on a thread while the message is
-    parsed, a small one at once), made durable and put in place together, by one sync,
-    before the transaction that refers to them commits."""
+    :class:`PayloadBatch` made durable and put in place together, by one sync, before
+    the transaction that refers to them commits. A small stage is only hashed until
+    then (its digest goes in the rows); the writer thread writes it with the sync."""
 
     def __init__(self, store: PayloadStore, raw: bytes | None):
         self._batch = store.batch()
+        self._small: list[tuple[bytes, StoredPayload]] = []
         self._raw: Future | None = None
-        if raw is not None and len(raw) > INLINE_RAW:
+        self._durable: Future | None = None
+        if raw is not None and len(raw) > SMALL_STAGE:
             self._raw = _writer.submit(self._batch.put, raw)
         elif raw is not None:
             self._raw = Future()
-            self._raw.set_result(self._batch.put(raw))
+            self._raw.set_result(self._later(raw))
+
+    def _later(self, data: bytes) -> StoredPayload:
+        stored = StoredPayload(hashlib.sha256(data).hexdigest(), len(data))
+        self._small.append((data, stored))
+        return stored
 
     def raw(self) -> dict[str, tuple[str, int]]:
-        """``{"raw": (digest, size)}`` once its temp file is written (else empty)."""
+        """``{"raw": (digest, size)}`` once its digest is known (else empty)."""
         if self._raw is None:
             return {}
         stored = self._raw.result()
         return {"raw": (stored.digest, stored.size)}
 
     def add(self, data: bytes) -> tuple[str, int]:
-        stored = self._batch.put(data)
+        stored = self._later(data) if len(data) <= SMALL_STAGE else self._batch.put(data)
         return stored.digest, stored.size
 
     def durable(self) -> Future:
-        """Start making every stage durable and in place (on a thread): wait for the
-        future before committing the rows that refer to them."""
+        """Start writing the small stages and making every stage durable and in place
+        (on a thread): wait for the future before committing the rows that refer to
+        them."""
         if self._raw is not None:
             self._raw.result()
-        return _writer.submit(self._batch.commit)
+        small, self._small = self._small, []
+        self._durable = _writer.submit(self._write_and_commit, small)
+        return self._durable
+
+    def _write_and_commit(self, small: list[tuple[bytes, StoredPayload]]) -> None:
+        for data, stored in small:
+            if self._batch.put(data) != stored:
+                raise RuntimeError("a stage changed while it was written")
+        self._batch.commit()
 
     def discard(self) -> None:
-        if self._raw is not None:
-            self._raw.result()
+        """Remove what was written and not made durable (a no-op once it was)."""
+        for started in (self._raw, self._durable):
+            if started is not None:
+                futures.wait([started])  # not while the writer thread still writes
+        self._small = []
         self._batch.discard()
 
 
