@@ -10,10 +10,16 @@ import pytest
 from sqlalchemy import func, select
 
 from b2bhub.engine import wakeups as wakeup_module
-from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
+from b2bhub.engine.dispatch import (
+    INTAKE_KEYS,
+    NewMessage,
+    read_settings,
+    store_and_dispatch,
+    store_and_dispatch_many,
+)
 from b2bhub.engine.settings import load_settings, save_settings
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, Payload
-from tests.enginekit import T0, Broker, standard_hub
+from tests.enginekit import T0, Broker, counted_statements, standard_hub
 
 
 @pytest.fixture
@@ -110,6 +116,81 @@ def test_sequence_numbers_equal_fresh_ids_after_the_newest_delivery_is_gone(
     assert len(made) == 4 and min(r.id for r in made) > max(old)
     assert [r.sequence_no for r in made] == [r.id for r in made]
     assert session.scalar(select(func.count()).select_from(Delivery)) == len(old) + 4
+
+def mixed_batch(hub) -> list[NewMessage]:
+    """Fan-out, not routed, targets given with lines of the source's own, fan-out again."""
+    stored = hub.store.put(b"UNB+UNOC:3'")
+    stages = {"unpacked": (stored.digest, stored.size)}
+    return [
+        NewMessage("inbox", "acme", "mycompany", stages, direction="inbound"),
+        NewMessage("inbox", "mycompany", "globex", stages, direction="outbound"),
+        NewMessage("@operator", "mycompany", "acme", stages, direction="outbound",
+                   actor="alice", targets=["writer_b", "writer_a", "writer_b"],
+                   lines=[{"type": "note", "text": "by hand", "data": {"ticket": 7}},
+                          {"type": "note", "text": "no data"}]),
+        NewMessage("inbox", "acme", "mycompany", stages, direction="inbound"),
+    ]
+
+
+def test_a_dispatch_is_one_statement_on_postgresql_with_its_rows_in_order(
+        hub, session, broker):
+    """On PostgreSQL the messages, payload rows, deliveries and history lines of a
+    dispatch go in as one statement (each statement is a round trip to the server); a
+    Not routed message's status follows in statements of its own. Ids keep the order
+    of the batch: message ids, delivery ids (their sequence numbers too) and history
+    line ids (the SSE event ids), on both backends."""
+    postgres = session.get_bind().dialect.name == "postgresql"
+    standard_hub(hub, targets=("writer_a", "writer_b"))
+    hub.route("inbox", "*", "mycompany", "writer_a")
+    hub.route("inbox", "acme", "*", "writer_b")
+    store_and_dispatch_many(session, mixed_batch(hub)[:1], T0)  # routes now cached
+    session.commit()
+
+    known = read_settings(session, INTAKE_KEYS)
+    with counted_statements(session.get_bind()) as one:
+        store_and_dispatch_many(session, mixed_batch(hub)[:1], T0, known)
+    with counted_statements(session.get_bind()) as seen:
+        ids = store_and_dispatch_many(session, mixed_batch(hub), T0, known)
+    session.commit()
+
+    if postgres:  # the AS2 receiver's case: one message, routed
+        assert one == {"WITH": 1}, one
+        # the rest is the Not routed message's: its status read (locked) and written,
+        # its line and its alert (looked up first); and the targets' claim batches
+        # looked up for the wake-ups
+        assert seen == {"WITH": 1, "SELECT": 4, "UPDATE": 1, "INSERT": 2}, seen
+    assert ids == sorted(ids) and len(ids) == 4
+    a, b, c, d = ids
+    assert session.scalars(select(Message.from_party).where(Message.id.in_(ids))
+                           .order_by(Message.id)).all() == [
+        "acme", "mycompany", "mycompany", "acme"]
+    assert [session.get(Message, i).status for i in ids] == [
+        "received", "not_routed", "received", "received"]
+    made = session.execute(select(Delivery.id, Delivery.sequence_no, Delivery.message_id,
+                                  Delivery.target).where(Delivery.message_id.in_(ids))
+                           .order_by(Delivery.id)).all()
+    assert [(r.message_id, r.target) for r in made] == [
+        (a, "writer_a"), (a, "writer_b"), (c, "writer_b"), (c, "writer_a"),
+        (d, "writer_a"), (d, "writer_b")]
+    assert [r.sequence_no for r in made] == [r.id for r in made]
+    delivery = {r.id: (r.message_id, r.target) for r in made}
+    received = {"size": 11, "sha256": hub.store.put(b"UNB+UNOC:3'").digest}
+    history = session.execute(select(HistoryLine).where(HistoryLine.message_id.in_(ids))
+                              .order_by(HistoryLine.id)).scalars().all()
+    assert [(h.message_id, h.type, h.actor, delivery.get(h.delivery_id), h.data)
+            for h in history] == [
+        (a, "received", "", None, received), (b, "received", "", None, received),
+        (c, "received", "alice", None, received), (d, "received", "", None, received),
+        *((m, "delivery_changed", "alice" if m == c else "", (m, t), {"state": "queued"})
+          for m, t in delivery.values()),
+        (b, "not_routed", "", None, None),
+        (c, "note", "alice", None, {"ticket": 7}),
+        (c, "note", "alice", None, None),
+        (b, "status_changed", "", None, {"from": "received", "to": "not_routed"})]
+    assert all(h.created_at == T0 for h in history)
+    assert session.scalar(select(func.count()).select_from(Payload)
+                          .where(Payload.message_id.in_(ids))) == 4
+
 
 def test_wakeups_go_out_after_the_commit_once_per_claim_batch_of_each_target(
         hub, session, broker, tmp_path):

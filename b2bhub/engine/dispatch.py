@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from b2bhub.domain import routing
 from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.domain.status import derive_status
+from b2bhub.engine.dispatch_rows import insert_batch
 from b2bhub.engine.history import add_lines, connection
 from b2bhub.engine.machine import wakeups_per_target
 from b2bhub.engine.rows import insert_rows
@@ -178,9 +179,9 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
 def store_and_dispatch_many(session: Session, batch: list[NewMessage],
                             now: datetime, known: dict | None = None) -> list[int]:
     """:func:`store_and_dispatch` for a batch, in the caller's transaction, with one
-    statement per kind of row instead of several per message: the same messages,
-    payload rows, deliveries, history lines, statuses and alerts. Returns the message
-    ids in the order of ``batch``.
+    statement for its rows on PostgreSQL (one per kind of row on SQLite) instead of
+    several per message: the same messages, payload rows, deliveries, history lines,
+    statuses and alerts. Returns the message ids in the order of ``batch``.
 
     Wake-ups (hints: a woken worker drains its target) go out after the commit as the
     sweep sends them: per target, one per batch it may claim at once, not one per
@@ -191,11 +192,9 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
         return []
     if known is None or any(key not in known for key in INTAKE_KEYS):
         known = {**read_settings(session, INTAKE_KEYS), **(known or {})}
-    ids = _insert_messages(session, batch, now)
     targets = _targets_of(session, batch, known)
     settings = DeliverySettings.from_dict(known[SETTINGS_KEY])
-    made = _insert_deliveries(session, batch, ids, targets, now, settings)
-    add_lines(session, _intake_lines(batch, ids, targets, made), now)
+    ids, made = _insert_batch(session, batch, targets, now, settings)
     # A new message is stored Received; what its new deliveries say of it is known
     # without reading them back: only a message whose status that changes (one with
     # none: Not routed) goes through the derivation, with its line and alert.
@@ -216,20 +215,40 @@ def _status_of_new(deliveries: int) -> str:
     return derive_status([(DeliveryState.QUEUED, None)] * deliveries).value
 
 
-def _insert_messages(session: Session, batch: list[NewMessage], now: datetime
-                     ) -> list[int]:
+def _insert_batch(session: Session, batch: list[NewMessage], targets: list[list[str]],
+                  now: datetime, settings: DeliverySettings
+                  ) -> tuple[list[int], list[tuple[int, int, str]]]:
+    """The messages, payload rows, deliveries and history lines of a batch: one
+    statement on PostgreSQL (:mod:`b2bhub.engine.dispatch_rows`), one per kind of row
+    elsewhere. The message ids in batch order, and (delivery id, message id, target)."""
     kinds = _party_kinds(session, {name for new in batch if new.direction is None
                                    for name in (new.from_party, new.to_party)})
-    rows = [_message_row(new, kinds) for new in batch]
-    payloads = [[{"stage": stage, "digest": digest, "size": size}
-                 for stage, (digest, size) in new.stages.items()] for new in batch]
+    messages = [_message_row(new, kinds) for new in batch]
+    first_rewake = now + timedelta(seconds=settings.wake_delay(1))
     conn = connection(session)
-    ids = insert_rows(conn, Message.__table__, rows, {"created_at": now, "updated_at": now},
+    if conn.dialect.name == "postgresql":
+        places = range(1, len(batch) + 1)
+        return insert_batch(conn, messages, _payload_rows(batch, places),
+                            _delivery_rows(batch, places, targets),
+                            _intake_lines(batch, places, targets), now, first_rewake)
+    ids = insert_rows(conn, Message.__table__, messages, {"created_at": now, "updated_at": now},
                       returning_ids=True)
-    insert_rows(conn, Payload.__table__, [
-        {"message_id": mid, **stage} for mid, stages in zip(ids, payloads, strict=True)
-        for stage in stages], {"created_at": now})
-    return ids
+    insert_rows(conn, Payload.__table__, _payload_rows(batch, ids), {"created_at": now})
+    rows = _delivery_rows(batch, ids, targets)
+    delivery_ids = insert_rows(conn, Delivery.__table__, rows, {
+        "due_at": now, "next_wake_at": first_rewake, "created_at": now, "updated_at": now},
+        returning_ids=True, id_also="sequence_no")
+    made = [(did, row["message_id"], row["target"])
+            for did, row in zip(delivery_ids, rows, strict=True)]
+    add_lines(session, _with_delivery_ids(_intake_lines(batch, ids, targets), made), now)
+    return ids, made
+
+
+def _payload_rows(batch: list[NewMessage], keys) -> list[dict]:
+    """The payload rows of the batch, each with its message's key (id or place)."""
+    return [{"message_id": key, "stage": stage, "digest": digest, "size": size}
+            for key, new in zip(keys, batch, strict=True)
+            for stage, (digest, size) in new.stages.items()]
 
 
 def _party_kinds(session: Session, names: set[str]) -> dict[str, str]:
@@ -264,41 +283,42 @@ def _targets_of(session: Session, batch: list[NewMessage], known: dict
             for new in batch]
 
 
-def _insert_deliveries(session: Session, batch: list[NewMessage], ids: list[int],
-                       targets: list[list[str]], now: datetime,
-                       settings: DeliverySettings) -> list[tuple[int, int, str]]:
-    """One queued delivery per target; (delivery id, message id, target) in order."""
-    first_rewake = now + timedelta(seconds=settings.wake_delay(1))
-    rows = [{"message_id": mid, "target": target, "state": DeliveryState.QUEUED.value,
+def _delivery_rows(batch: list[NewMessage], keys, targets: list[list[str]]
+                   ) -> list[dict]:
+    """One queued delivery per target, with its message's key (id or place), in order."""
+    return [{"message_id": key, "target": target, "state": DeliveryState.QUEUED.value,
              "attempt": 0, "failures": 0, "wake_count": 1, "last_result": "",
              "sequence_key": new.sequence_key or f"{new.from_party}>{new.to_party}"}
-            for mid, new, names in zip(ids, batch, targets, strict=True) for target in names]
-    if not rows:
-        return []
-    times = {"due_at": now, "next_wake_at": first_rewake, "created_at": now,
-             "updated_at": now}
-    delivery_ids = insert_rows(connection(session), Delivery.__table__, rows, times,
-                               returning_ids=True, id_also="sequence_no")
-    return [(did, row["message_id"], row["target"])
-            for did, row in zip(delivery_ids, rows, strict=True)]
+            for key, new, names in zip(keys, batch, targets, strict=True)
+            for target in names]
 
 
-def _intake_lines(batch: list[NewMessage], ids: list[int], targets: list[list[str]],
-                  made: list[tuple[int, int, str]]) -> list[dict]:
-    """Received, then queued per delivery or not routed, as store_and_dispatch writes."""
-    actors = dict(zip(ids, (new.actor for new in batch), strict=True))
-    lines = [{"message_id": mid, "type": "received", "actor": new.actor,
+def _intake_lines(batch: list[NewMessage], keys, targets: list[list[str]]) -> list[dict]:
+    """Received, then queued per delivery or not routed, as store_and_dispatch writes;
+    each with its message's key (id or place), a queued line with its
+    ``delivery_target``."""
+    lines = [{"message_id": key, "type": "received", "actor": new.actor,
               "text": _received_text(new),
               "data": {"size": _main_stage(new)[1], "sha256": _main_stage(new)[0]}}
-             for mid, new in zip(ids, batch, strict=True)]
-    lines += [{"message_id": mid, "delivery_id": did, "type": "delivery_changed",
-               "actor": actors[mid], "text": f"{target}: queued",
-               "data": {"state": "queued"}} for did, mid, target in made]
-    lines += [{"message_id": mid, "type": "not_routed", "actor": new.actor,
+             for key, new in zip(keys, batch, strict=True)]
+    lines += [{"message_id": key, "delivery_target": target, "type": "delivery_changed",
+               "actor": new.actor, "text": f"{target}: queued", "data": {"state": "queued"}}
+              for key, new, names in zip(keys, batch, targets, strict=True)
+              for target in names]
+    lines += [{"message_id": key, "type": "not_routed", "actor": new.actor,
                "text": _not_routed_text(new)}
-              for mid, new, names in zip(ids, batch, targets, strict=True) if not names]
-    lines += [{"actor": new.actor, **line, "message_id": mid}
-              for mid, new in zip(ids, batch, strict=True) for line in new.lines]
+              for key, new, names in zip(keys, batch, targets, strict=True) if not names]
+    lines += [{"actor": new.actor, **line, "message_id": key}
+              for key, new in zip(keys, batch, strict=True) for line in new.lines]
+    return lines
+
+
+def _with_delivery_ids(lines: list[dict], made: list[tuple[int, int, str]]) -> list[dict]:
+    """The lines with the id of the delivery a queued line names by its target."""
+    delivery_of = {(mid, target): did for did, mid, target in made}
+    for line in lines:
+        if (target := line.pop("delivery_target", None)) is not None:
+            line["delivery_id"] = delivery_of[line["message_id"], target]
     return lines
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import DateTime, bindparam, insert, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from b2bhub.engine.rows import json_recordset
 from b2bhub.models import Alert, HistoryLine, utcnow
 
 _INSERT_LINES = insert(HistoryLine.__table__)
@@ -45,11 +46,8 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -
     stamp = now or utcnow()
     conn = connection(session)
     if conn.dialect.name == "postgresql":
-        packed = [{"message_id": row.get("message_id"), "delivery_id": row.get("delivery_id"),
-                   "type": row["type"], "actor": row.get("actor", ""),
-                   "text": row.get("text", ""), "data": json.dumps(row.get("data"))}
-                  for row in rows]
-        conn.execute(_PG_LINES, {"rows": json.dumps(packed), "now": stamp})
+        conn.execute(_PG_LINES, {"rows": json.dumps([packed_line(row) for row in rows]),
+                                 "now": stamp})
     elif conn.dialect.name == "sqlite":
         created = _created_at(conn.dialect)(stamp)
         conn.exec_driver_sql(_SQLITE_LINES, [
@@ -63,13 +61,21 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -
 
 _COLUMNS = "message_id, delivery_id, type, actor, text, data, created_at"
 _SQLITE_LINES = f"INSERT INTO history ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+#: a line's fields as PostgreSQL unpacks them from JSON (:func:`packed_line`)
+LINE_FIELDS = [("message_id", "bigint"), ("delivery_id", "bigint"), ("type", "text"),
+               ("actor", "text"), ("text", "text"), ("data", "text")]
 _PG_LINES = text(f"""INSERT INTO history ({_COLUMNS})
     SELECT r.message_id, r.delivery_id, r.type, r.actor, r.text, CAST(r.data AS json), :now
-      FROM ROWS FROM (json_to_recordset(CAST(:rows AS json))
-           AS (message_id bigint, delivery_id bigint, type text, actor text, text text,
-               data text)) WITH ORDINALITY
-           AS r(message_id, delivery_id, type, actor, text, data, n)
-     ORDER BY r.n""").bindparams(bindparam("now", type_=DateTime()))
+      FROM {json_recordset("rows", LINE_FIELDS)} ORDER BY r.n""").bindparams(
+    bindparam("now", type_=DateTime()))
+
+
+def packed_line(row: dict) -> dict:
+    """A line as it travels in a JSON array to PostgreSQL: ``data`` as the JSON text
+    the ORM stores (``null`` for none), cast back to JSON by the server."""
+    return {"message_id": row.get("message_id"), "delivery_id": row.get("delivery_id"),
+            "type": row["type"], "actor": row.get("actor", ""), "text": row.get("text", ""),
+            "data": json.dumps(row.get("data"))}
 
 
 @functools.cache

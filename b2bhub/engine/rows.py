@@ -66,30 +66,44 @@ def _insert_rows_core(conn: Connection, table: Table, rows: list[dict[str, Any]]
     return ids
 
 
+def typed(table: Table, columns: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The columns with their PostgreSQL types in ``table``, for :func:`json_recordset`."""
+    return [(name, table.c[name].type.compile(dialect=_DIALECT)) for name in columns]
+
+
+def json_recordset(param: str, fields: list[tuple[str, str]]) -> str:
+    """The rows of the JSON array parameter ``param`` as ``r``: its ``fields`` (name,
+    type), and ``r.n`` numbering the rows from 1 in the order of the array."""
+    names = ", ".join(name for name, _ in fields)
+    declared = ", ".join(f"{name} {type_}" for name, type_ in fields)
+    return (f"ROWS FROM (json_to_recordset(CAST(:{param} AS json)) AS ({declared})) "
+            f"WITH ORDINALITY AS r({names}, n)")
+
+
+def next_id(table: Table) -> str:
+    """The next value of the table's id sequence (the sequence is looked up once)."""
+    sequence = f"(SELECT pg_get_serial_sequence('{table.name}', 'id'))"
+    return f"nextval(CAST({sequence} AS regclass))"
+
+
 @functools.cache
 def _statement(table: Table, columns: tuple[str, ...], times: tuple[str, ...],
                returning_ids: bool, id_also: str | None):
     """The INSERT for these columns, built once per shape."""
-    typed = ", ".join(f"{name} {table.c[name].type.compile(dialect=_DIALECT)}"
-                      for name in columns)
-    ordered = (f"SELECT r.* FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) "
-               f"AS ({typed})) WITH ORDINALITY AS r({', '.join(columns)}, n) ORDER BY r.n")
+    ordered = f"SELECT r.* FROM {json_recordset('rows', typed(table, columns))} ORDER BY r.n"
     targets = [*columns, *times]
     values = [f"s.{name}" for name in columns] + [f":{name}" for name in times]
     source = f"({ordered}) AS s"
     if id_also is not None:
         # the volatile nextval keeps this subquery from being merged into the outer
         # query, so each row draws one id, used twice
-        sequence = f"(SELECT pg_get_serial_sequence('{table.name}', 'id'))"
-        source = (f"(SELECT nextval(CAST({sequence} AS regclass)) AS id, o.* "
-                  f"FROM ({ordered}) AS o) AS s")
+        source = f"(SELECT {next_id(table)} AS id, o.* FROM ({ordered}) AS o) AS s"
         targets = ["id", id_also, *targets]
         values = ["s.id", "s.id", *values]
     sql = (f"INSERT INTO {table.name} ({', '.join(targets)}) "
            f"SELECT {', '.join(values)} FROM {source}"
            + (" RETURNING id" if returning_ids else ""))
     return text(sql).bindparams(*(bindparam(name, type_=DateTime()) for name in times))
-
 
 
 @functools.cache

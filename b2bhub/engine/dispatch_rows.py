@@ -1,0 +1,105 @@
+"""A new batch's rows on PostgreSQL in one statement: its messages, their payload
+stages, their deliveries and their history lines.
+
+Every statement is a round trip to the server (longer when the server process was idle
+between requests), and the AS2 receiver stores one message per request: its four
+INSERTs were most of the database time of a receive. Here the four are data-modifying
+CTEs of one statement, each kind of row travelling as one JSON array parameter (see
+:mod:`b2bhub.engine.rows`), so the text is the same for any batch and is parsed once.
+
+The CTEs of a statement run in no set order, so each child INSERT takes its message ids
+from ``mo``, which reads the messages' INSERT, and the history's from the deliveries'
+INSERT: a child row is made from the parent row inserted before it, and the foreign
+keys hold. A payload, delivery or history row names its message by its place in the
+batch (``message_id`` 1, 2, ... in the JSON); a queued line names its delivery by its
+target (``delivery_target``). SQLite takes the statements one by one (they cost no
+round trip there), so this is PostgreSQL's alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+
+from sqlalchemy import DateTime, bindparam, text
+from sqlalchemy.engine import Connection
+
+from b2bhub.engine.history import LINE_FIELDS, packed_line
+from b2bhub.engine.rows import json_recordset, next_id, typed
+from b2bhub.models import Delivery, Message, Payload
+
+#: the keys of a payload row and of a delivery row, ``message_id`` first (a place)
+PAYLOAD_COLUMNS = ("message_id", "stage", "digest", "size")
+DELIVERY_COLUMNS = ("message_id", "target", "state", "attempt", "failures", "wake_count",
+                    "last_result", "sequence_key")
+
+
+def insert_batch(conn: Connection, messages: list[dict], payloads: list[dict],
+                 deliveries: list[dict], lines: list[dict], now: datetime,
+                 first_rewake: datetime) -> tuple[list[int], list[tuple[int, int, str]]]:
+    """Insert the rows; the message ids in the order of ``messages``, and (delivery id,
+    message id, target) in the order of ``deliveries``. Every row is stamped ``now``;
+    a delivery is due now and re-woken by the sweep at ``first_rewake``."""
+    packed = [{**packed_line(line), "delivery_target": line.get("delivery_target")}
+              for line in lines]
+    rows = conn.execute(_statement(tuple(messages[0])), {
+        "messages": _json(messages), "payloads": _json(payloads),
+        "deliveries": _json(deliveries), "lines": _json(packed),
+        "now": now, "rewake": first_rewake}).all()
+    ids = list(dict.fromkeys(mid for mid, _did, _target in rows))
+    return ids, [(did, mid, target) for mid, did, target in rows if did is not None]
+
+
+def _json(rows: list[dict]) -> str:
+    return json.dumps(rows, separators=(",", ":"))
+
+
+def _places(columns: tuple[str, ...]) -> str:
+    """A child's columns read from ``r``, its message's id from ``mo``."""
+    return ", ".join("mo.id AS message_id" if name == "message_id" else f"r.{name}"
+                     for name in columns)
+
+
+@functools.cache
+def _statement(message_columns: tuple[str, ...]):
+    """The statement for messages of these columns (:func:`insert_batch`), built once.
+
+    Ids are drawn in the order of the rows: each INSERT reads its rows from a subquery
+    sorted by their place (a sorted subquery is not merged into the INSERT), and the
+    serial default or ``nextval`` above it draws one id per row as the rows come. So
+    the messages' ids sorted ascending are those of the batch in order (``mo`` numbers
+    them so), a delivery's id, also its sequence number, follows the batch's order, and
+    the history lines' ids follow the order of ``lines``: SSE event ids rely on that."""
+    messages, payloads, deliveries = Message.__table__, Payload.__table__, Delivery.__table__
+    joined = "JOIN mo ON mo.n = r.message_id"
+    sql = f"""WITH m AS (
+INSERT INTO messages ({", ".join(message_columns)}, created_at, updated_at)
+SELECT {", ".join(f"r.{name}" for name in message_columns)}, :now, :now
+FROM {json_recordset("messages", typed(messages, message_columns))} ORDER BY r.n
+RETURNING id),
+mo AS (SELECT id, row_number() OVER (ORDER BY id) AS n FROM m),
+p AS (
+INSERT INTO payloads ({", ".join(PAYLOAD_COLUMNS)}, created_at)
+SELECT {_places(PAYLOAD_COLUMNS)}, :now
+FROM {json_recordset("payloads", typed(payloads, PAYLOAD_COLUMNS))} {joined} ORDER BY r.n),
+d AS (
+INSERT INTO deliveries (id, sequence_no, {", ".join(DELIVERY_COLUMNS)},
+due_at, next_wake_at, created_at, updated_at)
+SELECT s.id, s.id, {", ".join(f"s.{name}" for name in DELIVERY_COLUMNS)},
+:now, :rewake, :now, :now
+FROM (SELECT {next_id(deliveries)} AS id, o.* FROM (
+SELECT {_places(DELIVERY_COLUMNS)}
+FROM {json_recordset("deliveries", typed(deliveries, DELIVERY_COLUMNS))} {joined}
+ORDER BY r.n) AS o) AS s
+RETURNING id, message_id, target),
+h AS (
+INSERT INTO history (message_id, delivery_id, type, actor, text, data, created_at)
+SELECT mo.id, COALESCE(d.id, r.delivery_id), r.type, r.actor, r.text, CAST(r.data AS json),
+:now
+FROM {json_recordset("lines", [*LINE_FIELDS, ("delivery_target", "text")])} {joined}
+LEFT JOIN d ON d.message_id = mo.id AND d.target = r.delivery_target ORDER BY r.n)
+SELECT mo.id, d.id, d.target FROM mo LEFT JOIN d ON d.message_id = mo.id
+ORDER BY mo.n, d.id"""
+    return text(sql).bindparams(bindparam("now", type_=DateTime()),
+                                bindparam("rewake", type_=DateTime()))
