@@ -560,6 +560,38 @@ def test_bad_input_is_refused_with_a_reason_never_500(as2, certs, problem):
         assert "raw" in as2.stages(message.id)  # what came is kept
 
 
+SIGNED_MDN = {"Disposition-Notification-Options": "signed-receipt-protocol=optional, "
+              "pkcs7-signature; signed-receipt-micalg=optional, sha256"}
+
+
+@pytest.mark.parametrize("mdn", ["none", "unsigned", "signed"])
+@pytest.mark.parametrize("problem", ["unknown_to", "unknown_from"])
+def test_an_unknown_as2_id_is_refused_as_unknown_whatever_mdn_was_asked(as2, problem, mdn):
+    """The reason names the unknown AS2 ID (a partner unknown to us asking for a signed
+    MDN once got "malformed" from pyas2lib failing to sign for nobody); the negative
+    MDN, when asked for, is not signed for an unknown partner."""
+    as2.choose(sign=True, encrypt=True)
+    headers = {"unknown_to": {"AS2-To": "NOBODY"},
+               "unknown_from": {"AS2-From": "STRANGER"}}[problem]
+    if mdn == "signed":
+        headers.update(SIGNED_MDN)
+    if mdn == "none":
+        headers["Disposition-Notification-To"] = ""
+    answer = post(as2, b"hello", **headers)
+    [message] = as2.messages()
+    [refused] = as2.lines(message.id, "refused")
+    unknown = "NOBODY" if problem == "unknown_to" else "STRANGER"
+    assert "unknown" in refused and unknown in refused and "malformed" not in refused, refused
+    assert message.status == "refused" and "raw" in as2.stages(message.id)
+    if mdn == "none":
+        assert answer.status_code == 403 and unknown in answer.text, answer.text
+    else:
+        assert answer.status_code == 200, answer.text
+        assert b"processed/Error" in answer.content and unknown.encode() in answer.content
+    if problem == "unknown_from":
+        assert answer.headers["Content-Type"].split(";")[0] != "multipart/signed"
+
+
 def test_receipt_timeout_fails_the_delivery_and_a_late_mdn_is_unattributable(as2):
     as2.choose(sign=True, encrypt=True, mdn_mode="async", mdn_signed=True,
                receipt_timeout=3600)

@@ -197,7 +197,12 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
     version = known.pop(profiles.VERSION_KEY)
     org = profiles.profile_cache.by_as2_id(session, version, as2_to, ORGANIZATION)
     partner = profiles.profile_cache.by_as2_id(session, version, as2_from, PARTNER)
-    if partner is not None and org is not None:
+    if partner is None:  # pyas2lib cannot build a signed MDN for nobody: refused here
+        return _refuse_early(session, instance, found, _Stages(store, raw), now,
+                             f"unknown-trading-partner: no partner has the AS2 ID "
+                             f"'{as2_from}'", status=403,
+                             to_party=org.party if org is not None else None)
+    if org is not None:
         if guess is not None and guess.party == partner.party:
             duplicate_id = looked.duplicate  # looked up for this very party
         else:
@@ -397,9 +402,10 @@ def _insert_inbound(session, instance: str, partner: str, msgid: str, message_id
 
 
 def _refuse_early(session, instance, found, payloads: _Stages, now, reason: str,
-                  status: int = 400) -> Reply:
+                  status: int = 400, to_party: str | None = None) -> Reply:
     """Refused before pyas2lib could read it: recorded with what was kept, the negative
-    MDN (unsigned, as nothing is verified) when the partner asked for one synchronously."""
+    MDN (unsigned, as nothing is verified) when the partner asked for one synchronously.
+    ``to_party``: the organization's name when its AS2 ID is known."""
     msgid = lib.message_id_of(found.get("message-id"))
     mdn = _negative_mdn(found, msgid, reason) if found.get("disposition-notification-to") \
         else None
@@ -410,7 +416,7 @@ def _refuse_early(session, instance, found, payloads: _Stages, now, reason: str,
         stages["receipt"] = mdn_stage
     new = NewMessage(source=instance,
                      from_party=_party_name(lib.unquote(found.get("as2-from"))),
-                     to_party=_party_name(lib.unquote(found.get("as2-to"))),
+                     to_party=to_party or _party_name(lib.unquote(found.get("as2-to"))),
                      stages=stages, external_id=msgid)
     reply = _store_refusal(session, instance, new, reason, mdn, _mdn_mode(mdn), mdn_stage,
                            durable, now)
