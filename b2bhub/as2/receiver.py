@@ -175,7 +175,7 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
                       _accepted_key(guess.party, msgid) if guess else None)
     if config is None:
         if not looked.enabled:
-            return _text(404, f"no enabled AS2 receiver named '{instance}'")
+            return no_receiver(instance)
         config = looked.config
         data = _read_body(body, content_length, config)
     if data is None:
@@ -216,6 +216,21 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
     except BaseException:
         stages.discard()  # nothing of it in place (a no-op once made durable)
         raise
+
+
+def no_receiver(instance: str) -> Reply:
+    return _text(404, f"no enabled AS2 receiver named '{instance}'")
+
+
+def instance_config(session: Session, instance: str) -> dict | None:
+    """The configuration of the enabled receiver ``instance`` (None: there is none), for
+    a request that looks it up before reading a large body."""
+    row = connection(session).execute(_INSTANCE, {"name": instance}).first()
+    return dict(row.config or {}) if row is not None and row.enabled else None
+
+
+_INSTANCE = select(PluginInstance.enabled, PluginInstance.config).where(
+    PluginInstance.name == bindparam("name"), PluginInstance.type == TYPE)
 
 
 def _max_size(config: dict) -> int:

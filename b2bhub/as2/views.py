@@ -17,21 +17,17 @@ import io
 import logging
 
 from flask import Blueprint, Response, request
-from sqlalchemy import bindparam, select
 
 from b2bhub import hub
 from b2bhub.as2 import receiver
 from b2bhub.engine import wakeups
-from b2bhub.engine.history import connection
 from b2bhub.extensions import db
-from b2bhub.models import PluginInstance, utcnow
+from b2bhub.models import utcnow
 
 bp = Blueprint("as2", __name__)
 log = logging.getLogger(__name__)
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
-_INSTANCE = select(PluginInstance.enabled, PluginInstance.config).where(
-    PluginInstance.name == bindparam("name"), PluginInstance.type == receiver.TYPE)
 
 
 def _plain(status: int, text: str) -> Response:
@@ -51,19 +47,20 @@ def receive(instance: str):
 def _receive(instance: str) -> tuple[Response, bool]:
     try:
         length, body = request.content_length, request.stream
-        config = None  # the receiver looks it up
-        if length is not None and length <= PREREAD:
+        small = length is not None and length <= PREREAD
+        config = None  # for a small body the receiver looks it up with the rest
+        if small:
             body = io.BytesIO(body.read())
         else:
-            row = connection(db.session).execute(_INSTANCE, {"name": instance}).first()
-            if row is None or not row.enabled:
-                return _plain(404, f"no enabled AS2 receiver named '{instance}'"), False
-            config = dict(row.config or {})
+            config = receiver.instance_config(db.session, instance)
             db.session.commit()  # its connection back to the pool while the body arrives
-        reply = receiver.receive(
-            db.session, hub.store(), instance, config,
-            [(k, v) for k, v in request.headers.items() if k.lower() != "host"],
-            body, length, utcnow())
+        if config is None and not small:
+            reply = receiver.no_receiver(instance)
+        else:
+            reply = receiver.receive(
+                db.session, hub.store(), instance, config,
+                [(k, v) for k, v in request.headers.items() if k.lower() != "host"],
+                body, length, utcnow())
     except Exception:
         db.session.rollback()
         log.exception("AS2 receiver %s failed; answered 503", instance)
