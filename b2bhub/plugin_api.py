@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import IO, Any, ClassVar, Protocol
 
-from b2bhub.domain.outcome import Outcome
+from b2bhub.domain.outcome import Answer, Outcome
 from b2bhub.domain.retry import RetryPolicy
 
-__all__ = ["DeliveryInfo", "FileChanged", "Outcome", "PayloadReader", "PickedFile", "Plugin",
-           "PluginStartError", "SourceContext", "TargetContext"]
+__all__ = ["Answer", "DeliveryInfo", "FileChanged", "Outcome", "PayloadReader", "PickedFile",
+           "Plugin", "PluginStartError", "SourceContext", "TargetContext"]
 
 
 class PluginStartError(Exception):

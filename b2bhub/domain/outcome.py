@@ -7,9 +7,29 @@ target's retry policy to errors. Plain Python: no Flask, no Celery.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a destination answered, for the target's business-error rules (SPEC 10).
+
+    A target that talks to a service which answers (HTTP status and body) attaches it to
+    its outcome; the core checks the instance's rules against it before the outcome is
+    recorded, whatever the status said. ``body`` is the start of the answer's body (the
+    target decides how much it reads; :data:`ANSWER_BODY_LIMIT` by default).
+    """
+
+    status: int | None
+    body: bytes = b""
+    content_type: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+#: how much of an answer's body a target keeps for the rules, at most
+ANSWER_BODY_LIMIT = 1 << 20
 
 
 class OutcomeKind(StrEnum):
@@ -39,6 +59,11 @@ class Outcome:
     rule: str | None = None
     block: str | None = None  # business rule: None, "sequence" or "instance"
     data: dict = field(default_factory=dict)
+    answer: Answer | None = None  # what the destination answered, for business rules
+
+    def with_answer(self, answer: Answer | None) -> Outcome:
+        """The same outcome carrying the destination's answer."""
+        return replace(self, answer=answer)
 
     @classmethod
     def delivered(cls, text: str = "delivered", **data) -> Outcome:
