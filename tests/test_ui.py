@@ -404,6 +404,34 @@ def test_messages_filter_search_and_live_rows(setup, login, session):
     assert f'data-id="{second.id}" data-match="1"' in rows
 
 
+def test_a_live_page_resumes_after_what_it_rendered(setup, login, session, registry, app):
+    """A message delivered between the page's render and its stream's start still
+    reaches the page: the page carries the last history id before it read what it
+    shows, and the stream from there has the delivery's lines."""
+    from b2bhub.engine.runner import TargetRunner
+    from b2bhub.hub import new_session
+    from tests.test_events import read_events
+    app.config.update(STREAM_POLL_SECONDS=0.01, STREAM_KEEPALIVE_SECONDS=0.05)
+    sent = setup.message(filename="late.edi")
+    client = login("viewer")
+    page = client.get(f"/ui/messages/{sent.id}").text
+    after = int(re.search(r'<body data-live-after="(\d+)"', page).group(1))
+    assert "Queued" in page
+    shown = session.scalar(select(HistoryLine.id).where(HistoryLine.message_id == sent.id)
+                           .order_by(HistoryLine.id.desc()).limit(1))
+    assert after >= shown  # everything the page shows is at or below its resume point
+    # the worker delivers before the page's script opens its stream
+    TargetRunner(new_session, registry, setup.store, "test-owner").drain("writer_a", 10)
+    delivered = session.scalars(select(HistoryLine.id).where(
+        HistoryLine.message_id == sent.id, HistoryLine.id > after)).all()
+    assert delivered
+    events = read_events(client.get(f"/api/v1/events?after={after}&message={sent.id}"),
+                         len(delivered))
+    assert [int(event_id) for event_id, _type, _data in events] == delivered
+    assert "data-live-after" in client.get("/ui/").text
+    assert "data-live-after" not in client.get("/ui/routes").text
+
+
 def test_delivery_errors_bulk_redeliver_all_matching(setup, login, session, record_dir):
     setup.instance("writer_b", "recorder", config={"record_dir": str(record_dir)})
     setup.route("inbox", "*", "*", "writer_b")

@@ -43,6 +43,9 @@ from b2bhub.web.forms import ActionForm, show_service_error
 bp = Blueprint("ui", __name__, url_prefix="/ui", static_folder="static")
 
 OPEN_ENDPOINTS = frozenset({"ui.login", "ui.static"})
+#: pages that update live (``b2bhub/web/static/live.js``): each is rendered with the
+#: history id it shows the state of, and its stream resumes after that id
+LIVE_PAGES = frozenset({"ui.dashboard", "ui.messages", "ui.message", "ui.services"})
 
 
 def can(role: str) -> bool:
@@ -63,7 +66,23 @@ def check_login_and_role():
         abort(403, f"this needs the {needed} role; '{current_user.name}' has the "
                    f"{current_user.role} role")
     g.actor = current_user.name
+    if request.method == "GET" and request.endpoint in LIVE_PAGES:
+        g.live_after = _live_watermark()
+    else:
+        g.pop("live_after", None)
     return None
+
+
+def _live_watermark() -> int:
+    """The highest history id committed before the page reads what it shows.
+
+    Read first, so that every change the page's own queries miss has a line above it
+    and reaches the page through its stream (``?after=``): a message delivered between
+    the page's render and the stream's start is no longer missed. A change the page
+    already shows may come again; live.js takes that as one more refresh."""
+    from b2bhub.engine.events import latest_id
+    from b2bhub.extensions import db
+    return latest_id(db.session.connection())
 
 
 @bp.errorhandler(400)

@@ -6,6 +6,8 @@
 //    in, at most every 2 s; a number limits the stream to that message's lines;
 //    data-live-every="N" also fetches it every N seconds (figures no event announces).
 //  - tbody[data-live-logs]: log records from that stream URL go on top.
+// The stream resumes after body[data-live-after], the last history id before the page
+// read what it shows (b2bhub/web/__init__.py LIVE_PAGES).
 // Without JavaScript every page still works; it is just not live.
 (function () {
   "use strict";
@@ -23,10 +25,17 @@
     setInterval(function () { if (!sectionTimer) { refreshSection(); } },
       1000 * Number(section.dataset.liveEvery));
   }
-  var url = "/api/v1/events";
+  // Resume after the history id the page was rendered with (body[data-live-after]),
+  // so a change committed between the render and the stream's start is not missed.
+  // On a reconnect the browser sends Last-Event-ID, which the server prefers.
+  var params = new URLSearchParams();
   if (section && /^\d+$/.test(section.dataset.liveSection)) {
-    url += "?message=" + section.dataset.liveSection;
+    params.set("message", section.dataset.liveSection);
   }
+  if (/^\d+$/.test(document.body.dataset.liveAfter || "")) {
+    params.set("after", document.body.dataset.liveAfter);
+  }
+  var url = "/api/v1/events" + (params.toString() ? "?" + params.toString() : "");
   var source = new EventSource(url);
   source.onopen = function () { if (dot) { dot.classList.add("on"); } };
   source.onerror = function () { if (dot) { dot.classList.remove("on"); } };
