@@ -11,6 +11,7 @@ from asn1crypto import cms
 from oscrypto import asymmetric
 from pyas2lib import Message, Organization, Partner
 from pyas2lib.cms import verify_message
+from pyas2lib.exceptions import IntegrityError
 
 from b2bhub.as2 import lib
 from tests.as2kit import make_pair
@@ -44,7 +45,7 @@ def test_every_signature_verifies_and_openssl_makes_the_ones_it_can(
                                                         "sha512")
     assert bool(by_pyas2lib) is not fast
     assert verify_message(DATA, signature, asymmetric.load_certificate(pair[0].encode()))
-    with pytest.raises(Exception):
+    with pytest.raises(IntegrityError):
         verify_message(DATA + b" ", signature, asymmetric.load_certificate(pair[0].encode()))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 
 from b2bhub import dbsetup
 
@@ -75,7 +76,7 @@ def test_a_dropped_connection_is_replaced(app, engine, monkeypatch, idle):
     if idle:
         monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 0.0)
     if not (idle and engine.dialect.name == "postgresql"):
-        with pytest.raises(Exception), engine.connect() as conn:
+        with pytest.raises(DBAPIError), engine.connect() as conn:
             conn.execute(text("SELECT 1"))
     with engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar() == 1
