@@ -91,8 +91,87 @@ def build(certs, size: int, n: int) -> list[tuple[dict, bytes]]:
     for _ in range(n):
         message = Message(org, hub)
         message.build(data, filename="bench.edi", content_type="application/edi-x12")
-        out.append((dict(message.headers), message.content))
+        out.append(Sent(dict(message.headers), message.content, message, data))
     return out
+
+
+class Sent(tuple):
+    """A built message: (headers, body), with the client's pyas2lib Message (its
+    Message-ID and MIC, to verify the MDN against) and the document it carries."""
+
+    def __new__(cls, headers: dict, body: bytes, message, data: bytes):
+        sent = super().__new__(cls, (headers, body))
+        sent.message, sent.data = message, data
+        return sent
+
+
+class Checks:
+    """What the bench verifies after the clock stopped, so that a fast answer that is
+    wrong never counts: every MDN is parsed by pyas2lib as the partner would parse it
+    (signature verified with the hub's certificate, MIC compared with the one the
+    client computed, disposition ``processed``), and every message the hub took is
+    stored with exactly the bytes sent and dispatched (its delivery row exists)."""
+
+    def __init__(self):
+        self.mdns: list[tuple[Sent, dict, bytes]] = []
+        self._lock = threading.Lock()
+
+    def keep(self, sent: Sent, headers: dict, content: bytes) -> None:
+        with self._lock:
+            self.mdns.append((sent, headers, content))
+
+    def verify(self, backend) -> int:
+        from pyas2lib import Mdn
+        for sent, headers, content in self.mdns:
+            raw = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() \
+                + b"\r\n" + content
+            status, detail = Mdn().parse(raw, lambda _id, _to, m=sent.message: m)
+            if status != "processed":
+                raise SystemExit(f"MDN of {sent.message.message_id} did not verify: "
+                                 f"{status} {detail}")
+        self._check_stored(backend)
+        return len(self.mdns)
+
+    def _check_stored(self, backend) -> None:
+        import hashlib
+
+        from sqlalchemy import text as sql
+        expected = {f"<{s.message.message_id}>": hashlib.sha256(s.data).hexdigest()
+                    for s, _h, _c in self.mdns}
+        engine = backend.engine()
+        with engine.connect() as conn:
+            rows = conn.execute(sql(
+                "SELECT m.external_id, p.digest, p.size, "
+                "(SELECT count(*) FROM deliveries d WHERE d.message_id = m.id) "
+                "FROM messages m JOIN payloads p ON p.message_id = m.id "
+                "AND p.stage = 'unpacked' WHERE m.source = 'as2in'")).all()
+        engine.dispose()
+        found = {}
+        for external_id, digest, _size, deliveries in rows:
+            key = external_id if external_id.startswith("<") else f"<{external_id}>"
+            found[key] = (digest, deliveries)
+        missing = [k for k in expected if k not in found]
+        if missing:
+            raise SystemExit(f"{len(missing)} accepted messages not stored, e.g. {missing[0]}")
+        store = Path(backend.data_dir) / "payloads"
+        for key, digest in expected.items():
+            stored_digest, deliveries = found[key]
+            if stored_digest != digest or deliveries != 1:
+                raise SystemExit(f"{key}: stored {stored_digest} with {deliveries} "
+                                 f"deliveries, expected {digest} with 1")
+        self._read_back(backend, {found[k][0] for k in expected}, store)
+
+    @staticmethod
+    def _read_back(backend, digests: set[str], store: Path) -> None:
+        """Read every stored document through the payload store (sha256 checked)."""
+        app = make_app(backend)
+        with app.app_context():
+            payloads = app.extensions["b2bhub.store"]
+            for digest in digests:
+                with payloads.open(digest) as f:
+                    while f.read(1 << 20):
+                        pass
+            app.extensions["sqlalchemy"].engines[None].dispose()
 
 
 class Bare:
@@ -129,11 +208,11 @@ class Bare:
         return elapsed, cpu
 
 
-def post(url: str, message) -> float:
-    return timed_post(url, message)[0]
+def post(url: str, message, checks: Checks | None = None) -> float:
+    return timed_post(url, message, checks)[0]
 
 
-def timed_post(url: str, message) -> tuple[float, float]:
+def timed_post(url: str, message, checks: Checks | None = None) -> tuple[float, float]:
     """(seconds, this thread's CPU seconds) of one post on a new connection, to the whole
     MDN received. http.client rather than requests: the client's own work is in the hub
     figure and not in the bare one, so it is kept small (requests costs about 1 ms of CPU
@@ -151,6 +230,8 @@ def timed_post(url: str, message) -> tuple[float, float]:
     elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu
     assert answer.status == 200 and b"processed" in content, content[:300]
     assert answer.getheader("Content-Type").startswith("multipart/signed")
+    if checks is not None:  # kept now, verified after the clock stopped
+        checks.keep(message, dict(answer.getheaders()), content)
     return elapsed, cpu
 
 
@@ -196,6 +277,7 @@ def run_latency(args, certs) -> None:
         server = start_gunicorn(backend, port)
         url = f"http://127.0.0.1:{port}/as2/as2in"
         bare_one, hub_way = Bare(certs), Bare(certs, hub_way=True)
+        checks = Checks()
         try:
             worker = worker_pid(server.pid)
             for size in args.sizes:
@@ -212,7 +294,7 @@ def run_latency(args, certs) -> None:
                     if i % 2:
                         bare.append(bare_one(message))
                         own.append(hub_way(message))
-                    hub.append(timed_post(url, message))
+                    hub.append(timed_post(url, message, checks))
                     if not i % 2:
                         bare.append(bare_one(message))
                         own.append(hub_way(message))
@@ -220,7 +302,7 @@ def run_latency(args, certs) -> None:
                 worker_cpu = process_cpu(worker) - worker_cpu
                 start = time.perf_counter()
                 with ThreadPoolExecutor(4) as pool:
-                    many = list(pool.map(lambda m: post(url, m), conc))
+                    many = list(pool.map(lambda m: post(url, m, checks), conc))
                 wall = time.perf_counter() - start
                 b, h, c, o = (statistics.median(x) * 1000 for x in (
                     [t for t, _cpu in bare], [t for t, _cpu in hub], many,
@@ -234,6 +316,9 @@ def run_latency(args, certs) -> None:
         finally:
             server.terminate()
             server.wait(30)
+        verified = checks.verify(backend)
+    print(f"verified after the run: {verified} MDNs (signature, MIC, disposition) and the "
+          "stored bytes and delivery of every message they acknowledged")
     print_table("AS2 receive, signed + encrypted, signed sync MDN (median latency)",
                 ["size", "messages", "bare ms", "hub ms", "hub/bare", "hub-way ms",
                  "hub - hub-way ms", "bare CPU ms",

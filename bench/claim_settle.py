@@ -6,11 +6,15 @@
 For every worker count K, on a fresh database with the migrated schema, ``--rounds``
 times (default 3), back to back:
 
-* floor: K processes (multiprocessing) loop over raw SQL without Celery or the ORM: the
-  claim statement of ``b2bhub/engine/machine.py``, bare (PostgreSQL ``WITH c AS (SELECT
-  ... FOR UPDATE SKIP LOCKED LIMIT 16) UPDATE ... FROM c RETURNING``, SQLite ``UPDATE
-  ... WHERE id IN (SELECT ... LIMIT 16) RETURNING``), then one fenced UPDATE per settled
-  delivery, each in its own transaction, until nothing is due.
+* floor: K processes (multiprocessing) loop over the engine's own two statements,
+  without Celery, the ORM or any bookkeeping: the claim statement of
+  ``b2bhub/engine/machine.py``, bare (PostgreSQL ``WITH c AS (SELECT ... FOR UPDATE SKIP
+  LOCKED LIMIT 16) UPDATE ... RETURNING``, SQLite ``UPDATE ... WHERE id IN (SELECT ...
+  LIMIT 16) RETURNING``), and the engine's delivered UPDATE of a whole batch (each row
+  fenced by its own attempt number). Like the engine, it settles a batch and claims the
+  next in one transaction: one commit per batch. What the floor leaves out is exactly the
+  engine's bookkeeping (history lines, message status, live-lease count, target lock,
+  wake-ups, lease renewal) and its process machinery (Celery, the plugin call).
 * engine: K real worker processes (``celery -A b2bhub.worker worker --pool solo``), one
   ``b2bhub.deliver`` wake-up per worker published through the real broker (Redis, or
   kombu's SQLAlchemy transport on SQLite); timed from the first publish until the last
@@ -109,13 +113,6 @@ def delivered(engine) -> tuple[int, datetime | None]:
 
 # --- the floor ------------------------------------------------------------------------
 
-_SETTLE = """
-UPDATE deliveries
-   SET state = 'delivered', lease_owner = NULL, lease_until = NULL, settled_at = :now,
-       updated_at = :now, failure_kind = NULL, last_result = 'ok'
- WHERE id = :id AND attempt = :attempt AND lease_owner = :owner AND state = 'in_progress'"""
-
-
 def _claim_sql(postgres: bool) -> str:
     """The claim statement of the engine itself (not a copy that could drift), bare:
     ``LIMIT :n`` without the engine's live-lease count, and no column saying whether the
@@ -126,35 +123,45 @@ def _claim_sql(postgres: bool) -> str:
 
 
 def floor_process(backend: Backend, owner: str, ready, go) -> None:
-    """Claim 16, settle each with one UPDATE + commit, until nothing is due."""
+    """Claim 16; settle them and claim the next 16 in one transaction; until none due."""
     engine = backend.engine()
     claim_sql = benchlib._timed(_claim_sql(backend.postgres))
-    settle_sql = benchlib._timed(_SETTLE)
     with engine.connect() as conn:
         conn.execute(text("SELECT 1")).all()
         conn.rollback()
         ready.release()
         go.wait()
-        floor_loop(conn, claim_sql, settle_sql, owner)
+        floor_loop(conn, claim_sql, owner)
     engine.dispose()
 
 
-def floor_loop(conn, claim_sql, settle_sql, owner: str) -> int:
+def _settle_batch(conn, rows, owner: str) -> int:
+    """The engine's delivered UPDATE of a batch (``machine._delivered_statement``, each
+    row fenced by its attempt); how many it wrote."""
+    from b2bhub.engine import machine
+    params = {"owner": owner, "now": utcnow()}
+    for index, (delivery_id, _message_id, attempt, _failures) in enumerate(rows):
+        params[f"i{index}"], params[f"a{index}"] = delivery_id, attempt
+        params[f"r{index}"] = "ok"
+    return len(conn.execute(machine._delivered_statement(len(rows)), params).all())
+
+
+def floor_loop(conn, claim_sql, owner: str) -> int:
     """The floor's loop on one connection; returns how many it settled."""
-    settled = 0
+    settled, rows = 0, []
     while True:
+        if rows:
+            written = _settle_batch(conn, rows, owner)
+            if written != len(rows):
+                raise RuntimeError(f"{len(rows) - written} fenced settlements not written")
+            settled += written
         now = utcnow()
         rows = conn.execute(claim_sql, {
             "target": TARGET, "now": now, "owner": owner, "n": BATCH,
             "until": now + timedelta(seconds=300)}).all()
-        conn.commit()
+        conn.commit()  # the batch settled and the next one claimed: one commit
         if not rows:
             return settled
-        for delivery_id, _message_id, attempt, _failures in rows:
-            conn.execute(settle_sql, {"now": utcnow(), "id": delivery_id,
-                                      "attempt": attempt, "owner": owner})
-            conn.commit()
-            settled += 1
 
 
 def run_floor(backend: Backend, workers: int, n: int) -> float:
@@ -363,14 +370,13 @@ def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
     a figure the machine's load hardly moves (on PostgreSQL the server's CPU is not in
     it). One process each, so no lock is waited for."""
     engine = backend.engine()
-    claim_sql, settle_sql = benchlib._timed(_claim_sql(backend.postgres)), \
-        benchlib._timed(_SETTLE)
+    claim_sql = benchlib._timed(_claim_sql(backend.postgres))
     rows = []
     for index in range(1, rounds + 1):
         reset(backend, n)
         with engine.connect() as conn:
             began, cpu = time.perf_counter(), time.process_time()
-            settled = floor_loop(conn, claim_sql, settle_sql, "floor")
+            settled = floor_loop(conn, claim_sql, "floor")
             floor = (settled, time.perf_counter() - began, time.process_time() - cpu)
         reset(backend, n)
         here = _drain_here(backend)

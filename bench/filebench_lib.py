@@ -192,6 +192,25 @@ def status_counts(database_url: str) -> dict[str, int]:
         engine.dispose()
 
 
+def write_counts(database_url: str) -> dict[str, int]:
+    """How often the run wrote: deliveries, attempts made, and history lines that say a
+    file was written. One of each per message, or a file was written twice (a second
+    message for one dropped file, or a second attempt of one delivery)."""
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            deliveries, attempts, messages = conn.execute(text(
+                "SELECT count(*), coalesce(sum(attempt), 0), count(DISTINCT message_id) "
+                "FROM deliveries")).one()
+            writes = conn.scalar(text(
+                "SELECT count(*) FROM history WHERE type = 'delivery_changed' "
+                "AND text LIKE '% delivered: wrote %'"))
+    finally:
+        engine.dispose()
+    return {"deliveries": deliveries, "attempts": int(attempts),
+            "messages with a delivery": messages, "writes": writes}
+
+
 def environment(bench: Bench, workers: int) -> list[str]:
     """What the figures depend on: machine, load, versions, backend."""
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,

@@ -28,6 +28,7 @@ from filebench_lib import (
     start_processes,
     status_counts,
     wait_until,
+    write_counts,
     written_files,
 )
 
@@ -135,6 +136,9 @@ def verify(bench, files: int, size: int, statuses: dict[str, int]) -> list[str]:
     problems = []
     if statuses != {"delivered": files}:
         problems.append(f"messages: {statuses}, expected {files} delivered")
+    writes = write_counts(bench.urls["database_url"])
+    if set(writes.values()) != {files}:
+        problems.append(f"written twice or not at all: {writes}, expected {files} of each")
     written = {e.name for e in os.scandir(bench.outbox) if not e.name.startswith(".")}
     expected = {f"order-{i:06d}.xml": i for i in range(files)}
     problems += [f"extra file {name}" for name in sorted(written - set(expected))][:10]
