@@ -35,9 +35,41 @@ VARIABLES: list[tuple[str, str | None, str]] = [
 ]
 
 
+#: The variables a Heroku-style platform hands its services to an app by, read when the
+#: ``B2BHUB_*`` variable beside each is not set (the ``B2BHUB_*`` one always wins).
+#: With ``PORT`` set the web process listens on every address (``0.0.0.0``) unless
+#: ``B2BHUB_HOST`` says otherwise: the platform's router reaches it from outside.
+PLATFORM_VARIABLES: list[tuple[str, str, str]] = [
+    ("DATABASE_URL", "B2BHUB_DATABASE_URL",
+     "the platform's database (postgres:// and postgresql:// use the psycopg 3 driver)"),
+    ("REDIS_URL", "B2BHUB_BROKER_URL", "the platform's Redis, as the Celery broker"),
+    ("PORT", "B2BHUB_PORT", "the port the platform routes to; the web process then "
+     "listens on 0.0.0.0"),
+]
+
+
 def _env(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
+
+
+def database_url_of(url: str) -> str:
+    """The SQLAlchemy URL of a database URL: a plain ``postgres://`` or
+    ``postgresql://`` (as platforms hand it over) gets the psycopg 3 driver, which is
+    the one b2bhub installs; any other URL is kept as it is."""
+    for scheme in ("postgres://", "postgresql://"):
+        if url.startswith(scheme):
+            return "postgresql+psycopg://" + url[len(scheme):]
+    return url
+
+
+def listen_address() -> tuple[str, int]:
+    """Where the web process listens: ``B2BHUB_HOST``:``B2BHUB_PORT``, else the
+    platform's ``PORT`` on every address, else 127.0.0.1:8000."""
+    platform_port = _env("PORT")
+    port = int(_env("B2BHUB_PORT") or platform_port or "8000")
+    host = _env("B2BHUB_HOST") or ("0.0.0.0" if platform_port else "127.0.0.1")
+    return host, port
 
 
 def load(overrides: dict | None = None) -> dict:
@@ -45,8 +77,11 @@ def load(overrides: dict | None = None) -> dict:
     overrides = dict(overrides or {})
     data_dir = Path(overrides.pop("DATA_DIR", None) or _env("B2BHUB_DATA_DIR", "./var"))
     data_dir = data_dir.resolve()
-    database_url = _env("B2BHUB_DATABASE_URL", f"sqlite:///{data_dir / 'b2bhub.sqlite'}")
-    broker_url = _env("B2BHUB_BROKER_URL", f"sqla+sqlite:///{data_dir / 'broker.sqlite'}")
+    url = _env("B2BHUB_DATABASE_URL") or _env("DATABASE_URL")
+    database_url = database_url_of(url) if url else f"sqlite:///{data_dir / 'b2bhub.sqlite'}"
+    broker_url = (_env("B2BHUB_BROKER_URL") or _env("REDIS_URL")
+                  or f"sqla+sqlite:///{data_dir / 'broker.sqlite'}")
+    host, port = listen_address()
     cfg = {
         "DATA_DIR": str(data_dir),
         "SQLALCHEMY_DATABASE_URI": database_url,
@@ -56,8 +91,8 @@ def load(overrides: dict | None = None) -> dict:
         "LOG_LEVEL": _env("B2BHUB_LOG_LEVEL", "info").upper(),
         "LOG_STREAM_LEVEL": _env("B2BHUB_LOG_STREAM_LEVEL", "info").upper(),
         "STOP_GRACE": float(_env("B2BHUB_STOP_GRACE", "5")),
-        "HOST": _env("B2BHUB_HOST", "127.0.0.1"),
-        "PORT": int(_env("B2BHUB_PORT", "8000")),
+        "HOST": host,
+        "PORT": port,
         "WORKERS": int(_env("B2BHUB_WORKERS", "2")),
         "WEB_THREADS": int(_env("B2BHUB_WEB_THREADS", "64")),
         "WORKER_QUEUES": _env("B2BHUB_WORKER_QUEUES", "deliveries,default"),

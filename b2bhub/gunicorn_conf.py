@@ -1,0 +1,17 @@
+"""gunicorn's settings for the ``web`` process (``gunicorn -c python:b2bhub.gunicorn_conf
+wsgi:app``, as the Procfile runs it): the listening address and threads from the same
+variables as the rest of b2bhub (:func:`b2bhub.config.listen_address`), so a platform's
+``PORT`` is honoured without a shell in the Procfile line."""
+
+import os as _os
+
+from b2bhub import config as _config
+
+# gunicorn reads every public name of this module as a setting: helpers stay private
+
+_host, _port = _config.listen_address()
+bind = [f"{_host}:{_port}"]
+worker_class = "gthread"
+workers = 1
+threads = int(_os.environ.get("B2BHUB_WEB_THREADS") or 64)
+graceful_timeout = 10
