@@ -8,12 +8,19 @@ directory as fast as it can, each written outside the scanned tree and renamed i
 times from the first file dropped to the last file the writer put in place; then waits
 until the database has every delivery Delivered, and checks that every message was
 Delivered once and every file written holds exactly the bytes dropped (sha256).
+
+Beside it, in the same run, the physical floor (``bench/files_floor.py``): the same
+files moved from a directory to another by as many processes, one fsync per batch and
+one row inserted and updated per file; measured before and after the hub's run, and the
+ratio hub/floor printed against the median of the two (``--no-floor`` leaves it out).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,6 +55,8 @@ def _options(parser) -> None:
                              "costs")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds to wait for the last file")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="leave out the physical floor measured before and after")
 
 
 def body(index: int, size: int) -> bytes:
@@ -64,11 +73,32 @@ def drop_all(bench, files: int, size: int) -> tuple[float, float]:
     return first, time.monotonic()
 
 
+def floor_run(bench, files: int, size: int, workers: int, round_: int) -> float:
+    """The physical floor on the same files, database and disk; files per second."""
+    from files_floor import run_floor
+    inbox, outbox = bench.tmp / f"floor-in-{round_}", bench.tmp / f"floor-out-{round_}"
+    inbox.mkdir()
+    for i in range(files):
+        (inbox / f"order-{i:06d}.xml").write_bytes(body(i, size))
+    seconds = run_floor(bench.urls["database_url"], inbox, outbox, workers)
+    for i in (0, files - 1):
+        if (outbox / f"order-{i:06d}.xml").read_bytes() != body(i, size):
+            raise SystemExit("the floor did not copy the bytes dropped")
+    subprocess.run(["rm", "-rf", str(inbox), str(outbox)], check=False)
+    rate = files / seconds
+    print(f"floor round {round_}: {files} files in {seconds:.2f} s: {rate:.1f} files/s",
+          flush=True)
+    return rate
+
+
 def main() -> None:
     args = arguments(__doc__.splitlines()[0], _options)
     concurrency = args.writer_concurrency or 16 * args.workers
+    floors = []
     with fresh_bench(args.backend, keep=args.keep, writer_concurrency=concurrency,
                      take_by_link=args.take_by_link) as bench:
+        if not args.no_floor:
+            floors.append(floor_run(bench, args.files, args.size, args.workers, 1))
         procs = start_processes(bench, args.workers)
         profiler = Profiler(args.profile, procs)
         before = environment(bench, args.workers)
@@ -106,6 +136,13 @@ def main() -> None:
         statuses = status_counts(bench.urls["database_url"])
         print(f"message statuses: {statuses}")
         print("\n".join(profile))
+        if not args.no_floor:
+            procs.stop_all()  # the floor has the machine to itself, as the hub had
+            floors.append(floor_run(bench, args.files, args.size, args.workers, 2))
+            floor = statistics.median(floors)
+            print(f"floor (median of {len(floors)}, before and after): {floor:.1f} files/s; "
+                  f"hub {args.files / seconds:.1f} msgs/s = "
+                  f"{100 * args.files / seconds / floor:.0f}% of the floor")
         problems = verify(bench, args.files, args.size, statuses)
         print("verified: every file written once, byte-identical (sha256), every message "
               "Delivered" if not problems else "\n".join(["NOT VERIFIED:", *problems]))
