@@ -267,3 +267,27 @@ def _cell(value: object) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return str(value)
+
+
+def run_together(target, arglists: list[tuple], clock=None):
+    """Start one process (spawned) per argument tuple, let them all begin at once, wait
+    for every one; ``target(*args, ready, go)`` releases ``ready`` when set up, then waits
+    for ``go``. Returns ``clock()`` (default ``time.monotonic``) read just before ``go``,
+    the moment the work starts. Raises when one fails to start or exits with an error."""
+    import multiprocessing
+    import time
+    ctx = multiprocessing.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    procs = [ctx.Process(target=target, args=(*args, ready, go)) for args in arglists]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        if not ready.acquire(timeout=60):
+            raise RuntimeError("a bench process did not start")
+    started = (clock or time.monotonic)()
+    go.set()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise RuntimeError(f"a bench process exited with {p.exitcode}")
+    return started

@@ -34,7 +34,6 @@ import argparse
 import ast
 import cProfile
 import io
-import multiprocessing
 import os
 import pstats
 import signal
@@ -167,21 +166,8 @@ def floor_loop(conn, claim_sql, owner: str) -> int:
 def run_floor(backend: Backend, workers: int, n: int) -> float:
     """Seconds the bare loop in ``workers`` processes takes for ``n`` deliveries."""
     reset(backend, n)
-    ctx = multiprocessing.get_context("spawn")
-    ready, go = ctx.Semaphore(0), ctx.Event()
-    procs = [ctx.Process(target=floor_process, args=(backend, f"floor-{i}", ready, go))
-             for i in range(workers)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        if not ready.acquire(timeout=60):
-            raise RuntimeError("a floor process did not start")
-    start = utcnow()
-    go.set()
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise RuntimeError(f"a floor process exited with {p.exitcode}")
+    start = benchlib.run_together(
+        floor_process, [(backend, f"floor-{i}") for i in range(workers)], clock=utcnow)
     return _finish(backend, n, start)
 
 

@@ -12,11 +12,11 @@ payload store's copy, the routing, history, status, claims and leases, the broke
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import time
 from pathlib import Path
 
+from benchlib import run_together
 from sqlalchemy import create_engine, text
 
 from b2bhub.payloads import syncfs
@@ -40,22 +40,8 @@ def run_floor(database_url: str, inbox: Path, outbox: Path, workers: int) -> flo
     engine.dispose()
     names = sorted(e.name for e in os.scandir(inbox) if e.is_file())
     outbox.mkdir(parents=True, exist_ok=True)
-    ctx = multiprocessing.get_context("spawn")
-    ready, go = ctx.Semaphore(0), ctx.Event()
-    procs = [ctx.Process(target=_mover, args=(database_url, str(inbox), str(outbox),
-                                              names[i::workers], ready, go))
-             for i in range(workers)]
-    for p in procs:
-        p.start()
-    for _ in procs:
-        if not ready.acquire(timeout=60):
-            raise RuntimeError("a floor process did not start")
-    start = time.monotonic()
-    go.set()
-    for p in procs:
-        p.join()
-        if p.exitcode != 0:
-            raise RuntimeError(f"a floor process exited with {p.exitcode}")
+    start = run_together(_mover, [(database_url, str(inbox), str(outbox), names[i::workers])
+                          for i in range(workers)])
     took = time.monotonic() - start
     moved = sum(1 for e in os.scandir(outbox) if e.is_file() and not e.name.startswith("."))
     if moved != len(names):
