@@ -42,6 +42,8 @@ beat_schedule = {
               "options": {"expires": 5.0}},
     "source-scheduler": {"task": "b2bhub.schedule_sources", "schedule": 1.0,
                          "options": {"expires": 2.0}},
+    "notify": {"task": "b2bhub.notify", "schedule": 5.0,
+               "options": {"expires": 5.0}},
     "housekeeping": {"task": "b2bhub.housekeeping", "schedule": 60.0,
                      "options": {"expires": 60.0}},
     "as2-mdns": {"task": "b2bhub.as2_send_mdns", "schedule": 5.0,

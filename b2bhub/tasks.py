@@ -105,6 +105,17 @@ def housekeeping() -> dict:
     return {"sampled": sampled, "log_records_trimmed": trimmed}
 
 
+@shared_task(name="b2bhub.notify", ignore_result=True)
+def notify() -> dict:
+    """Every few seconds: hand new and resolved alerts to the notification channels,
+    then send what is due (:mod:`b2bhub.engine.notifications`)."""
+    from b2bhub.engine import notifications
+    with hub.new_session() as session:
+        planned = notifications.plan(session, utcnow())
+        sent, failed = notifications.send_due(session, utcnow())
+    return {"planned": planned, "sent": sent, "failed": failed}
+
+
 def worker_heartbeat(session: Session) -> list[str]:
     """At each heartbeat of a worker: forget the plugins of stopped instances, mark
     started targets Running; the instances this worker runs."""

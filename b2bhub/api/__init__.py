@@ -13,6 +13,7 @@ from b2bhub.api import (  # noqa: E402,F401
     events,
     logs,
     messages,
+    notifications,
     parties,
     plugins,
     processes,

@@ -3,6 +3,7 @@
 from b2bhub.models.as2 import As2Inbound, As2Outbound
 from b2bhub.models.base import Base, utcnow
 from b2bhub.models.messages import Delivery, HistoryLine, Message, Payload
+from b2bhub.models.notifications import Notification, NotificationChannel
 from b2bhub.models.parties import ORGANIZATION, PARTNER, Certificate, Party, ProtocolProfile
 from b2bhub.models.pickups import PollerPickup
 from b2bhub.models.plugins import InstanceState, PluginInstance, Route
@@ -20,6 +21,7 @@ from b2bhub.models.system import (
 __all__ = [
     "ORGANIZATION", "PARTNER", "Alert", "ApiToken", "As2Inbound", "As2Outbound", "Base",
     "Certificate", "Delivery", "HistoryLine", "InstanceState", "Lock", "LogRecord",
-    "Message", "Party", "Payload", "PluginInstance", "PollerPickup", "Process",
-    "ProtocolProfile", "Route", "Setting", "StatsMinute", "User", "utcnow",
+    "Message", "Notification", "NotificationChannel", "Party", "Payload", "PluginInstance",
+    "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting", "StatsMinute", "User",
+    "utcnow",
 ]

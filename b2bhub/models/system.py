@@ -25,6 +25,10 @@ class Alert(Base):
     acknowledged_at: Mapped[datetime | None] = mapped_column(default=None)
     acknowledged_by: Mapped[str | None] = mapped_column(String(128), default=None)
     resolved_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: when its opening, and its resolution, were handed to the notification channels
+    #: (``b2bhub.engine.notifications``); None: not yet
+    notified_at: Mapped[datetime | None] = mapped_column(default=None)
+    resolve_notified_at: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Setting(Base):

@@ -175,6 +175,7 @@ from b2bhub.web import (  # noqa: E402,F401
     dashboard,
     delivery_errors,
     messages,
+    notifications,
     parties,
     plugins,
     routes,
