@@ -29,7 +29,9 @@ def create_app(test_config: dict | None = None) -> Flask:
     app = Flask(__name__, template_folder=str(ROOT / "templates"))
     app.url_map.converters["int"] = DatabaseId
     app.config.update(configuration.load(test_config))
-    Path(app.config["DATA_DIR"]).mkdir(parents=True, exist_ok=True)
+    data_dir = Path(app.config["DATA_DIR"])
+    app.config["DATA_DIR_MADE"] = not data_dir.exists()  # by this process, just now
+    data_dir.mkdir(parents=True, exist_ok=True)
     if not app.config.get("SECRET_KEY"):
         app.config["SECRET_KEY"] = configuration.secret_key(app.config["DATA_DIR"])
     logging.basicConfig(level=app.config["LOG_LEVEL"],

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import os
 import sys
 
 import click
@@ -14,6 +17,58 @@ from b2bhub import create_app
 @click.group(cls=FlaskGroup, create_app=lambda: create_app(), add_version_option=False)
 def main() -> None:
     """b2bhub: the B2B message hub."""
+
+
+def needs_database(command):
+    """Run the command only against a migrated b2bhub database; otherwise say in one
+    line where it looked and what to run (instead of a traceback about a missing table,
+    and without creating an empty SQLite file where none was)."""
+    @functools.wraps(command)
+    def checked(*args, **kwargs):
+        from flask import current_app
+        cfg = current_app.config
+        problem = database_problem(cfg)
+        if problem:
+            if cfg.get("DATA_DIR_MADE"):  # leave no data directory of ours behind
+                _remove_made(cfg["DATA_DIR"])
+            raise click.ClickException(problem)
+        return command(*args, **kwargs)
+    return checked
+
+
+def _remove_made(data_dir: str) -> None:
+    """Remove the data directory this process just made, if it holds nothing but the
+    secret key it made there too."""
+    with contextlib.suppress(OSError):
+        if set(os.listdir(data_dir)) <= {"secret_key"}:
+            for name in os.listdir(data_dir):
+                os.unlink(os.path.join(data_dir, name))
+            os.rmdir(data_dir)
+
+
+def database_problem(cfg) -> str | None:
+    """Why the configured database is not a b2bhub database, or None when it is."""
+    from sqlalchemy import inspect
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from b2bhub.extensions import db
+    url = make_url(cfg["SQLALCHEMY_DATABASE_URI"])
+    where = (f"{url.render_as_string(hide_password=True)} (data directory "
+             f"{cfg['DATA_DIR']})")
+    hint = ("run `b2bhub db upgrade` (or `make run`) first, or point B2BHUB_DATA_DIR or "
+            "B2BHUB_DATABASE_URL at the hub's own")
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:") \
+            and not os.path.exists(url.database):
+        return f"no b2bhub database at {where}: {hint}"
+    try:
+        migrated = inspect(db.engine).has_table("alembic_version")
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        return f"cannot reach the database {where}: {reason}"
+    if not migrated:
+        return f"the database {where} has no b2bhub tables: {hint}"
+    return None
 
 
 @main.command("run")
@@ -52,6 +107,7 @@ def fixtures_group() -> None:
 @fixtures_group.command("load")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False))
 @with_appcontext
+@needs_database
 def fixtures_load(path: str) -> None:
     """Load a fixtures file; a bad item is named and nothing is created."""
     from b2bhub.extensions import db
@@ -83,6 +139,7 @@ def token_group() -> None:
 @click.option("--user", "user_name", default=None,
               help="the user the token acts as; history lines name that user")
 @with_appcontext
+@needs_database
 def token_create(name: str, role: str, user_name: str | None) -> None:
     """Print a new bearer token (shown once)."""
     from b2bhub.extensions import db
@@ -107,6 +164,7 @@ def user_group() -> None:
 @click.argument("name")
 @click.option("--role", type=click.Choice(["viewer", "operator", "admin"]), default="viewer")
 @with_appcontext
+@needs_database
 def user_create(name: str, role: str) -> None:
     """Create a user; the password is read from stdin (its first line)."""
     from b2bhub.extensions import db
@@ -127,6 +185,7 @@ def user_create(name: str, role: str) -> None:
 
 @main.command("sweep")
 @with_appcontext
+@needs_database
 def sweep_command() -> None:
     """Run the sweep once (beat runs it every 5 s)."""
     from b2bhub import hub
