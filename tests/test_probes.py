@@ -318,6 +318,28 @@ def test_a_hanging_probe_holds_up_neither_the_tick_nor_other_probes(hub, session
     assert peer.probes == 2
 
 
+def test_a_target_whose_type_has_no_probe_is_never_left_offline(hub, session, peer,
+                                                                 registry, wakeups):
+    """A result left by a type that probed once (an upgrade took its probe away)."""
+    setup_poster(hub, session, peer)
+    hub.instance("plain", "noop")
+    hub.route("inbox", "acme", "mycompany", "plain")
+    mark_targets_running(session, registry, T0)
+    record(session, "plain", ProbeResult(False, "down"), T0, T0)
+    session.commit()
+    message = hub.message()
+    wakeups.clear()
+    assert [name for name, _ in due_probes(session, registry, at(1))] == ["poster"]
+    assert (instance("plain").online, instance("plain").probe_text) == (
+        None, "type noop has no probe")
+    plain = [d for d in session.scalars(select(Delivery).where(
+        Delivery.message_id == message.id)) if d.target == "plain"]
+    assert wakeups == [(plain[0].id, "plain")]
+    session.expire_all()
+    assert session.scalar(select(Alert.resolved_at).where(
+        Alert.subject == "instance:plain")) is not None
+
+
 def test_a_late_answer_never_overwrites_a_newer_one(hub, session, peer):
     setup_poster(hub, session, peer)
     assert record(session, "poster", ProbeResult(True, "up"), at(10), at(11)) == "same"

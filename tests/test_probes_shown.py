@@ -82,3 +82,31 @@ def test_services_plugins_and_dashboard_show_offline(app, session, offline):
     dashboard = client.get("/ui/").text
     states = dashboard.split('id="instance-states"')[1].split("</table>")[0]
     assert states.count("Offline") == 1
+
+
+def test_the_instance_form_edits_the_probe_interval(app, hub, session, peer):
+    setup_poster(hub, session, peer)
+    create_user(session, "ada", PASSWORD, "admin")
+    session.commit()
+    client = app.test_client()
+    client.post("/ui/login", data={"name": "ada", "password": PASSWORD})
+    form = client.get("/ui/plugins/poster/edit").text
+    assert 'name="probe_interval" type="text" value=""' in form  # 0: the setting's
+
+    def save(interval: str):
+        config = instance().config
+        return client.post("/ui/plugins/poster/edit", data={
+            "name": "poster", "enabled": "y", "config-url": config["url"],
+            "config-probe_url": config["probe_url"], "config-timeout": "2",
+            "max_concurrent_deliveries": "4", "retry_policy": "",
+            "probe_interval": interval})
+
+    assert save("30").status_code == 302
+    assert instance().probe_interval == 30
+    assert 'name="probe_interval" type="text" value="30"' in client.get(
+        "/ui/plugins/poster/edit").text
+    refused = save("3")
+    assert refused.status_code == 400 and "or at least 5 seconds" in refused.text
+    assert instance().probe_interval == 30
+    assert save("").status_code == 302
+    assert instance().probe_interval == 0

@@ -69,9 +69,11 @@ class Recorder:
 
 
 class ProbedPoster:
-    """A target for the probe tests, apart from the built-in HTTP poster: ``probe()``
-    GETs ``probe_url`` (2xx: online, any other answer: offline, a connection failure
-    raises, with its reason), ``deliver()`` POSTs the payload to ``url``."""
+    """A target that POSTs each delivery to a URL and probes another with a GET.
+
+    For the probe tests, apart from the built-in HTTP poster: ``probe()`` GETs
+    ``probe_url`` (2xx: online, any other answer: offline, a connection failure raises,
+    with its reason), ``deliver()`` POSTs the payload to ``url``."""
 
     type_name = "probed_poster"
     roles = frozenset({"target"})
