@@ -204,6 +204,11 @@ def test_the_interval_is_the_instance_s_own_or_else_the_setting_s(hub, session, 
     assert due(135) == ["own"]
     assert due(159) == []
     assert due(160) == ["by_setting"]
+    save_settings(session, DeliverySettings(probe_interval=20))
+    session.commit()
+    assert due(161) == ["by_setting"]  # due at 260, but the interval is 20 now
+    assert due(180) == ["own"]
+    assert due(181) == ["by_setting"]
 
 
 def test_only_enabled_started_targets_whose_type_probes_are_due(hub, session, peer,

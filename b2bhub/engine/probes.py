@@ -14,7 +14,8 @@ it picks the due instances: enabled, Running targets whose type has a probe, who
 interval on in the same conditional UPDATE, so each instance is picked once per
 interval, whatever else runs at once. The interval is the instance's
 ``probe_interval`` in seconds, or, when that is 0 (the default), the System > Settings
-``probe_interval`` (default 60 s); the tick rounds it up to its next 5 s.
+``probe_interval`` (default 60 s); the tick rounds it up to its next 5 s. A shortened
+interval applies at the next tick, not only after the longer one ran out.
 
 Run. The workers run the probes (SPEC 1): each due probe runs on a thread of its own in
 the worker that ticked, so the tick returns at once, the worker goes on with its
@@ -106,7 +107,7 @@ def due_probes(session: Session, registry, now: datetime,
                    now)
     ensure_lease_rows(session, [lock_name(name) for name in probed])
     due = [(name, interval) for name, interval in probed.items()
-           if publish_due(session, lock_name(name), interval, now)]
+           if publish_due(session, lock_name(name), interval, now, slack=TICK_SECONDS)]
     session.commit()
     return due
 

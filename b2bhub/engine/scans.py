@@ -86,11 +86,17 @@ def _scheduled(session: Session, registry) -> dict[str, float]:
             if type_name in registry and is_scheduled_source(registry.get(type_name))}
 
 
-def publish_due(session: Session, lock: str, interval: float, now: datetime) -> bool:
+def publish_due(session: Session, lock: str, interval: float, now: datetime,
+                slack: float | None = None) -> bool:
     """True when the ``locks`` row ``lock`` is idle and due, or held by a lease that ran
     out; it is then due one interval later (a conditional UPDATE: of any number of
-    schedulers running at once, one gets True)."""
-    idle_due = and_(Lock.owner.is_(None), or_(Lock.until.is_(None), Lock.until <= now))
+    schedulers running at once, one gets True). With ``slack`` (seconds), an idle row
+    due later than one interval plus the slack from now is due too: the interval was
+    shortened since it was published."""
+    due = or_(Lock.until.is_(None), Lock.until <= now)
+    if slack is not None:
+        due = or_(due, Lock.until > now + timedelta(seconds=interval + slack))
+    idle_due = and_(Lock.owner.is_(None), due)
     expired = and_(Lock.owner.is_not(None), Lock.until < now)
     return session.execute(update(Lock).where(
         Lock.name == lock, or_(idle_due, expired),
