@@ -40,6 +40,9 @@ enable_utc = True
 beat_schedule = {
     "sweep": {"task": "b2bhub.sweep", "schedule": 5.0,
               "options": {"expires": 5.0}},
+    # the due probes of targets (b2bhub.engine.probes), each instance at its interval
+    "probes": {"task": "b2bhub.probe_targets", "schedule": 5.0,
+               "options": {"expires": 5.0}},
     "source-scheduler": {"task": "b2bhub.schedule_sources", "schedule": 1.0,
                          "options": {"expires": 2.0}},
     "notify": {"task": "b2bhub.notify", "schedule": 5.0,

@@ -6,7 +6,9 @@ schema (:class:`b2bhub.config_schema.Field` list, from which the web form and th
 are generated), and implements:
 
 * a target: ``deliver(delivery, payload, context) -> Outcome`` and optionally
-  ``probe() -> bool``;
+  ``probe() -> bool | None``, a cheap check that the destination is up, run by the
+  workers every probe interval (``b2bhub.engine.probes``): while it says False (or
+  raises, or hangs past its timeout) no attempt goes out;
 * a source: it is given a :class:`SourceContext` whose ``store_and_dispatch`` stores a
   message; scheduled sources implement ``poll(context)`` and take a ``polling_interval``
   (seconds) in their configuration. A file source hands its files to the context as
@@ -189,7 +191,11 @@ class Plugin:
         return outcomes
 
     def probe(self) -> bool | None:
-        """True online, False offline, None: this type has no probe."""
+        """True online, False offline, None: this instance has no probe (e.g. no probe
+        URL configured). Raise to say why it is offline: the text is shown. Runs on a
+        thread of its own beside the instance's attempts; bound your own network time
+        (the core gives up after 10 s and counts that as offline). The base class has
+        no probe: a type that does not override this is never probed."""
         return None
 
     # source side -------------------------------------------------------------

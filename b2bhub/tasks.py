@@ -14,6 +14,7 @@ from b2bhub import hub
 from b2bhub.agent import start_agent, stop_agent
 from b2bhub.engine import presence, wakeups
 from b2bhub.engine.instances import mark_targets_running
+from b2bhub.engine.probes import ProbeRunner
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.engine.scans import SourceRunner, due_scans
 from b2bhub.engine.stats import sample_minutes
@@ -24,6 +25,7 @@ from b2bhub.models import InstanceState, PluginInstance, utcnow
 log = logging.getLogger(__name__)
 _runner: TargetRunner | None = None
 _sources: SourceRunner | None = None
+_probes: ProbeRunner | None = None
 
 
 def runner() -> TargetRunner:
@@ -42,6 +44,13 @@ def sources() -> SourceRunner:
     return _sources
 
 
+def probes() -> ProbeRunner:
+    global _probes
+    if _probes is None:
+        _probes = ProbeRunner(hub.registry(), hub.process_owner())
+    return _probes
+
+
 @shared_task(name="b2bhub.deliver", ignore_result=True)
 def deliver(target: str, delivery_id: int | None = None) -> dict:
     """A wake-up for ``target``: drain its due deliveries (the id is only a hint)."""
@@ -56,6 +65,14 @@ def sweep() -> dict:
     with hub.new_session() as session:
         report = run_sweep(session, utcnow(), hub.process_owner())
     return report.__dict__
+
+
+@shared_task(name="b2bhub.probe_targets", ignore_result=True)
+def probe_targets() -> int:
+    """Beat's probe tick: start the due probes on threads of this worker (each bounded
+    by a timeout, so the task returns at once); how many were started."""
+    with hub.new_session() as session:
+        return len(probes().tick(session))
 
 
 @shared_task(name="b2bhub.scan_source", ignore_result=True)

@@ -7,6 +7,8 @@ web process answers for the whole hub and nothing is lost when a process restart
 
 from __future__ import annotations
 
+from datetime import UTC
+
 from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -45,9 +47,10 @@ class HubCollector:
         states = GaugeMetricFamily("b2bhub_instance_state",
                                    "1 for the state each plugin instance is in.",
                                    labels=["instance", "state"])
-        for name, state, _enabled in figures.instance_states:
-            states.add_metric([name, state], 1)
+        for row in figures.instance_states:
+            states.add_metric([row.name, row.state], 1)
         yield states
+        yield from _probes(figures.instance_states)
         yield GaugeMetricFamily("b2bhub_deliveries_due",
                                 "Deliveries whose time has come, waiting for a claim.",
                                 value=figures.due)
@@ -83,3 +86,21 @@ def _labelled(name: str, text: str, label: str, values: dict[str, int]):
     for key, value in sorted(values.items()):
         family.add_metric([key], value)
     return family
+
+
+def _probes(rows: list[stats.InstanceFigures]):
+    """The last probe of each target probed at least once (b2bhub.engine.probes)."""
+    online = GaugeMetricFamily("b2bhub_target_online",
+                               "1 if the target's last probe found it online, 0 offline.",
+                               labels=["instance"])
+    checked = GaugeMetricFamily("b2bhub_target_last_probe_timestamp_seconds",
+                                "When the target's last recorded probe began (Unix time).",
+                                labels=["instance"])
+    for row in rows:
+        if row.online is not None:
+            online.add_metric([row.name], 1 if row.online else 0)
+        if row.probe_checked_at is not None:
+            checked.add_metric([row.name], row.probe_checked_at.replace(
+                tzinfo=UTC).timestamp())
+    yield online
+    yield checked

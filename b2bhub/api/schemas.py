@@ -240,7 +240,8 @@ class InstanceFields(Schema):
         "description": "strategy (fixed, exponential), base_delay, max_attempts, ..."})
     ordered = StrictBoolean()
     queue = fields.String(allow_none=True)
-    probe_interval = _int(validate=validate.Range(min=0))
+    probe_interval = _int(validate=validate.Range(min=0), metadata={
+        "description": "0 (default): the System > Settings probe_interval; else at least 5"})
     retention_days = _int(allow_none=True, validate=validate.Range(min=0))
 
 
@@ -258,10 +259,19 @@ class Instance(Schema):
     retry_policy = fields.Dict(required=True, allow_none=True)
     ordered = fields.Boolean(required=True)
     queue = fields.String(required=True, allow_none=True)
-    probe_interval = fields.Integer(required=True)
+    probe_interval = fields.Integer(required=True, metadata={
+        "description": "seconds between probes of a target whose type can probe; 0: the "
+                       "System > Settings probe_interval"})
     retention_days = fields.Integer(required=True, allow_none=True)
     state = fields.String(required=True)
     state_reason = fields.String(required=True, allow_none=True)
+    online = fields.Boolean(required=True, allow_none=True, metadata={
+        "description": "the last probe's result: true online, false offline (deliveries "
+                       "wait, alert target_offline), null never probed or no probe"})
+    probe_checked_at = UtcDateTime(required=True, allow_none=True, metadata={
+        "description": "when the last recorded probe began"})
+    probe_text = fields.String(required=True, allow_none=True, metadata={
+        "description": "what the last probe said (the reason when offline)"})
     created_at = UtcDateTime(required=True)
     updated_at = UtcDateTime(required=True)
 

@@ -1,7 +1,9 @@
 """``GET /stats``: the dashboard's figures now, and its per-minute series.
 
 ``series``: ``hour`` (default, the last 60 minutes), ``day`` (the last 1440) or
-``none``. Each point is one ended minute (see ``b2bhub.engine.stats``).
+``none``. Each point is one ended minute (see ``b2bhub.engine.stats``). Each instance
+item carries its last probe: ``online`` (true, false, or null when never probed or it
+has no probe) and ``probe_checked_at``; ``instances.offline`` counts those offline.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ def get_stats():
                        "due": now_figures.due,
                        "oldest_due_seconds": now_figures.oldest_due_seconds},
         "instances": {"by_state": now_figures.instances,
-                      "items": [{"name": n, "state": s, "enabled": e}
-                                for n, s, e in now_figures.instance_states]},
+                      "offline": sum(i.online is False for i in now_figures.instance_states),
+                      "items": [{"name": i.name, "state": i.state, "enabled": i.enabled,
+                                 "online": i.online,
+                                 "probe_checked_at": iso(i.probe_checked_at)}
+                                for i in now_figures.instance_states]},
         "attempts": _attempts(last_hour),
         "processes": now_figures.processes,
         "series": {"span": span_name, "points": [point_json(p) for p in points]},

@@ -73,11 +73,17 @@ def start_instance(session: Session, name: str, actor: str, now: datetime) -> st
         text = f"{actor}: {name} was not stopped ({row.state})"
     add_line(session, None, "instance_started", text, actor=actor,
              data={"instance": name}, now=now)
+    wake_target(session, name, now)
+    return text
+
+
+def wake_target(session: Session, name: str, now: datetime) -> None:
+    """Wake the target's due deliveries once the caller's transaction commits (it can
+    deliver again: started by an operator, or probed online)."""
     due = session.execute(select(Delivery.id, Delivery.target).where(
         Delivery.target == name, Delivery.state.in_(["queued", "retrying"]),
         Delivery.due_at <= now).limit(1000)).all()
     after_commit(session, wakeups_per_target(session, [(r.id, r.target) for r in due]))
-    return text
 
 
 def _instance_for_action(session: Session, name: str) -> PluginInstance:

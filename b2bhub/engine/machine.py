@@ -147,7 +147,9 @@ def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
     wins each delivery; every claim increments the attempt number.
 
     ``instance`` is the row :func:`lock_target` returned in this transaction (read here
-    when not given)."""
+    when not given). A target disabled, stopped or probed offline (``online`` False,
+    ``b2bhub.engine.probes``) gets no claim: its deliveries wait with their attempt
+    number unchanged."""
     claims, lines = _take(session, target, owner, now, limit, lease_seconds, instance)
     _record(session, lines, now)
     return claims
@@ -489,7 +491,7 @@ def stall_unclaimed(session: Session, now: datetime, settings: DeliverySettings,
     due = (select(Delivery.id).where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
                                      Delivery.next_wake_at <= now,
                                      Delivery.wake_count >= settings.stall_after,
-                                     _not_stopped_target(), *_not_waiting(session))
+                                     _not_held_target(), *_not_waiting(session))
            .limit(limit))
     rows = session.execute(update(Delivery).where(
         Delivery.id.in_(due.scalar_subquery()),
@@ -509,11 +511,12 @@ def stall_unclaimed(session: Session, now: datetime, settings: DeliverySettings,
     return len(rows)
 
 
-def _not_stopped_target():
-    """A stopped target's deliveries wait: no wake-ups, not stalled (an operator stopped
-    it on purpose); its start wakes them."""
-    return Delivery.target.not_in(select(PluginInstance.name).where(
-        PluginInstance.state == InstanceState.STOPPED))
+def _not_held_target():
+    """The deliveries of a stopped target, or of one probed offline, wait: no wake-ups,
+    not stalled (an operator stopped it on purpose; nobody can deliver to a destination
+    that is down). Its start, or the probe that finds it online again, wakes them."""
+    return Delivery.target.not_in(select(PluginInstance.name).where(or_(
+        PluginInstance.state == InstanceState.STOPPED, PluginInstance.online.is_(False))))
 
 
 def wake_due(session: Session, now: datetime, settings: DeliverySettings,
@@ -527,7 +530,7 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
                            .where(Delivery.state.in_([S.QUEUED, S.RETRYING]),
                                   Delivery.next_wake_at <= now,
                                   Delivery.wake_count < settings.stall_after,
-                                  _not_stopped_target(), *_not_waiting(session))
+                                  _not_held_target(), *_not_waiting(session))
                            .order_by(Delivery.next_wake_at).limit(limit)).all()
     if not rows:
         return []

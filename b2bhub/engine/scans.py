@@ -71,7 +71,7 @@ def due_scans(session: Session, registry, now: datetime) -> list[tuple[str, floa
     intervals = _scheduled(session, registry)
     ensure_lease_rows(session, [lease_name(n) for n in intervals])
     due = [(name, interval) for name, interval in intervals.items()
-           if _publish(session, name, interval, now)]
+           if publish_due(session, lease_name(name), interval, now)]
     session.commit()
     return due
 
@@ -86,12 +86,20 @@ def _scheduled(session: Session, registry) -> dict[str, float]:
             if type_name in registry and is_scheduled_source(registry.get(type_name))}
 
 
-def _publish(session: Session, name: str, interval: float, now: datetime) -> bool:
-    """Idle and due, or held by a lease that ran out: due one interval later."""
-    idle_due = and_(Lock.owner.is_(None), or_(Lock.until.is_(None), Lock.until <= now))
+def publish_due(session: Session, lock: str, interval: float, now: datetime,
+                slack: float | None = None) -> bool:
+    """True when the ``locks`` row ``lock`` is idle and due, or held by a lease that ran
+    out; it is then due one interval later (a conditional UPDATE: of any number of
+    schedulers running at once, one gets True). With ``slack`` (seconds), an idle row
+    due later than one interval plus the slack from now is due too: the interval was
+    shortened since it was published."""
+    due = or_(Lock.until.is_(None), Lock.until <= now)
+    if slack is not None:
+        due = or_(due, Lock.until > now + timedelta(seconds=interval + slack))
+    idle_due = and_(Lock.owner.is_(None), due)
     expired = and_(Lock.owner.is_not(None), Lock.until < now)
     return session.execute(update(Lock).where(
-        Lock.name == lease_name(name), or_(idle_due, expired),
+        Lock.name == lock, or_(idle_due, expired),
     ).values(owner=None, until=now + timedelta(seconds=interval))).rowcount == 1
 
 

@@ -2,8 +2,8 @@
 
 Current figures are counted at the moment they are asked for, on the indexes the
 engine already keeps: messages by status (``ix_messages_status_id``), deliveries by
-state and the due ones (``ix_deliveries_state_due``), instances by state, connected
-processes.
+state and the due ones (``ix_deliveries_state_due``), instances by state with the
+last probe of each (``b2bhub.engine.probes``), connected processes.
 
 The per-minute series (messages in, attempts, delivered, failures, attempt durations,
 due deliveries and the age of the oldest) come from ``stats_minutes``, which the
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -36,12 +37,20 @@ LAST_MINUTE = timedelta(minutes=2)  # the last ended minute is within this span
 SETTLED_STATES = {S.DELIVERED, S.AWAITING_RECEIPT, S.FAILED, S.RETRYING}
 
 
+class InstanceFigures(NamedTuple):
+    name: str
+    state: str
+    enabled: bool
+    online: bool | None  # the last probe (b2bhub.engine.probes); None: never, or no probe
+    probe_checked_at: datetime | None
+
+
 @dataclass
 class Current:
     messages: dict[str, int]
     deliveries: dict[str, int]
     instances: dict[str, int]
-    instance_states: list[tuple[str, str, bool]]  # name, state, enabled
+    instance_states: list[InstanceFigures]
     due: int
     oldest_due_seconds: float | None
     processes: dict[str, int]
@@ -52,19 +61,20 @@ def current(session: Session, now: datetime) -> Current:
         select(Message.status, func.count()).group_by(Message.status)).all())
     deliveries = dict.fromkeys(S, 0) | dict(session.execute(
         select(Delivery.state, func.count()).group_by(Delivery.state)).all())
-    instance_rows = session.execute(select(
-        PluginInstance.name, PluginInstance.state, PluginInstance.enabled)
-        .order_by(PluginInstance.name)).all()
+    instance_rows = [InstanceFigures(*row) for row in session.execute(select(
+        PluginInstance.name, PluginInstance.state, PluginInstance.enabled,
+        PluginInstance.online, PluginInstance.probe_checked_at)
+        .order_by(PluginInstance.name)).all()]
     instances: dict[str, int] = {}
-    for _, state, _ in instance_rows:
-        instances[state] = instances.get(state, 0) + 1
+    for row in instance_rows:
+        instances[row.state] = instances.get(row.state, 0) + 1
     due, oldest = due_now(session, now)
     processes: dict[str, int] = {}
     for row in presence.list_processes(session, now):
         processes[row.kind] = processes.get(row.kind, 0) + 1
     return Current({str(k): v for k, v in messages.items()},
                    {str(k): v for k, v in deliveries.items()}, instances,
-                   [tuple(r) for r in instance_rows], due, oldest, processes)
+                   instance_rows, due, oldest, processes)
 
 
 def due_now(session: Session, now: datetime) -> tuple[int, float | None]:

@@ -2,7 +2,8 @@
 
 Each step is a bounded query on an index that starts with the state, so its cost follows
 what is due, not the size of the tables. The guard is a PostgreSQL advisory lock held
-for the sweep; on SQLite, a lease row in ``locks`` taken by a conditional UPDATE.
+for the sweep; on SQLite, a lease row in ``locks`` taken by a conditional UPDATE. The
+probe scheduler (``b2bhub.engine.probes``) runs under a guard of its own, the same kind.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from b2bhub.models import Lock
 
 log = logging.getLogger(__name__)
 ADVISORY_KEY = 0x62326268  # "b2bh"
+#: the advisory lock key of each guarded job; the SQLite lease row has the job's name
+GUARD_KEYS = {"sweep": ADVISORY_KEY, "probes": ADVISORY_KEY + 1}
 BATCH = 1000
 
 
@@ -74,12 +77,14 @@ def _loop(session: Session, step) -> int:
 
 
 class SweepGuard:
-    """Held by at most one process at a time."""
+    """Held by at most one process at a time; ``name`` says which job it guards (one of
+    :data:`GUARD_KEYS`: the sweep by default)."""
 
     lease = timedelta(seconds=60)
 
-    def __init__(self, session: Session, owner: str, now: datetime):
+    def __init__(self, session: Session, owner: str, now: datetime, name: str = "sweep"):
         self.session, self.owner, self.now = session, owner, now
+        self.name, self.key = name, GUARD_KEYS[name]
         self.postgres = session.get_bind().dialect.name == "postgresql"
         self.connection = None
         self.held = False
@@ -89,7 +94,7 @@ class SweepGuard:
             # a connection of its own keeps the session-level lock across the commits
             self.connection = self.session.get_bind().connect()
             self.held = bool(self.connection.execute(
-                text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY}).scalar())
+                text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar())
             self.connection.commit()
         else:
             self.held = self._take_lease()
@@ -98,12 +103,12 @@ class SweepGuard:
     def _take_lease(self) -> bool:
         until = self.now + self.lease
         try:
-            self.session.execute(insert(Lock).values(name="sweep", owner=None, until=None)
+            self.session.execute(insert(Lock).values(name=self.name, owner=None, until=None)
                                  .prefix_with("OR IGNORE"))
         except IntegrityError:
             self.session.rollback()
         taken = self.session.execute(update(Lock).where(
-            Lock.name == "sweep",
+            Lock.name == self.name,
             or_(Lock.until.is_(None), Lock.until < self.now, Lock.owner == self.owner),
         ).values(owner=self.owner, until=until)).rowcount
         self.session.commit()
@@ -113,11 +118,11 @@ class SweepGuard:
         if self.postgres and self.connection is not None:
             if self.held:
                 self.connection.execute(text("SELECT pg_advisory_unlock(:k)"),
-                                        {"k": ADVISORY_KEY})
+                                        {"k": self.key})
                 self.connection.commit()
             self.connection.close()
         elif self.held:
             self.session.rollback()
             self.session.execute(update(Lock).where(
-                Lock.name == "sweep", Lock.owner == self.owner).values(until=None))
+                Lock.name == self.name, Lock.owner == self.owner).values(until=None))
             self.session.commit()

@@ -30,8 +30,13 @@ class PluginInstance(Base):
     retry_policy: Mapped[dict | None] = mapped_column(default=None)
     ordered: Mapped[bool] = mapped_column(default=False)
     queue: Mapped[str | None] = mapped_column(String(64), default=None)
-    probe_interval: Mapped[int] = mapped_column(default=60)
-    online: Mapped[bool | None] = mapped_column(default=None)  # None: never probed
+    # seconds between probes of a target whose type has one; 0: the System > Settings
+    # ``probe_interval`` (b2bhub.engine.probes)
+    probe_interval: Mapped[int] = mapped_column(default=0)
+    # the last probe's result: True online, False offline, None never probed or no probe
+    online: Mapped[bool | None] = mapped_column(default=None)
+    probe_checked_at: Mapped[datetime | None] = mapped_column(default=None)
+    probe_text: Mapped[str | None] = mapped_column(default=None)
     retention_days: Mapped[int | None] = mapped_column(default=None)
     state: Mapped[str] = mapped_column(String(16), default=InstanceState.ENABLED)
     state_reason: Mapped[str] = mapped_column(default="")

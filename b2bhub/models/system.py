@@ -55,8 +55,10 @@ class Process(Base):
 
 
 class Lock(Base):
-    """A named lease: the sweep's guard on SQLite (where there are no advisory locks), and
-    ``scan:<instance>`` for each scheduled source (see ``b2bhub.engine.scans``)."""
+    """A named lease: the guards of the sweep and the probe tick on SQLite (where there
+    are no advisory locks), ``scan:<instance>`` for each scheduled source (see
+    ``b2bhub.engine.scans``) and ``probe:<instance>``, when a target is probed next
+    (``b2bhub.engine.probes``)."""
 
     __tablename__ = "locks"
 

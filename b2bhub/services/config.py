@@ -19,6 +19,12 @@ from b2bhub.services.pages import Page, keyset_page
 #: how a stored secret is shown; sent back unchanged, it keeps the stored value
 SECRET_MASK = "********"
 
+#: a target's probe interval: 0 follows the System > Settings one; else at least the
+#: probe tick (b2bhub.engine.probes.TICK_SECONDS)
+MIN_PROBE_INTERVAL = 5
+PROBE_INTERVAL_RULE = (f"probe_interval must be 0 (the System > Settings probe interval) "
+                       f"or at least {MIN_PROBE_INTERVAL} seconds")
+
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
                    "retry_policy", "ordered", "queue", "probe_interval", "retention_days"}
 
@@ -187,6 +193,9 @@ def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:
         except ValueError as exc:
             raise ServiceError(f"invalid retry_policy: {exc}") from exc
         row.retry_policy = data["retry_policy"] or None
+    interval = data.get("probe_interval", 0)
+    if interval != 0 and interval < MIN_PROBE_INTERVAL:
+        raise ServiceError(PROBE_INTERVAL_RULE, {"probe_interval": PROBE_INTERVAL_RULE})
     for key in ("ordered", "queue", "probe_interval", "retention_days"):
         if key in data:
             setattr(row, key, data[key])

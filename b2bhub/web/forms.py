@@ -196,6 +196,9 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
         InstanceForm.retry_policy = TextAreaField(
             "Retry policy (JSON)", description='e.g. {"strategy": "exponential", '
             '"base_delay": 30, "max_attempts": 5}; empty: the plugin type\'s default')
+        InstanceForm.probe_interval = StringField(
+            "Probe interval (seconds)", description="how often the destination is "
+            "probed, for types that can probe; empty: the System > Settings interval")
     if "source" in roles:
         InstanceForm.retention_days = StringField(
             "Retention (days)", description="empty: the setting's default")
@@ -220,6 +223,7 @@ def _form_data(plugin_cls: type, data: dict) -> dict:
     for key in ("max_concurrent_deliveries", "retention_days"):
         if data.get(key) is not None:
             out[key] = str(data[key])
+    out["probe_interval"] = str(data["probe_interval"]) if data.get("probe_interval") else ""
     return out
 
 
@@ -238,6 +242,8 @@ def instance_data(form: FlaskForm, plugin_cls: type) -> dict:
             data["retry_policy"] = json.loads(text) if text else None
         except json.JSONDecodeError as exc:
             errors["retry_policy"] = f"invalid JSON: {exc.msg}"
+        text = (form.probe_interval.data or "").strip()
+        data["probe_interval"] = _whole(text, "probe_interval", errors) if text else 0
     if hasattr(form, "retention_days"):
         text = (form.retention_days.data or "").strip()
         data["retention_days"] = _whole(text, "retention_days", errors) if text else None

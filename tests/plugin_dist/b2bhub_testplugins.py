@@ -68,6 +68,48 @@ class Recorder:
         return Outcome.delivered(f"recorded {len(body)} bytes")
 
 
+class ProbedPoster:
+    """A target that POSTs each delivery to a URL and probes another with a GET.
+
+    For the probe tests, apart from the built-in HTTP poster: ``probe()`` GETs
+    ``probe_url`` (2xx: online, any other answer: offline, a connection failure raises,
+    with its reason), ``deliver()`` POSTs the payload to ``url``."""
+
+    type_name = "probed_poster"
+    roles = frozenset({"target"})
+    config_schema = [
+        Field("url", "string", required=True, help="where deliveries are POSTed"),
+        Field("probe_url", "string", default="", help="GET it to probe; empty: no probe"),
+        Field("timeout", "number", default=5.0),
+    ]
+
+    def __init__(self, instance_name: str, config: dict[str, Any]):
+        self.instance_name = instance_name
+        self.config = config
+
+    def probe(self) -> bool | None:
+        import requests
+        if not self.config.get("probe_url"):
+            return None
+        answer = requests.get(self.config["probe_url"],
+                              timeout=float(self.config.get("timeout") or 5))
+        return 200 <= answer.status_code < 300
+
+    def deliver(self, delivery: Any, payload: Any, context: Any) -> Any:
+        import requests
+        body = payload.open(payload.stages()[0]).read()
+        context.wire_started()
+        try:
+            answer = requests.post(self.config["url"], data=body,
+                                   timeout=float(self.config.get("timeout") or 5),
+                                   headers={"X-Attempt": str(delivery.attempt)})
+        except requests.RequestException as exc:
+            return Outcome.error("connection", f"{type(exc).__name__}: {exc}")
+        if 200 <= answer.status_code < 300:
+            return Outcome.delivered(f"HTTP {answer.status_code}")
+        return Outcome.error("http", f"HTTP {answer.status_code}")
+
+
 class Noop:
     """A target that does nothing and succeeds: the benchmark's floor of plugin work."""
 
