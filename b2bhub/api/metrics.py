@@ -48,6 +48,9 @@ class HubCollector:
         for name, state, _enabled in figures.instance_states:
             states.add_metric([name, state], 1)
         yield states
+        yield GaugeMetricFamily("b2bhub_instances_blocked",
+                                "Target instances a business rule blocks until an operator "
+                                "acts.", value=len(figures.blocked))
         yield GaugeMetricFamily("b2bhub_deliveries_due",
                                 "Deliveries whose time has come, waiting for a claim.",
                                 value=figures.due)

@@ -40,7 +40,9 @@ def get_stats():
                        "due": now_figures.due,
                        "oldest_due_seconds": now_figures.oldest_due_seconds},
         "instances": {"by_state": now_figures.instances,
-                      "items": [{"name": n, "state": s, "enabled": e}
+                      "blocked": len(now_figures.blocked),
+                      "items": [{"name": n, "state": s, "enabled": e,
+                                 "blocked_by": now_figures.blocked.get(n)}
                                 for n, s, e in now_figures.instance_states]},
         "attempts": _attempts(last_hour),
         "processes": now_figures.processes,

@@ -13,10 +13,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.engine.history import add_line, raise_alert, resolve_alert
-from b2bhub.engine.machine import wakeups_per_target
+from b2bhub.engine.machine import wake_target
 from b2bhub.engine.operator import ActionRefused, UnknownObject
-from b2bhub.engine.wakeups import after_commit
-from b2bhub.models import Delivery, InstanceState, PluginInstance
+from b2bhub.models import InstanceState, PluginInstance
 
 PLUGIN_FAILED = "plugin_failed"
 
@@ -73,10 +72,7 @@ def start_instance(session: Session, name: str, actor: str, now: datetime) -> st
         text = f"{actor}: {name} was not stopped ({row.state})"
     add_line(session, None, "instance_started", text, actor=actor,
              data={"instance": name}, now=now)
-    due = session.execute(select(Delivery.id, Delivery.target).where(
-        Delivery.target == name, Delivery.state.in_(["queued", "retrying"]),
-        Delivery.due_at <= now).limit(1000)).all()
-    after_commit(session, wakeups_per_target(session, [(r.id, r.target) for r in due]))
+    wake_target(session, name, now)
     return text
 
 

@@ -42,6 +42,7 @@ class Current:
     deliveries: dict[str, int]
     instances: dict[str, int]
     instance_states: list[tuple[str, str, bool]]  # name, state, enabled
+    blocked: dict[str, int]  # instance name: the delivery whose business error blocks it
     due: int
     oldest_due_seconds: float | None
     processes: dict[str, int]
@@ -53,18 +54,19 @@ def current(session: Session, now: datetime) -> Current:
     deliveries = dict.fromkeys(S, 0) | dict(session.execute(
         select(Delivery.state, func.count()).group_by(Delivery.state)).all())
     instance_rows = session.execute(select(
-        PluginInstance.name, PluginInstance.state, PluginInstance.enabled)
-        .order_by(PluginInstance.name)).all()
+        PluginInstance.name, PluginInstance.state, PluginInstance.enabled,
+        PluginInstance.blocked_by_delivery_id).order_by(PluginInstance.name)).all()
     instances: dict[str, int] = {}
-    for _, state, _ in instance_rows:
+    for _, state, _, _ in instance_rows:
         instances[state] = instances.get(state, 0) + 1
+    blocked = {name: by for name, _, _, by in instance_rows if by is not None}
     due, oldest = due_now(session, now)
     processes: dict[str, int] = {}
     for row in presence.list_processes(session, now):
         processes[row.kind] = processes.get(row.kind, 0) + 1
     return Current({str(k): v for k, v in messages.items()},
                    {str(k): v for k, v in deliveries.items()}, instances,
-                   [tuple(r) for r in instance_rows], due, oldest, processes)
+                   [tuple(r[:3]) for r in instance_rows], blocked, due, oldest, processes)
 
 
 def due_now(session: Session, now: datetime) -> tuple[int, float | None]:

@@ -8,7 +8,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.config_schema import ConfigError, validate_config
-from b2bhub.domain import routing
+from b2bhub.domain import business_rules, routing
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
@@ -20,7 +20,8 @@ from b2bhub.services.pages import Page, keyset_page
 SECRET_MASK = "********"
 
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
-                   "retry_policy", "ordered", "queue", "probe_interval", "retention_days"}
+                   "retry_policy", "ordered", "queue", "probe_interval", "retention_days",
+                   "business_rules"}
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -187,9 +188,24 @@ def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:
         except ValueError as exc:
             raise ServiceError(f"invalid retry_policy: {exc}") from exc
         row.retry_policy = data["retry_policy"] or None
+    if "business_rules" in data:
+        row.business_rules = _business_rules(data["business_rules"], plugin_cls)
     for key in ("ordered", "queue", "probe_interval", "retention_days"):
         if key in data:
             setattr(row, key, data[key])
+
+
+def _business_rules(data: Any, plugin_cls) -> list[dict] | None:
+    """Validated rules as stored; refused whole, naming each bad rule and why. Only a
+    target has an answer to check."""
+    if data and "target" not in plugin_cls.roles:
+        raise ServiceError("business_rules: only a target instance takes business rules",
+                           {"business_rules": "only a target instance takes them"})
+    try:
+        return business_rules.normalize(data)
+    except business_rules.RulesError as exc:
+        raise ServiceError(f"invalid business_rules: {exc}",
+                           {"business_rules": exc.errors}) from exc
 
 
 def get_instance(session: Session, name: str) -> PluginInstance:
