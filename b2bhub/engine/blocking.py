@@ -19,6 +19,10 @@ writes a history line naming the operator and wakes the instance's due deliverie
 the commit. Attempts that were already running when the rule matched (other slots of
 Max Concurrent Deliveries) finish; the rest of the blocking attempt's own claimed batch
 is put back unattempted by the runner.
+
+A blocking delivery is Failed, a final state, but it is work still to do: the retention
+cleanup (not built yet) must keep a message whose delivery blocks an instance, or
+nobody could release it.
 """
 
 from __future__ import annotations
