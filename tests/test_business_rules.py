@@ -382,6 +382,10 @@ def test_the_api_saves_rules_and_refuses_bad_ones_with_the_reason(api, registry,
     assert bad_path.status_code == 400
     assert "json_path is not a valid JSONPath" in bad_path.get_json()["error"]["details"][
         "business_rules"]["rule 1 (p)"]
+    not_a_list = api.put("/api/v1/plugins/configs/poster", json={
+        "config": {"url": "http://x"}, "business_rules": {"name": "x", "status": 500}})
+    assert not_a_list.get_json()["error"]["details"] == {
+        "business_rules": "must be a list of rule objects"}
     cleared = api.put("/api/v1/plugins/configs/poster", json={
         "config": {"url": "http://x"}, "business_rules": []})
     assert cleared.get_json()["business_rules"] == []

@@ -204,8 +204,9 @@ def _business_rules(data: Any, plugin_cls) -> list[dict] | None:
     try:
         return business_rules.normalize(data)
     except business_rules.RulesError as exc:
-        raise ServiceError(f"invalid business_rules: {exc}",
-                           {"business_rules": exc.errors}) from exc
+        whole = exc.errors.get("business_rules")  # not a list at all
+        raise ServiceError(f"invalid business_rules: {whole or exc}",
+                           {"business_rules": whole or exc.errors}) from exc
 
 
 def get_instance(session: Session, name: str) -> PluginInstance:
