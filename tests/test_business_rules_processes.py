@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 
+import b2bhub_testplugins as testplugins
 import pytest
 from sqlalchemy import select
 
-import b2bhub_testplugins as testplugins
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.hub import CeleryPublisher, new_session
