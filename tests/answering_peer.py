@@ -5,6 +5,8 @@ contains (else 200 ``{"status": "OK"}``). Tests change ``answers`` while it runs
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -52,3 +54,14 @@ def start_peer() -> tuple[AnsweringPeer, ThreadingHTTPServer]:
     peer.url = f"http://127.0.0.1:{server.server_address[1]}/orders"
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return peer, server
+
+
+@contextmanager
+def running_peer() -> Iterator[AnsweringPeer]:
+    """A peer serving until the block ends."""
+    peer, server = start_peer()
+    try:
+        yield peer
+    finally:
+        server.shutdown()
+        server.server_close()

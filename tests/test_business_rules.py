@@ -27,7 +27,7 @@ from b2bhub.engine.sweep import run_sweep
 from b2bhub.hub import new_session
 from b2bhub.models import Alert, Delivery, Message, PluginInstance, utcnow
 from tests import test_ui
-from tests.answering_peer import PeerAnswer, start_peer
+from tests.answering_peer import PeerAnswer, running_peer
 from tests.enginekit import deliveries, lines
 
 # the UI tests' fixtures: a logged-in client, and a fresh user per request
@@ -129,10 +129,8 @@ def test_stored_rules_spell_out_their_status_and_block():
 
 @pytest.fixture
 def peer():
-    peer, server = start_peer()
-    yield peer
-    server.shutdown()
-    server.server_close()
+    with running_peer() as peer:
+        yield peer
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.hub import CeleryPublisher, new_session
 from b2bhub.models import Delivery, PluginInstance
 from tests import test_ui
-from tests.answering_peer import PeerAnswer, start_peer
+from tests.answering_peer import PeerAnswer, running_peer
 from tests.procs import wait_until
 
 pytestmark = pytest.mark.processes
@@ -29,11 +29,9 @@ RULE = {"name": "rejected", "status": 200, "json_path": "$.status", "json_value"
 
 @pytest.fixture
 def peer():
-    peer, server = start_peer()
-    peer.answers[b"BAD"] = PeerAnswer(200, b'{"status": "ERR", "text": "unknown GTIN"}')
-    yield peer
-    server.shutdown()
-    server.server_close()
+    with running_peer() as peer:
+        peer.answers[b"BAD"] = PeerAnswer(200, b'{"status": "ERR", "text": "unknown GTIN"}')
+        yield peer
 
 
 @pytest.fixture
