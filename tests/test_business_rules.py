@@ -423,6 +423,10 @@ def test_the_form_edits_rules_and_shows_each_refusal_beside_the_field(
     assert "[unclosed" in field.group(0)  # what was typed is kept
     assert session.scalar(select(PluginInstance.id)) is None
 
+    both = client.post("/ui/plugins/new/answer_poster", data={**form, "config-url": ""})
+    assert re.search(r'config-url.*?<span class="error">required</span>', both.text, re.S)
+    assert "rule 2 (bad): body_regex is not a valid regular expression" in both.text
+
     broken = client.post("/ui/plugins/new/answer_poster",
                          data={**form, "business_rules": '[{"name": "x",'})
     assert broken.status_code == 400 and "invalid JSON" in broken.text
