@@ -13,13 +13,17 @@ import os
 import shutil
 from pathlib import Path
 
+import b2bhub_testplugins as testplugins
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.extensions import db
+from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Delivery, HistoryLine, Message
 from b2bhub.services.users import create_user
+from tests.answering_peer import PeerAnswer, running_peer
 from tests.as2kit import make_pair
 from tests.procs import ROOT, Processes, wait_until
 
@@ -127,11 +131,18 @@ def test_an_admin_sets_up_the_hub_and_mends_a_failed_delivery(browser, hub_url, 
     page.fill("#config-base_directory", "relative/dir")  # refused: must be absolute
     page.fill("#config-filename_pattern", "{to}/{original_filename}")
     page.fill("#retry_policy", '{"strategy": "fixed", "base_delay": 1, "max_attempts": 1}')
+    bad_rules = '[{"name": "rejected", "body_regex": "ERR-(\\\\d+"}]'  # unclosed group
+    page.fill("#business_rules", bad_rules)
     page.click("button:has-text('Save')")
     assert page.locator(".field.has-error #config-base_directory").count() == 1
     assert page.input_value("#config-filename_pattern") == "{to}/{original_filename}"
+    assert page.input_value("#business_rules") == bad_rules  # and its reason beside it
+    assert ("rule 1 (rejected): body_regex is not a valid regular expression"
+            in page.inner_text(".field.has-error:has(#business_rules) .error"))
     shot(page, "03-plugin-form-error")
     page.fill("#config-base_directory", str(out))
+    page.fill("#business_rules", '[{"name": "rejected", "status": "2xx", "json_path": '
+                                 '"$.status", "json_value": "ERR"}]')
     page.click("button:has-text('Save')")
     assert "Created file_writer instance writer" in page.inner_text("main")
     shot(page, "04-plugins")
@@ -220,3 +231,55 @@ def wait_for_message(filename: str) -> int:
     found = wait_until(lambda: fresh(select(Message.id).where(
         Message.original_filename == filename)), 60, f"{filename} picked up")
     return found[0][0]
+
+
+
+@pytest.fixture
+def blocking_poster(hub, registry, app):
+    """inbox → poster (answer_poster to a peer on loopback) whose rule blocks the
+    instance on a 200 answer {"status": "ERR"}; wake-ups go to the real broker."""
+    registry.register(testplugins.AnswerPoster)
+    wakeup_module.set_publisher(CeleryPublisher(app).publish)
+    with running_peer() as peer:
+        peer.answers[b"BAD"] = PeerAnswer(200, b'{"status": "ERR", "text": "unknown GTIN"}')
+        hub.parties()
+        hub.instance("inbox", "manual_source")
+        hub.instance("poster", "answer_poster", config={"url": peer.url},
+                     max_concurrent_deliveries=1, business_rules=[
+                         {"name": "rejected", "status": "2xx", "json_path": "$.status",
+                          "json_value": "ERR", "block": "instance"}])
+        hub.route("inbox", "*", "*", "poster")
+        yield peer
+
+
+def test_a_business_rule_blocks_an_instance_until_the_operator_resubmits(
+        browser, hub_url, hub, blocking_poster):
+    """A 200 answer the rule rejects blocks the target: Plugins shows it Blocked with the
+    delivery linked; the message page's Resubmit (after the destination was fixed)
+    releases it and the message held back goes out after the blocker."""
+    peer = blocking_poster
+    page = page_for(browser, hub_url, "ada")
+    page.goto("/ui/plugins/poster/edit")
+    assert '"block": "instance"' in page.input_value("#business_rules")
+    shot(page, "17-plugin-form-business-rules")
+
+    blocked = hub.message(body=b"BAD order 1")
+    held = hub.message(body=b"order 2")
+    [(blocker,)] = wait_until(lambda: fresh(select(Delivery.id).where(
+        Delivery.message_id == blocked.id, Delivery.state == "failed")), 60, "failed")
+    page.goto("/ui/plugins")
+    cell = page.locator("table.instances tr[data-instance=poster] td:nth-child(3)")
+    assert cell.inner_text().startswith(f"Blocked by delivery {blocker}")
+    shot(page, "18-plugins-blocked")
+    assert peer.received == [b"BAD order 1"]
+
+    cell.locator(f"text=delivery {blocker}").click()
+    assert "failed by business rule rejected" in page.inner_text("#history")
+    shot(page, "19-message-business-error")
+    peer.answers.clear()  # the destination's data was fixed
+    page.click(f"#deliveries tr[data-delivery='{blocker}'] >> button:has-text('Resubmit')")
+    wait_until(lambda: fresh(select(Delivery.state).where(
+        Delivery.message_id == held.id)) == [("delivered",)], 60, "held one delivered")
+    assert peer.received == [b"BAD order 1", b"BAD order 1", b"order 2"]
+    page.goto("/ui/plugins")
+    assert "Blocked" not in page.inner_text("table.instances tr[data-instance=poster]")

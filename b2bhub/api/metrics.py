@@ -51,6 +51,9 @@ class HubCollector:
             states.add_metric([row.name, row.state], 1)
         yield states
         yield from _probes(figures.instance_states)
+        yield GaugeMetricFamily("b2bhub_instances_blocked",
+                                "Target instances a business rule blocks until an operator "
+                                "acts.", value=len(figures.blocked))
         yield GaugeMetricFamily("b2bhub_deliveries_due",
                                 "Deliveries whose time has come, waiting for a claim.",
                                 value=figures.due)

@@ -243,11 +243,24 @@ class InstanceFields(Schema):
     probe_interval = _int(validate=validate.Range(min=0), metadata={
         "description": "0 (default): the System > Settings probe_interval; else at least 5"})
     retention_days = _int(allow_none=True, validate=validate.Range(min=0))
+    business_rules = fields.Raw(allow_none=True, metadata={
+        "type": "array", "items": {"type": "object"},
+        "description": "a target's business-error rules, checked in order on every "
+                       "answer: name, status (200 or '4xx'), body_regex, json_path, "
+                       "json_value, block (none, sequence, instance); each refused with "
+                       "its reason in details.business_rules"})
 
 
 class InstanceCreate(InstanceFields):
     name = _name(required=True)
     type = fields.String(required=True)
+
+
+class BlockedBy(Schema):
+    delivery_id = fields.Integer(required=True)
+    message_id = fields.Integer(required=True, allow_none=True)
+    resubmit = fields.String(required=True, metadata={"description": "POST to resubmit"})
+    skip = fields.String(required=True, metadata={"description": "POST to skip"})
 
 
 class Instance(Schema):
@@ -272,6 +285,10 @@ class Instance(Schema):
         "description": "when the last recorded probe began"})
     probe_text = fields.String(required=True, allow_none=True, metadata={
         "description": "what the last probe said (the reason when offline)"})
+    business_rules = fields.List(fields.Dict(), required=True)
+    blocked_by = fields.Nested(BlockedBy, required=True, allow_none=True, metadata={
+        "description": "the delivery whose business error blocks the instance, null "
+                       "when it is not blocked"})
     created_at = UtcDateTime(required=True)
     updated_at = UtcDateTime(required=True)
 

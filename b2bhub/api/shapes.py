@@ -7,9 +7,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from flask import url_for
+from sqlalchemy import select
+from sqlalchemy.orm import object_session
+
 from b2bhub.api.schemas import encode_cursor
 from b2bhub.config_schema import schema_to_json
-from b2bhub.models import PluginInstance
+from b2bhub.models import Delivery, PluginInstance
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.pages import Page
 
@@ -37,7 +41,23 @@ def instance_json(row: PluginInstance, registry) -> dict[str, Any]:
                "ordered", "queue", "probe_interval", "retention_days", "state",
                "state_reason", "online", "probe_checked_at", "probe_text", "created_at",
                "updated_at")
-    return {**{key: getattr(row, key) for key in columns}, "config": _masked(row, registry)}
+    return {**{key: getattr(row, key) for key in columns}, "config": _masked(row, registry),
+            "business_rules": row.business_rules or [],
+            "blocked_by": blocked_by_json(row)}
+
+
+def blocked_by_json(row: PluginInstance) -> dict[str, Any] | None:
+    """The delivery that blocks an instance (a business rule with ``block: "instance"``),
+    with where to act on it; None when the instance is not blocked."""
+    delivery_id = row.blocked_by_delivery_id
+    if delivery_id is None:
+        return None
+    message_id = object_session(row).scalar(select(Delivery.message_id).where(
+        Delivery.id == delivery_id))
+    return {"delivery_id": delivery_id, "message_id": message_id,
+            "resubmit": url_for("api.delivery_action", delivery_id=delivery_id,
+                                action="resubmit"),
+            "skip": url_for("api.delivery_action", delivery_id=delivery_id, action="skip")}
 
 
 def _masked(row: PluginInstance, registry) -> dict[str, Any]:

@@ -43,9 +43,11 @@ def get_stats():
                        "oldest_due_seconds": now_figures.oldest_due_seconds},
         "instances": {"by_state": now_figures.instances,
                       "offline": sum(i.online is False for i in now_figures.instance_states),
+                      "blocked": len(now_figures.blocked),
                       "items": [{"name": i.name, "state": i.state, "enabled": i.enabled,
                                  "online": i.online,
-                                 "probe_checked_at": iso(i.probe_checked_at)}
+                                 "probe_checked_at": iso(i.probe_checked_at),
+                                 "blocked_by": now_figures.blocked.get(i.name)}
                                 for i in now_figures.instance_states]},
         "attempts": _attempts(last_hour),
         "processes": now_figures.processes,

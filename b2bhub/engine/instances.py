@@ -13,10 +13,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.engine.history import add_line, raise_alert, resolve_alert
-from b2bhub.engine.machine import wakeups_per_target
+from b2bhub.engine.machine import wake_target
 from b2bhub.engine.operator import ActionRefused, UnknownObject
-from b2bhub.engine.wakeups import after_commit
-from b2bhub.models import Delivery, InstanceState, PluginInstance
+from b2bhub.models import InstanceState, PluginInstance
 
 PLUGIN_FAILED = "plugin_failed"
 
@@ -75,15 +74,6 @@ def start_instance(session: Session, name: str, actor: str, now: datetime) -> st
              data={"instance": name}, now=now)
     wake_target(session, name, now)
     return text
-
-
-def wake_target(session: Session, name: str, now: datetime) -> None:
-    """Wake the target's due deliveries once the caller's transaction commits (it can
-    deliver again: started by an operator, or probed online)."""
-    due = session.execute(select(Delivery.id, Delivery.target).where(
-        Delivery.target == name, Delivery.state.in_(["queued", "retrying"]),
-        Delivery.due_at <= now).limit(1000)).all()
-    after_commit(session, wakeups_per_target(session, [(r.id, r.target) for r in due]))
 
 
 def _instance_for_action(session: Session, name: str) -> PluginInstance:

@@ -13,7 +13,8 @@ claim               queued, retrying, stalled      in_progress (attempt += 1, le
 delivered           in_progress                    delivered            (fenced)
 retry / error       in_progress                    retrying (due_at) or failed (fenced)
 await receipt       in_progress                    awaiting_receipt     (fenced)
-failed / business   in_progress                    failed (technical / business)
+failed / business   in_progress                    failed (technical / business; a
+                                                   rule may block the instance)
 interrupted         in_progress                    queued, or retrying after wire_started
 lease expired       in_progress                    queued (sweep)
 receipt overdue     awaiting_receipt               failed (sweep)
@@ -41,7 +42,7 @@ from sqlalchemy.orm import Session
 from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
-from b2bhub.engine import sequences, wakeups
+from b2bhub.engine import blocking, sequences, wakeups
 from b2bhub.engine.history import add_line, add_lines, connection, raise_alert
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.status import refresh_statuses
@@ -179,6 +180,12 @@ def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
     target row (None: no such target).
     """
     written, lines, blockers = _write_outcomes(session, outcomes, policy, now)
+    if blockers:
+        # park what follows a blocker before the claim below could take it (on a target
+        # that is not ordered, only the parking holds back a business rule's sequence)
+        _record(session, lines, now)
+        sequences.park_behind(session, blockers, now, owner)
+        lines, blockers = [], []
     if outcomes and _is_postgres(session):
         conn = connection(session)
         instance = conn.execute(_TRY_LOCK_TARGET, {"name": target}).one_or_none()
@@ -205,7 +212,8 @@ def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
     if instance is None:
         instance = lock_target(session, target)
     if instance is None or not instance.enabled or instance.online is False \
-            or instance.state == InstanceState.STOPPED:
+            or instance.state == InstanceState.STOPPED \
+            or instance.blocked_by_delivery_id is not None:  # see engine.blocking
         return [], []
     params = {"target": target, "now": now, "owner": owner, "n": limit,
               "until": now + timedelta(seconds=lease_seconds),
@@ -299,6 +307,10 @@ def _write_outcomes(session: Session, outcomes: list[tuple[Claim, Outcome]],
                                "target": claim.target, **_json_safe(outcome.data)}})
         if values["state"] == S.FAILED and (claim.ordered or outcome.block == "sequence"):
             blockers.append(claim.delivery_id)
+        if values["state"] == S.FAILED and outcome.block == "instance":
+            line = blocking.block(session, claim.target, claim.delivery_id, claim.message_id,
+                                  outcome.rule or "", claim.owner, now)
+            lines += [line] if line else []
     return written, lines, blockers
 
 
@@ -512,11 +524,14 @@ def stall_unclaimed(session: Session, now: datetime, settings: DeliverySettings,
 
 
 def _not_held_target():
-    """The deliveries of a stopped target, or of one probed offline, wait: no wake-ups,
-    not stalled (an operator stopped it on purpose; nobody can deliver to a destination
-    that is down). Its start, or the probe that finds it online again, wakes them."""
+    """The deliveries of a target that is stopped, probed offline or blocked by a
+    business rule wait: no wake-ups, not stalled (an operator stopped it on purpose;
+    nobody can deliver to a destination that is down; a blocked one waits until an
+    operator acts). Its start, the probe that finds it online again, or its release
+    wakes them."""
     return Delivery.target.not_in(select(PluginInstance.name).where(or_(
-        PluginInstance.state == InstanceState.STOPPED, PluginInstance.online.is_(False))))
+        PluginInstance.state == InstanceState.STOPPED, PluginInstance.online.is_(False),
+        PluginInstance.blocked_by_delivery_id.is_not(None))))
 
 
 def wake_due(session: Session, now: datetime, settings: DeliverySettings,
@@ -543,6 +558,16 @@ def wake_due(session: Session, now: datetime, settings: DeliverySettings,
                             or_(table.c.state == S.QUEUED, table.c.state == S.RETRYING))
         .values(wake_count=bindparam("_wc"), next_wake_at=bindparam("_next")), params)
     return wakeups_per_target(session, [(r.id, r.target) for r in rows], settings)
+
+
+def wake_target(session: Session, target: str, now: datetime) -> None:
+    """Wake the target's due deliveries after the commit (an operator started or
+    released it): per batch it may claim at once, as the sweep would."""
+    due = session.execute(select(Delivery.id, Delivery.target).where(
+        Delivery.target == target, Delivery.state.in_([S.QUEUED, S.RETRYING]),
+        Delivery.due_at <= now).order_by(Delivery.due_at, Delivery.id).limit(1000)).all()
+    wakeups.after_commit(session, wakeups_per_target(session,
+                                                     [(r.id, r.target) for r in due]))
 
 
 def wakeups_per_target(session: Session, due: Iterable[tuple[int, str]],

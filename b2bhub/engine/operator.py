@@ -13,13 +13,17 @@ send again      delivered                            queued (same external id)
 cancel          queued, retrying, stalled, deferred, cancelled
                 awaiting_receipt, in_progress
 redispatch      (message) new deliveries for new routes; stalled ones re-queued
-resubmit        failed, blocking its sequence        queued; parked ones queued behind it
-skip            failed, blocking its sequence        skipped; parked ones released
+resubmit        failed, blocking its sequence or     queued; parked ones queued behind it;
+                its instance                         the instance released
+skip            failed, blocking its sequence or     skipped; parked ones released; the
+                its instance                         instance released
 ==============  ===================================  ===========
 
 A failed delivery blocks its sequence when its target is ordered or when deliveries are
 parked behind it (a business rule that blocks the sequence); see
-:mod:`b2bhub.engine.sequences`. Redeliver of such a delivery is a resubmit.
+:mod:`b2bhub.engine.sequences`. It blocks its instance when a business rule with
+``block: "instance"`` failed it (:mod:`b2bhub.engine.blocking`): a resubmitted blocker
+goes out before the deliveries it held back. Redeliver of a blocker is a resubmit.
 
 Cancelling an attempt in progress needs no signal to the worker: its outcome is refused
 by the fence (the delivery is no longer in progress) and recorded as stale.
@@ -34,7 +38,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
-from b2bhub.engine import machine, sequences
+from b2bhub.engine import blocking, machine, sequences
 from b2bhub.engine.dispatch import create_deliveries, route_cache
 from b2bhub.engine.history import add_line, resolve_alert
 from b2bhub.engine.settings import load_settings
@@ -89,8 +93,10 @@ def skip(session: Session, delivery_id: int, actor: str, now: datetime) -> Actio
     _move(session, delivery, S.SKIPPED, now, actor, f"{delivery.target}: skipped",
           settled_at=now, next_wake_at=None)
     released = sequences.release(session, delivery, now, actor, load_settings(session))
+    unblocked = _release_instance(session, delivery, actor, "skip", now)
     refresh_statuses(session, [delivery.message_id], now, actor)
-    return ActionResult(True, f"skipped; {released} parked delivery(ies) released",
+    text = f"skipped; {released} parked delivery(ies) released"
+    return ActionResult(True, text + (f"; {delivery.target} released" if unblocked else ""),
                         [delivery_id])
 
 
@@ -120,11 +126,17 @@ def record_receipt(session: Session, delivery_id: int, completed: bool, text: st
 
 def _blocking(session: Session, delivery_id: int, verb: str) -> Delivery:
     delivery = _delivery(session, delivery_id)
-    if delivery.state == S.FAILED and blocks_sequence(session, delivery):
+    if is_blocker(session, delivery):
         return delivery
     raise ActionRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: {verb} takes "
-                        "a failed delivery that blocks its sequence (use redeliver "
-                        "otherwise)")
+                        "a failed delivery that blocks its sequence or its instance (use "
+                        "redeliver otherwise)")
+
+
+def is_blocker(session: Session, delivery: Delivery) -> bool:
+    """A failed delivery that blocks its sequence or its instance: Resubmit or Skip."""
+    return delivery.state == S.FAILED and (blocks_sequence(session, delivery)
+                                           or blocking.blocks_instance(session, delivery))
 
 
 def blocks_sequence(session: Session, delivery: Delivery) -> bool:
@@ -219,22 +231,38 @@ def _requeue(session: Session, delivery_id: int, actor: str, now: datetime,
     add_line(session, delivery.message_id, line_type,
              f"{actor} asked to {verb} the delivery to {delivery.target}", actor=actor,
              delivery_id=delivery_id, now=now)
-    blocking = delivery.state == S.FAILED and blocks_sequence(session, delivery)
+    failed = delivery.state == S.FAILED
+    blocks = failed and blocks_sequence(session, delivery)
+    holds = failed and blocking.blocks_instance(session, delivery)
+    # a blocker of its instance goes out before the deliveries it held back
+    first = blocking.first_waiting_due(session, delivery.target) if holds else None
     _wake_again(session, delivery, now, actor, verb, failures=0, failure_kind=None,
-                settled_at=None)
-    if blocking:
+                settled_at=None, due_at=min(first, now) if first else now)
+    if blocks:
         # never parked behind itself: the parked ones queue again behind it
         sequences.release(session, delivery, now, actor, load_settings(session))
+    if holds:
+        _release_instance(session, delivery, actor, verb, now)
     refresh_statuses(session, [delivery.message_id], now, actor)
     return ActionResult(True, f"{verb}: queued", [delivery_id])
 
 
+def _release_instance(session: Session, delivery: Delivery, actor: str, verb: str,
+                      now: datetime) -> bool:
+    """Release the instance the delivery blocks (if it does) and wake its deliveries."""
+    if not blocking.release(session, delivery, actor, verb, now):
+        return False
+    machine.wake_target(session, delivery.target, now)
+    return True
+
+
 def _wake_again(session: Session, delivery: Delivery, now: datetime, actor: str, why: str,
-                **values) -> None:
-    """Back to the queue, due now, woken after commit; the attempt number keeps growing."""
+                due_at: datetime | None = None, **values) -> None:
+    """Back to the queue, due now (or at ``due_at``), woken after commit; the attempt
+    number keeps growing."""
     settings = load_settings(session)
     _move(session, delivery, S.QUEUED, now, actor, f"{delivery.target}: queued ({why})",
-          due_at=now, wake_count=1,
+          due_at=due_at or now, wake_count=1,
           next_wake_at=now + timedelta(seconds=settings.wake_delay(1)), **values)
     resolve_alert(session, "delivery_stalled", f"delivery:{delivery.id}", now)
     after_commit(session, [(delivery.id, delivery.target)])

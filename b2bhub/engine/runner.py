@@ -23,7 +23,8 @@ from typing import IO, Any
 from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
-from b2bhub.domain.outcome import Outcome
+from b2bhub.domain import business_rules
+from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy, merge
 from b2bhub.engine import machine
 from b2bhub.engine.machine import Claim
@@ -129,6 +130,7 @@ class _Batch:
     instance: Any  # the target's row as claimed
     plugin: Any
     policy: RetryPolicy
+    rules: list | business_rules.RulesError  # the instance's business-error rules
     claims: list[Claim]
     held: int  # LeaseKeeper token
     pending: PendingOutcomes
@@ -147,6 +149,7 @@ class TargetRunner:
         self.session_factory, self.registry, self.store = session_factory, registry, store
         self.owner, self.stop, self.clock = owner, stop, clock
         self._plugins: dict[str, tuple[datetime, object]] = {}
+        self._parsed_rules: dict[str, tuple[datetime, Any]] = {}
         self.leases = LeaseKeeper(clock)
 
     def drain(self, target: str, budget: float | None = None) -> DrainReport:
@@ -213,7 +216,7 @@ class TargetRunner:
         plugin = chosen["plugin"]
         policy = merge(instance.retry_policy,
                        getattr(plugin, "default_retry_policy", None) or RetryPolicy())
-        return _Batch(instance, plugin, policy, claims,
+        return _Batch(instance, plugin, policy, self._rules(instance), claims,
                       self.leases.hold(session, claims, settings.lease_seconds),
                       PendingOutcomes(self.settle_window,
                                       getattr(plugin, "before_settle", None)))
@@ -232,7 +235,8 @@ class TargetRunner:
                                      self.store)
             try:
                 with self.stop.attempt():
-                    self._attempt(batch.plugin, infos[claim.delivery_id], context)
+                    self._attempt(batch.plugin, infos[claim.delivery_id], context,
+                                  batch.rules)
             except AttemptCancelled:
                 if context.outcome is None:  # cut short: put it back
                     self._settle(session, pending.take(), policy, report)
@@ -242,12 +246,21 @@ class TargetRunner:
                     return
             # an attempt that returned has an outcome, and it settles in full
             pending.add(claim, context.outcome)
+            if _blocks_instance(context.outcome):
+                # the rest of the batch waits with the instance's other deliveries
+                self._settle(session, pending.take(), policy, report)
+                self._release(session, claims[index + 1:],
+                              "the target is blocked by a business rule")
+                return
             if pending.due():
                 self._settle(session, pending.take(), policy, report)
 
     def _attempt(self, plugin, info: tuple[DeliveryInfo, StoredPayloads],
-                 context: AttemptContext) -> None:
-        """Run the plugin; its outcome is kept on the context the moment it returns."""
+                 context: AttemptContext, rules: list | business_rules.RulesError = ()
+                 ) -> None:
+        """Run the plugin; its outcome is kept on the context the moment it returns,
+        after the instance's business-error rules have had their say on the answer the
+        target attached (SPEC 10: before its status decides anything)."""
         delivery, payloads = info
         try:
             context.outcome = plugin.deliver(delivery, payloads, context)
@@ -260,6 +273,8 @@ class TargetRunner:
         if not isinstance(context.outcome, Outcome):
             context.outcome = Outcome.failed(
                 f"plugin returned {context.outcome!r} instead of an Outcome")
+        elif context.outcome.answer is not None and rules:
+            context.outcome = _checked(rules, context.outcome)
 
     def _settle(self, session: Session, outcomes: list[tuple[Claim, Outcome]],
                 policy: RetryPolicy, report: DrainReport) -> None:
@@ -293,6 +308,24 @@ class TargetRunner:
         """Drop the plugins of stopped instances; a start builds them anew."""
         for name in names:
             self._plugins.pop(name, None)
+            self._parsed_rules.pop(name, None)
+
+    def _rules(self, instance) -> list | business_rules.RulesError:
+        """The instance's parsed business rules, parsed again when it changed. Stored
+        rules were validated on save; ones that no longer parse are kept as the error,
+        which fails each attempt that has an answer to check (rather than let an answer
+        the rules were meant to catch pass as delivered)."""
+        cached = self._parsed_rules.get(instance.name)
+        if cached and cached[0] == instance.updated_at:
+            return cached[1]
+        try:
+            rules: list | business_rules.RulesError = business_rules.parse_rules(
+                instance.business_rules)
+        except business_rules.RulesError as exc:
+            log.error("%s: stored business rules are invalid: %s", instance.name, exc)
+            rules = exc
+        self._parsed_rules[instance.name] = (instance.updated_at, rules)
+        return rules
 
     def _plugin(self, instance: PluginInstance):
         """The plugin object of an instance, rebuilt when its configuration changed."""
@@ -304,6 +337,16 @@ class TargetRunner:
         plugin = self.registry.get(instance.type)(instance.name, dict(instance.config or {}))
         self._plugins[instance.name] = (instance.updated_at, plugin)
         return plugin
+
+
+def _checked(rules: list | business_rules.RulesError, outcome: Outcome) -> Outcome:
+    if isinstance(rules, business_rules.RulesError):
+        return Outcome.failed(f"the instance's business rules are invalid: {rules}")
+    return business_rules.apply(rules, outcome)
+
+
+def _blocks_instance(outcome: Outcome) -> bool:
+    return outcome.kind is OutcomeKind.BUSINESS_ERROR and outcome.block == "instance"
 
 
 _m, _p = Message.__table__, Payload.__table__

@@ -51,6 +51,7 @@ class Current:
     deliveries: dict[str, int]
     instances: dict[str, int]
     instance_states: list[InstanceFigures]
+    blocked: dict[str, int]  # instance name: the delivery whose business error blocks it
     due: int
     oldest_due_seconds: float | None
     processes: dict[str, int]
@@ -61,20 +62,23 @@ def current(session: Session, now: datetime) -> Current:
         select(Message.status, func.count()).group_by(Message.status)).all())
     deliveries = dict.fromkeys(S, 0) | dict(session.execute(
         select(Delivery.state, func.count()).group_by(Delivery.state)).all())
-    instance_rows = [InstanceFigures(*row) for row in session.execute(select(
+    instance_rows = session.execute(select(
         PluginInstance.name, PluginInstance.state, PluginInstance.enabled,
-        PluginInstance.online, PluginInstance.probe_checked_at)
-        .order_by(PluginInstance.name)).all()]
+        PluginInstance.online, PluginInstance.probe_checked_at,
+        PluginInstance.blocked_by_delivery_id).order_by(PluginInstance.name)).all()
     instances: dict[str, int] = {}
     for row in instance_rows:
         instances[row.state] = instances.get(row.state, 0) + 1
+    blocked = {row.name: row.blocked_by_delivery_id for row in instance_rows
+               if row.blocked_by_delivery_id is not None}
     due, oldest = due_now(session, now)
     processes: dict[str, int] = {}
     for row in presence.list_processes(session, now):
         processes[row.kind] = processes.get(row.kind, 0) + 1
     return Current({str(k): v for k, v in messages.items()},
                    {str(k): v for k, v in deliveries.items()}, instances,
-                   instance_rows, due, oldest, processes)
+                   [InstanceFigures(*row[:5]) for row in instance_rows], blocked, due,
+                   oldest, processes)
 
 
 def due_now(session: Session, now: datetime) -> tuple[int, float | None]:

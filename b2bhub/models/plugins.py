@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, String
+from sqlalchemy import BigInteger, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from b2bhub.models.base import Base, utcnow
@@ -28,6 +28,10 @@ class PluginInstance(Base):
     config: Mapped[dict] = mapped_column(default=dict)
     max_concurrent_deliveries: Mapped[int] = mapped_column(default=4)
     retry_policy: Mapped[dict | None] = mapped_column(default=None)
+    # business-error rules (b2bhub.domain.business_rules), a list of rule objects
+    business_rules: Mapped[list | None] = mapped_column(default=None)
+    # the delivery whose business error blocks the whole instance (None: not blocked)
+    blocked_by_delivery_id: Mapped[int | None] = mapped_column(BigInteger, default=None)
     ordered: Mapped[bool] = mapped_column(default=False)
     queue: Mapped[str | None] = mapped_column(String(64), default=None)
     # seconds between probes of a target whose type has one; 0: the System > Settings

@@ -8,7 +8,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.config_schema import ConfigError, validate_config
-from b2bhub.domain import routing
+from b2bhub.domain import business_rules, routing
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
@@ -26,7 +26,8 @@ PROBE_INTERVAL_RULE = (f"probe_interval must be 0 (the System > Settings probe i
                        f"or at least {MIN_PROBE_INTERVAL} seconds")
 
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
-                   "retry_policy", "ordered", "queue", "probe_interval", "retention_days"}
+                   "retry_policy", "ordered", "queue", "probe_interval", "retention_days",
+                   "business_rules"}
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -133,16 +134,24 @@ def save_instance(session: Session, registry, data: dict,
         raise ServiceError("config must be an object", {"config": "not an object"})
     if existing is not None:
         given = _keep_secrets(plugin_cls.config_schema, given, existing.config or {})
+    rules = _rules_checked(data, plugin_cls)
     try:
         config = validate_config(plugin_cls.config_schema, given)
         problems = _config_problems(plugin_cls, config)
         if problems:
             raise ConfigError(problems)
     except ConfigError as exc:
-        raise ServiceError(f"invalid configuration: {exc}", {"config": exc.errors}) from exc
+        # the rules' reasons too, so a form shows every mistake at once
+        rules_details = rules.details if isinstance(rules, ServiceError) else {}
+        raise ServiceError(f"invalid configuration: {exc}",
+                           {"config": exc.errors, **rules_details}) from exc
+    if isinstance(rules, ServiceError):
+        raise rules
     row = existing or PluginInstance(name=name, type=type_name)
     row.config = config
     _apply_delivery_fields(row, data, plugin_cls)
+    if "business_rules" in data:
+        row.business_rules = rules
     session.add(row)
     session.flush()
     return row
@@ -199,6 +208,22 @@ def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:
     for key in ("ordered", "queue", "probe_interval", "retention_days"):
         if key in data:
             setattr(row, key, data[key])
+
+
+def _rules_checked(data: dict, plugin_cls) -> list[dict] | None | ServiceError:
+    """The given business rules validated, as stored; or the refusal (returned, not
+    raised, so it can be reported with the configuration's), naming each bad rule and
+    why. Only a target has an answer to check."""
+    given = data.get("business_rules")
+    if given and "target" not in plugin_cls.roles:
+        return ServiceError("business_rules: only a target instance takes business rules",
+                            {"business_rules": "only a target instance takes them"})
+    try:
+        return business_rules.normalize(given)
+    except business_rules.RulesError as exc:
+        whole = exc.errors.get("business_rules")  # not a list at all
+        return ServiceError(f"invalid business_rules: {whole or exc}",
+                            {"business_rules": whole or exc.errors})
 
 
 def get_instance(session: Session, name: str) -> PluginInstance:

@@ -7,7 +7,7 @@ from datetime import timedelta
 from flask import render_template, request
 
 from b2bhub.domain.states import MessageStatus
-from b2bhub.engine import stats
+from b2bhub.engine import blocking, stats
 from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import alerts as alert_svc
@@ -38,6 +38,7 @@ def dashboard():
                            statuses=list(MessageStatus), total=sum(figures.messages.values()),
                            due=figures.due, oldest_due=figures.oldest_due_seconds,
                            instances=config_svc.list_instances(db.session, 1000).items,
+                           blocked=blocking.blocked_instances(db.session),
                            alerts=alert_svc.open_alerts(db.session, 10),
                            open_alerts=overview.open_alert_count(db.session),
                            charts=charts, span=span_name)

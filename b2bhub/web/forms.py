@@ -199,6 +199,12 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
         InstanceForm.probe_interval = StringField(
             "Probe interval (seconds)", description="how often the destination is "
             "probed, for types that can probe; empty: the System > Settings interval")
+        InstanceForm.business_rules = TextAreaField(
+            "Business-error rules (JSON)", render_kw={"rows": 6},
+            description='a list, checked in order on every answer, e.g. [{"name": '
+            '"rejected", "status": "2xx", "json_path": "$.status", "json_value": "ERR", '
+            '"block": "instance"}]; also body_regex; block: none, sequence or instance; '
+            'empty: no rules')
     if "source" in roles:
         InstanceForm.retention_days = StringField(
             "Retention (days)", description="empty: the setting's default")
@@ -220,6 +226,10 @@ def _form_data(plugin_cls: type, data: dict) -> dict:
     out = {**data, "config": config}
     if data.get("retry_policy") is not None:
         out["retry_policy"] = json.dumps(data["retry_policy"])
+    if data.get("business_rules"):
+        out["business_rules"] = json.dumps(data["business_rules"], indent=2)
+    else:
+        out.pop("business_rules", None)
     for key in ("max_concurrent_deliveries", "retention_days"):
         if data.get(key) is not None:
             out[key] = str(data[key])
@@ -244,11 +254,17 @@ def instance_data(form: FlaskForm, plugin_cls: type) -> dict:
             errors["retry_policy"] = f"invalid JSON: {exc.msg}"
         text = (form.probe_interval.data or "").strip()
         data["probe_interval"] = _whole(text, "probe_interval", errors) if text else 0
+        text = (form.business_rules.data or "").strip()
+        try:
+            data["business_rules"] = json.loads(text) if text else None
+        except json.JSONDecodeError as exc:
+            errors["business_rules"] = (f"invalid JSON: {exc.msg} (line {exc.lineno}, "
+                                        f"column {exc.colno})")
     if hasattr(form, "retention_days"):
         text = (form.retention_days.data or "").strip()
         data["retention_days"] = _whole(text, "retention_days", errors) if text else None
     if errors:
-        raise ServiceError("some fields are not valid", errors)
+        raise ServiceError("; ".join(errors.values()), errors)  # one: shown as it is
     return data
 
 
@@ -284,7 +300,11 @@ def show_service_error(form: FlaskForm, exc: ServiceError, aliases: dict | None 
                     placed = True
             continue
         name = aliases.get(key, key)
-        if name in form and isinstance(text, str):
+        if name in form and isinstance(text, dict):  # one reason per item (rule 2: ...)
+            for where, problem in text.items():
+                _add_error(form[name], f"{where}: {problem}")
+            placed = True
+        elif name in form and isinstance(text, str):
             _add_error(form[name], exc.message if len(details) == 1 else text)
             placed = True
     if not placed:

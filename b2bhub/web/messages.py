@@ -86,8 +86,7 @@ def message(message_id: int):
                            can_redispatch=_can_redispatch(found),
                            can_cancel=_can_cancel(found), D=DeliveryActions,
                            blocking={d.id for d in found.deliveries
-                                     if d.state == DeliveryState.FAILED
-                                     and operator.blocks_sequence(db.session, d)},
+                                     if operator.is_blocker(db.session, d)},
                            active="ui.messages")
 
 

@@ -7,6 +7,7 @@ from flask import abort, redirect, render_template, url_for
 
 from b2bhub import hub
 from b2bhub.api.shapes import instance_json
+from b2bhub.engine import blocking
 from b2bhub.extensions import db
 from b2bhub.services import config as svc
 from b2bhub.services.errors import ServiceError
@@ -21,7 +22,7 @@ def plugins():
     by_type = {name: [r for r in rows if r.type == name] for name in types}
     unknown = [r for r in rows if r.type not in types]
     return render_template("ui/plugins.html", types=types, by_type=by_type, unknown=unknown,
-                           form=ActionForm())
+                           form=ActionForm(), blocked=blocking.blocked_instances(db.session))
 
 
 def _plugin_class(type_name: str) -> type:

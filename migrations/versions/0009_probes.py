@@ -6,7 +6,7 @@ exists), when that probe began (``probe_checked_at``) and what it said (``probe_
 60 had no effect until now (nothing probed), so rows holding it follow the setting.
 
 Revision ID: 0009_probes
-Revises: 0007_deliveries_claimable
+Revises: 0008_business_rules
 Create Date: 2026-12-01 18:40:00.000000
 
 """
@@ -16,7 +16,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision = '0009_probes'
-down_revision = '0007_deliveries_claimable'
+down_revision = '0008_business_rules'
 branch_labels = None
 depends_on = None
 

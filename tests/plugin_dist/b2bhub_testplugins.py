@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 from celery import shared_task
 
 from b2bhub.config_schema import Field
-from b2bhub.domain.outcome import Outcome
+from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome
 
 
 class ExternalEcho:
@@ -108,6 +110,40 @@ class ProbedPoster:
         if 200 <= answer.status_code < 300:
             return Outcome.delivered(f"HTTP {answer.status_code}")
         return Outcome.error("http", f"HTTP {answer.status_code}")
+
+
+class AnswerPoster:
+    """A target that POSTs the payload to ``url`` and hands the core the destination's
+    answer: delivered on a 2xx, an error of class ``http_<status>`` otherwise, each
+    carrying the answer for the instance's business-error rules."""
+
+    type_name = "answer_poster"
+    roles = frozenset({"target"})
+    claim_batch = 1
+    config_schema = [Field("url", "string", required=True, help="where to POST")]
+
+    def __init__(self, instance_name: str, config: dict[str, Any]):
+        self.instance_name = instance_name
+        self.config = config
+
+    def deliver(self, delivery: Any, payload: Any, context: Any) -> Any:
+        body = payload.open(payload.stages()[0]).read()
+        request = urllib.request.Request(self.config["url"], data=body, method="POST",
+                                         headers={"X-Delivery-Id": str(delivery.delivery_id),
+                                                  "Content-Type": "application/octet-stream"})
+        context.wire_started()
+        try:
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                status, headers, content = resp.status, resp.headers, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, headers, content = exc.code, exc.headers, exc.read()
+        except OSError as exc:
+            return Outcome.error("connection", f"{type(exc).__name__}: {exc}")
+        answer = Answer(status, content[:ANSWER_BODY_LIMIT], headers.get("Content-Type", ""),
+                        tuple(headers.items()))
+        if 200 <= status < 300:
+            return Outcome.delivered(f"HTTP {status}").with_answer(answer)
+        return Outcome.error(f"http_{status}", f"HTTP {status}").with_answer(answer)
 
 
 class Noop:
