@@ -15,7 +15,7 @@ from sqlalchemy import insert, or_, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.engine import machine, sequences
+from b2bhub.engine import machine, presence, sequences
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import Lock
@@ -29,6 +29,7 @@ BATCH = 1000
 class SweepReport:
     ran: bool = False
     leases_expired: int = 0
+    owners_gone: int = 0
     receipts_overdue: int = 0
     parked: int = 0
     stalled: int = 0
@@ -46,6 +47,7 @@ def run_sweep(session: Session, now: datetime, owner: str,
         settings = settings or load_settings(session)
         report.leases_expired = _loop(session, lambda: machine.expire_leases(
             session, now, batch))
+        report.owners_gone = _put_back_from_dead_owners(session, now, batch)
         report.receipts_overdue = _loop(session, lambda: machine.fail_overdue_receipts(
             session, now, batch))
         report.parked = _loop(session, lambda: sequences.park_blocked(session, now, batch))
@@ -53,6 +55,14 @@ def run_sweep(session: Session, now: datetime, owner: str,
             session, now, settings, batch))
         report.woken = _loop(session, lambda: _wake(session, now, settings, batch))
     return report
+
+
+def _put_back_from_dead_owners(session: Session, now: datetime, batch: int) -> int:
+    """Deliveries of processes known dead go back at once (``presence.known_dead``); the
+    database's clock judges the heartbeats."""
+    db_now = presence.database_now(session)
+    return _loop(session, lambda: machine.put_back_from_dead_owners(session, now, db_now,
+                                                                    batch))
 
 
 def _wake(session: Session, now: datetime, settings: DeliverySettings, batch: int) -> int:
