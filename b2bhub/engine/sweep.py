@@ -1,8 +1,12 @@
 """The sweep (SPEC 5): every 5 s, in one process at a time.
 
 Each step is a bounded query on an index that starts with the state, so its cost follows
-what is due, not the size of the tables. The guard is a PostgreSQL advisory lock held
-for the sweep; on SQLite, a lease row in ``locks`` taken by a conditional UPDATE.
+what is due, not the size of the tables. Deliveries of a process known dead go back in
+the run after it is known dead (``presence.known_dead``: 15 s without a heartbeat by the
+database's clock), so after kill -9 of a worker its targets deliver again within about
+25 s; the lease stays the bound for an owner alive but hung. The guard is a PostgreSQL
+advisory lock held for the sweep; on SQLite, a lease row in ``locks`` taken by a
+conditional UPDATE.
 """
 
 from __future__ import annotations
