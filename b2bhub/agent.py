@@ -6,6 +6,13 @@ gunicorn's worker, the Celery signals for a worker and for beat). Every
 heartbeat it updates the process's row with the instances it runs and lets the process
 act on instance starts and stops (``on_heartbeat``). Failures are printed to stderr,
 never logged (that would feed the queue it is flushing) and never stop the thread.
+
+The heartbeat is this thread's, not the main thread's: it goes on while an attempt of
+any length runs (the attempt waits on I/O or sleeps, and Python hands this thread its
+turn every few milliseconds even when the attempt computes). Its liveness write, by
+the database's clock, is a transaction of its own, before the instance bookkeeping, so
+no lock another transaction holds on an instance row can hold it up. The sweep reads
+these heartbeats to know a process dead (``b2bhub.engine.presence``).
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ class Agent:
         self.info = presence.ProcessInfo(PROCESS_ID, kind, socket.gethostname(),
                                          os.getpid(), utcnow())
         self.handler = QueueingHandler(stream_level(app.config))
+        self._instances: list[str] = []
+        self._last_seen = None  # database time of the last heartbeat written
+        self._steady_since = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"b2bhub-agent-{kind}",
                                         daemon=True)
@@ -66,7 +76,8 @@ class Agent:
         logging.getLogger().removeHandler(self.handler)
         with self.app.app_context():
             self._flush()
-            self._write(lambda s: presence.mark_stopped(s, self.info.id, utcnow()))
+            self._write(lambda s: presence.mark_stopped(s, self.info.id,
+                                                        presence.database_now(s)))
 
     def _run(self) -> None:
         self.handler.quiet_thread = threading.get_ident()
@@ -79,10 +90,23 @@ class Agent:
                     self._heartbeat()
 
     def _heartbeat(self) -> None:
+        written = {}
+
         def beat(session: Session) -> None:
-            instances = self.on_heartbeat(session) if self.on_heartbeat else []
-            presence.heartbeat(session, self.info, instances, utcnow())
-        self._write(beat)
+            now = presence.database_now(session)
+            if self._last_seen is None or \
+                    (now - self._last_seen).total_seconds() > presence.STEADY_GAP:
+                self._steady_since = now  # a heartbeat came late or failed: anew
+            presence.heartbeat(session, self.info, self._instances, now, self._steady_since)
+            written["at"] = now
+
+        if self._write(beat):
+            self._last_seen = written["at"]
+        if self.on_heartbeat is not None:
+            def bookkeeping(session: Session) -> None:
+                self._instances = self.on_heartbeat(session)
+                presence.record_instances(session, self.info.id, self._instances)
+            self._write(bookkeeping)
 
     def _flush(self) -> None:
         items, dropped = self.handler.take()

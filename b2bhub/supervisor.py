@@ -2,6 +2,13 @@
 
 A Procfile runner in a few lines: SIGINT/SIGTERM go to every child (workers then stop
 claiming and settle what runs); if one child dies the others are stopped too.
+
+Exit status, for a service manager that restarts on failure: 0 after a stop that was
+asked for (SIGINT, SIGTERM), whatever the children answered it with. When a child ends
+on its own, the others are stopped and ``b2bhub run`` fails: with the child's own exit
+code when it exited with one, 128 + the signal number when a signal killed it (as a
+shell reports it: 137 for SIGKILL), 1 when it exited with 0 although nobody stopped it.
+Its output names the child, its pid and how it ended.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ class Supervisor:
         self.commands, self.cwd = commands, cwd
         self.children: dict[str, subprocess.Popen] = {}
         self.stopping = False
+        self.failure = 0  # the exit status a child's own end calls for
 
     @classmethod
     def for_config(cls, cfg, workers: int) -> Supervisor:
@@ -47,24 +55,47 @@ class Supervisor:
         while not self.stopping:
             for name, child in self.children.items():
                 if child.poll() is not None:
-                    print(f"b2bhub: {name} exited with {child.returncode}; stopping",
-                          flush=True)
+                    self.failure = failure_status(child.returncode)
+                    print(f"b2bhub: {name} (pid {child.pid}) {how_it_ended(child.returncode)}"
+                          f"; stopping the others, exit status {self.failure}",
+                          file=sys.stderr, flush=True)
                     self.stopping = True
                     break
             time.sleep(0.5)
-        return self._stop_all()
+        self._stop_all()
+        return self.failure
 
     def _on_signal(self, signum, frame) -> None:
         self.stopping = True
 
-    def _stop_all(self, timeout: float = 30.0) -> int:
+    def _stop_all(self, timeout: float = 30.0) -> None:
         for child in self.children.values():
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for child in self.children.values():
+        for name, child in self.children.items():
             try:
                 child.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                print(f"b2bhub: {name} (pid {child.pid}) still running {timeout:.0f} s "
+                      "after SIGTERM; killed", file=sys.stderr, flush=True)
                 child.kill()
-        return 0
+                child.wait()
+
+
+def how_it_ended(returncode: int) -> str:
+    """``exited with status 3``, ``was killed by SIGKILL``, ``exited with status 0``."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with status {returncode}"
+
+
+def failure_status(returncode: int) -> int:
+    """The exit status of ``b2bhub run`` when a child ended on its own with this code."""
+    if returncode < 0:
+        return 128 - returncode
+    return returncode or 1

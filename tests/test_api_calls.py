@@ -308,6 +308,44 @@ def test_bulk_redeliver_takes_the_failed_ones_matching_and_names_the_operator(
     assert nothing.get_json() == {"redelivered": [], "more": False}
 
 
+@pytest.mark.parametrize("body", [None, {}, {"max": 10}, {"all": False},
+                                  {"status": [], "state": []}])
+def test_bulk_redeliver_without_a_filter_or_all_is_refused_and_changes_nothing(
+        app, session, hub, configured_admin, body):
+    hub.route("inbox", "*", "*", "writer_a")
+    hub.message(now=T0)
+    failed = _fail(session, "writer_a")
+    operator = user_client(app, session, "olga", "operator")
+
+    response = (operator.post("/api/v1/deliveries/redeliver") if body is None else
+                operator.post("/api/v1/deliveries/redeliver", json=body))
+
+    assert response.status_code == 400, response.get_json()
+    error = response.get_json()["error"]
+    assert 'at least one filter' in error["message"] and '"all": true' in error["message"]
+    session.expire_all()
+    assert session.get(Delivery, failed).state == "failed"
+    assert not session.scalars(select(HistoryLine).where(
+        HistoryLine.type == "redeliver_requested")).all()
+
+
+def test_bulk_redeliver_with_all_true_takes_every_one(app, session, hub, configured_admin):
+    hub.route("inbox", "*", "*", "writer_a")
+    hub.route("inbox", "*", "*", "writer_b")
+    hub.message(now=T0)
+    failed = sorted([_fail(session, "writer_a"), _fail(session, "writer_b")])
+    operator = user_client(app, session, "olga", "operator")
+
+    response = operator.post("/api/v1/deliveries/redeliver", json={"all": True})
+
+    assert response.status_code == 200, response.get_json()
+    assert response.get_json() == {"redelivered": failed, "more": False}
+    session.expire_all()
+    assert {session.get(Delivery, i).state for i in failed} == {"queued"}
+    refused = operator.post("/api/v1/deliveries/redeliver", json={"all": "yes"})
+    assert refused.status_code == 400 and "all" in refused.get_json()["error"]["details"]
+
+
 # --- alerts ---------------------------------------------------------------------------------
 
 def test_alerts_list_and_acknowledge_naming_the_operator(app, session, hub):

@@ -592,6 +592,58 @@ def test_an_unknown_as2_id_is_refused_as_unknown_whatever_mdn_was_asked(as2, pro
         assert answer.headers["Content-Type"].split(";")[0] != "multipart/signed"
 
 
+@pytest.mark.parametrize("mdn", ["none", "sync", "async"])
+@pytest.mark.parametrize("missing", ["AS2-From", "AS2-To"])
+def test_no_as2_from_or_to_is_refused_with_the_reason_whatever_mdn_was_asked(
+        as2, caplog, missing, mdn):
+    """No MDN can be addressed without both AS2 names (it goes from the AS2-To to the
+    AS2-From): the answer is a 400 with the reason, recorded, never a 503 that the
+    partner would retry forever."""
+    caplog.set_level(logging.INFO)
+    headers = {missing: None}
+    if mdn == "none":
+        headers["Disposition-Notification-To"] = ""
+    if mdn == "async":
+        headers["Receipt-Delivery-Option"] = "http://127.0.0.1:9/mdn"
+
+    answer = post(as2, b"hello", **headers)
+
+    assert answer.status_code == 400, answer.text
+    assert f"no {missing} header" in answer.text
+    assert ("no MDN" in answer.text) is (mdn != "none")
+    [message] = as2.messages()
+    assert message.status == "refused" and "raw" in as2.stages(message.id)
+    [refused] = as2.lines(message.id, "refused")
+    assert f"not an AS2 message: no {missing} header" in refused
+    logged = [r for r in caplog.records if r.name == "b2bhub.as2.receiver"]
+    assert any(f"no {missing} header" in r.getMessage() for r in logged), logged
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_signature_verified_on_the_second_canonicalisation_logs_no_error(
+        as2, certs, tmp_path, caplog):
+    """``openssl cms -binary`` signs bare line feeds as they are, and its output is
+    posted as it is; the partner's profile canonicalises as text, so the first check
+    fails and the second (binary) verifies: an expected fallback, logged at debug, not
+    an ERROR with a traceback."""
+    caplog.set_level(logging.DEBUG)
+    as2.choose(sign=True, encrypt=True)
+    content = DATA.replace(b"~", b"~\n")
+
+    answer, _files, _entity = openssl_client(as2, certs, tmp_path, content, crlf=False)
+
+    assert answer.status_code == 200 and b"processed/" not in answer.content
+    [message] = as2.messages()
+    assert message.status != "refused" and as2.stages(message.id)["unpacked"] == content
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    fallback = [r for r in caplog.records if "signature verified with binary" in
+                r.getMessage()]
+    assert fallback and fallback[0].levelno == logging.DEBUG
+    held = [r for r in caplog.records if r.name == "pyas2lib"
+            and "Failed to parse" in r.getMessage()]
+    assert held and all(r.levelno == logging.DEBUG for r in held)
+
+
 def test_receipt_timeout_fails_the_delivery_and_a_late_mdn_is_unattributable(as2):
     as2.choose(sign=True, encrypt=True, mdn_mode="async", mdn_signed=True,
                receipt_timeout=3600)
@@ -629,37 +681,49 @@ def test_profile_api_hides_keys_and_certificate_expiry_raises_an_alert(as2, api,
     assert "acme" in alert.text
 
 
-def test_openssl_cms_client_signed_encrypted_and_the_signed_mdn_verifies(as2, certs,
-                                                                         tmp_path):
-    """A client made of ``openssl cms`` and requests only: the hub decrypts and verifies
-    its message, and its signed MDN verifies with ``openssl cms -verify``, carrying the
-    MIC openssl computes over the signed entity."""
-    as2.choose(sign=True, encrypt=True)
+def openssl(*args) -> bytes:
+    return subprocess.run(["openssl", *args], check=True, capture_output=True).stdout
+
+
+def openssl_client(as2, certs, tmp_path, content: bytes = DATA,
+                   message_id: str = "openssl-1@acme.example", crlf: bool = True):
+    """A client made of ``openssl cms`` and requests only: signs (``-binary``: the bytes
+    as they are) and encrypts ``content`` and posts it asking for a signed sync MDN;
+    ``crlf``: with the lines of openssl's S/MIME output ended CRLF (else as openssl
+    wrote them). The answer, the certificate and key files, and the signed entity's
+    file."""
     files = {}
     for name, text in (("acme.pem", certs["acme"][0]), ("acme.key", certs["acme"][1]),
                        ("hub.pem", certs["hub"][0])):
         files[name] = tmp_path / name
         files[name].write_text(text)
     entity = tmp_path / "entity"
-    entity.write_bytes(b"Content-Type: application/edi-x12\r\n\r\n" + DATA)
-
-    def openssl(*args) -> bytes:
-        return subprocess.run(["openssl", *args], check=True, capture_output=True).stdout
-
+    entity.write_bytes(b"Content-Type: application/edi-x12\r\n\r\n" + content)
     signed = openssl("cms", "-sign", "-in", str(entity), "-signer", str(files["acme.pem"]),
                      "-inkey", str(files["acme.key"]), "-md", "sha256", "-binary",
                      "-outform", "SMIME")
-    (tmp_path / "signed").write_bytes(signed.replace(b"\n", b"\r\n").replace(b"\r\r\n",
-                                                                             b"\r\n"))
+    if crlf:
+        signed = signed.replace(b"\n", b"\r\n").replace(b"\r\r\n", b"\r\n")
+    (tmp_path / "signed").write_bytes(signed)
     encrypted = openssl("cms", "-encrypt", "-in", str(tmp_path / "signed"), "-binary",
                         "-aes256", "-outform", "DER", str(files["hub.pem"]))
     answer = requests.post(as2.url, data=encrypted, timeout=30, headers={
         "AS2-From": "ACME", "AS2-To": "HUB", "AS2-Version": "1.2",
-        "Message-ID": "<openssl-1@acme.example>",
+        "Message-ID": f"<{message_id}>",
         "Content-Type": 'application/pkcs7-mime; smime-type=enveloped-data; name="smime.p7m"',
         "Disposition-Notification-To": "edi@acme.example",
         "Disposition-Notification-Options": "signed-receipt-protocol=required, "
         "pkcs7-signature; signed-receipt-micalg=required, sha256"})
+    return answer, files, entity
+
+
+def test_openssl_cms_client_signed_encrypted_and_the_signed_mdn_verifies(as2, certs,
+                                                                         tmp_path):
+    """A client made of ``openssl cms`` and requests only: the hub decrypts and verifies
+    its message, and its signed MDN verifies with ``openssl cms -verify``, carrying the
+    MIC openssl computes over the signed entity."""
+    as2.choose(sign=True, encrypt=True)
+    answer, files, entity = openssl_client(as2, certs, tmp_path)
     assert answer.status_code == 200
     assert answer.headers["Content-Type"].startswith("multipart/signed")
     mdn = tmp_path / "mdn"

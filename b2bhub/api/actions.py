@@ -68,7 +68,8 @@ def report_receipt(body: dict, delivery_id: int):
 def redeliver_matching(body: dict):
     """Redeliver every failed, stalled or retrying delivery matching the filters (as
     ``GET /deliveries`` takes them, lists as JSON arrays), oldest first, at most ``max``
-    in one call. Each one gets its own history line naming the operator."""
+    in one call. Each one gets its own history line naming the operator. At least one
+    filter, or ``"all": true``, is required: a request without either is refused (400)."""
     ids, more = messages_svc.redeliver_matching(
         db.session, delivery_filter(body), body["max"], g.actor, utcnow())
     db.session.commit()

@@ -17,7 +17,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate
+from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.services.config import SECRET_MASK
@@ -363,7 +363,9 @@ class ReceiptArgs(Schema):
 
 class BulkRedeliverArgs(Schema):
     """The filters of ``GET /deliveries``; only failed, stalled or retrying deliveries
-    are taken (a ``state`` narrows that further)."""
+    are taken (a ``state`` narrows that further). A bulk action takes at least one
+    filter, or ``"all": true`` to mean every such delivery: an empty body is refused,
+    never read as "everything"."""
 
     status = fields.List(fields.String(validate=validate.OneOf(STATUSES)))
     from_party = fields.String(data_key="from")
@@ -378,6 +380,19 @@ class BulkRedeliverArgs(Schema):
     q = fields.String(validate=validate.Length(min=1, max=200))
     max = _int(load_default=500, validate=validate.Range(1, 5000), metadata={
         "description": "at most this many in one call (1-5000, default 500)"})
+    all = StrictBoolean(load_default=False, metadata={
+        "description": "true: every failed, stalled or retrying delivery (the filters "
+                       "given still apply); required when no filter is given"})
+
+    @validates_schema
+    def _a_filter_or_all(self, data: dict, **kwargs) -> None:
+        filters = [key for key, value in data.items()
+                   if key not in ("max", "all") and value not in (None, "", [])]
+        if not filters and not data.get("all"):
+            raise ValidationError(
+                "a bulk redeliver needs at least one filter (status, from, to, source, "
+                'target, state, message, since, until, q) or "all": true to redeliver '
+                "every failed, stalled and retrying delivery", "_schema")
 
 
 class BulkRedeliverResult(Schema):

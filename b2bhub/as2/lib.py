@@ -229,6 +229,58 @@ def parsing():
         _quiet.on = False
 
 
+# --- pyas2lib's log records of a parse that is tried again ------------------------------
+# A signature that fails with the partner's canonicalisation is tried once with the other
+# (receiver step 4): clients such as ``openssl cms -binary`` sign the bytes as they are.
+# pyas2lib logs the first failure at ERROR with a traceback, although the second check
+# then verifies the message: noise that hides real errors on the Logs page. Within
+# :func:`held_logs`, on its thread only, pyas2lib's records are held back, and released
+# as they are, or at DEBUG when the caller says the failure was an expected fallback.
+_held = threading.local()
+
+
+class _HoldBack(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        records = getattr(_held, "records", None)
+        if records is None:
+            return True
+        records.append(record)
+        return False
+
+
+_as2.logger.addFilter(_HoldBack())
+
+
+class HeldLogs:
+    """pyas2lib's records held back; ``expected = True`` releases them at DEBUG."""
+
+    def __init__(self) -> None:
+        self.records: list[logging.LogRecord] = []
+        self.expected = False
+
+    def release(self) -> None:
+        for record in self.records:
+            if self.expected:
+                if not _as2.logger.isEnabledFor(logging.DEBUG):
+                    continue
+                record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            _as2.logger.handle(record)
+        self.records = []
+
+
+@contextmanager
+def held_logs():
+    """Hold back pyas2lib's log records of this thread while the block runs; released
+    when it ends (at DEBUG if the block set ``expected`` on what it was given)."""
+    held, previous = HeldLogs(), getattr(_held, "records", None)
+    _held.records = held.records
+    try:
+        yield held
+    finally:
+        _held.records = previous
+        held.release()
+
+
 def header_block(headers) -> bytes:
     """HTTP headers as the MIME header block pyas2lib parses (one line each)."""
     return "".join(f"{k}: {v}\r\n" for k, v in headers).encode("utf-8", "replace")

@@ -341,12 +341,17 @@ def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Pro
 def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org, partner,
                      msgid, now, known: dict) -> Reply:
     try:
-        message, status, exc, mdn = _parse(raw, org, partner)
-        if isinstance(exc, SignatureError) and partner is not None:
-            other = not partner.get("canonicalize_as_binary")
-            retry = _parse(raw, org, partner, binary=other)
-            if retry[1] == "processed":
-                message, status, exc, mdn = retry
+        with lib.held_logs() as held:
+            message, status, exc, mdn = _parse(raw, org, partner)
+            if isinstance(exc, SignatureError) and partner is not None:
+                other = not partner.get("canonicalize_as_binary")
+                retry = _parse(raw, org, partner, binary=other)
+                if retry[1] == "processed":
+                    log.debug("AS2 message %s from %s: signature verified with %s "
+                              "canonicalisation after the other failed (%s)", msgid,
+                              partner.party, "binary" if other else "text", exc)
+                    held.expected = True  # the first check's ERROR was a fallback
+                    message, status, exc, mdn = retry
     except Exception as error:  # malformed MIME pyas2lib could not even start on
         log.info("AS2 message could not be parsed: %r", error)
         return _refuse_early(session, instance, found, stages, now,
@@ -419,11 +424,17 @@ def _insert_inbound(session, instance: str, partner: str, msgid: str, message_id
 def _refuse_early(session, instance, found, payloads: _Stages, now, reason: str,
                   status: int = 400, to_party: str | None = None) -> Reply:
     """Refused before pyas2lib could read it: recorded with what was kept, the negative
-    MDN (unsigned, as nothing is verified) when the partner asked for one synchronously.
+    MDN (unsigned, as nothing is verified) when the partner asked for one and it can be
+    addressed: an MDN goes from the AS2-To of the message to its AS2-From, so without
+    both the refusal is the HTTP answer ``status`` with the reason, and no MDN.
     ``to_party``: the organization's name when its AS2 ID is known."""
     msgid = lib.message_id_of(found.get("message-id"))
-    mdn = _negative_mdn(found, msgid, reason) if found.get("disposition-notification-to") \
-        else None
+    mdn = None
+    if found.get("disposition-notification-to"):
+        if lib.unquote(found.get("as2-from")) and lib.unquote(found.get("as2-to")):
+            mdn = _negative_mdn(found, msgid, reason)
+        else:
+            reason += "; no MDN: one cannot be addressed without AS2-From and AS2-To"
     mdn_stage = _mdn_stage(payloads, mdn)
     durable = payloads.durable()
     stages = payloads.raw()

@@ -6,6 +6,29 @@ runs, and ``last_seen`` at every heartbeat. A process that stops cleanly sets
 ``stopped_at``; one killed simply stops being seen and is shown as gone after
 :data:`GONE_AFTER`. Rows of processes gone for a day, and log records beyond the
 newest :data:`KEEP_LOG_RECORDS`, are removed by the periodic trim.
+
+Known dead (SPEC 5): the sweep puts back at once the leases of a process that is
+known dead (:func:`known_dead`), so its targets deliver again within seconds instead
+of after the lease (``lease_seconds``, which stays the bound for a process alive but
+hung). A process is known dead when
+
+- it recorded its clean stop (``stopped_at``: the agent writes it after the worker's
+  last settlement, as the process exits), or
+- its last heartbeat is older than :data:`DEAD_AFTER` (three heartbeats missed in a
+  row), while some other process has beaten without a gap for :data:`STEADY_FOR`.
+
+Both times are the database's clock (:func:`database_now`): the heartbeat writes it and
+the sweep compares with it, so clocks of different hosts, however far apart, never make
+a live process look dead (a host clock stepped by minutes changes nothing). The second
+condition keeps an outage of the database itself from reading as the death of every
+process: then no process is steady until heartbeats have flowed again for
+:data:`STEADY_FOR`, by which time every live process has beaten.
+
+The heartbeat comes from the agent's own thread (``b2bhub.agent``), which keeps
+beating while the worker's main thread runs an attempt of any length; its liveness
+write is a transaction of its own that nothing else holds up. After kill -9 of a
+worker its leases are put back within ``DEAD_AFTER`` + one heartbeat + one sweep
+(5 s): 25 s at most, about 20 s on average, plus the wake-up and the new attempt.
 """
 
 from __future__ import annotations
@@ -14,7 +37,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy import delete, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from b2bhub.models import LogRecord, Process
@@ -22,6 +45,13 @@ from b2bhub.services.pages import Page, keyset_page
 
 HEARTBEAT_SECONDS = 5.0
 GONE_AFTER = timedelta(seconds=3 * HEARTBEAT_SECONDS)
+#: a process whose heartbeat is this old (by the database's clock) is known dead
+DEAD_AFTER = GONE_AFTER
+#: how long another process must have beaten without a gap before a missing heartbeat
+#: is believed: two intervals, so every live process has beaten at least once meanwhile
+STEADY_FOR = timedelta(seconds=2 * HEARTBEAT_SECONDS)
+#: a heartbeat later than this after the one before starts the process's steady time anew
+STEADY_GAP = 1.5 * HEARTBEAT_SECONDS
 FORGET_AFTER = timedelta(days=1)
 KEEP_LOG_RECORDS = 100_000
 
@@ -35,10 +65,24 @@ class ProcessInfo:
     started_at: datetime
 
 
+def database_now(session: Session) -> datetime:
+    """The database's clock (UTC, naive like every stored time): the one clock all
+    processes share, whichever host they run on."""
+    if session.get_bind().dialect.name == "postgresql":
+        return session.scalar(text("SELECT timezone('UTC', clock_timestamp())"))
+    value = session.scalar(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))
+    return datetime.fromisoformat(value)
+
+
 def heartbeat(session: Session, info: ProcessInfo, instances: list[str],
-              now: datetime) -> None:
-    """Record that the process is alive and what it runs (insert the row the first time)."""
-    values = {"last_seen": now, "instances": sorted(instances), "stopped_at": None}
+              now: datetime, steady_since: datetime | None = None) -> None:
+    """Record that the process is alive and what it runs (insert the row the first time).
+
+    ``now`` is the database's clock (:func:`database_now`) in the processes; tests pass
+    times of their own. ``steady_since``: since when its heartbeats came without a gap
+    (``now`` when not given)."""
+    values = {"last_seen": now, "instances": sorted(instances), "stopped_at": None,
+              "steady_since": steady_since or now}
     if session.execute(update(Process).where(Process.id == info.id)
                        .values(**values)).rowcount == 0:
         session.execute(insert(Process).values(
@@ -49,6 +93,24 @@ def heartbeat(session: Session, info: ProcessInfo, instances: list[str],
 def mark_stopped(session: Session, process_id: str, now: datetime) -> None:
     session.execute(update(Process).where(Process.id == process_id).values(
         stopped_at=now, last_seen=now, instances=[]))
+
+
+def record_instances(session: Session, process_id: str, instances: list[str]) -> None:
+    session.execute(update(Process).where(Process.id == process_id)
+                    .values(instances=sorted(instances)))
+
+
+def known_dead(db_now: datetime):
+    """A SELECT of the ids of the processes known dead at ``db_now`` (the module's
+    docstring says when that is)."""
+    other = Process.__table__.alias("other")
+    steady_witness = exists().where(
+        other.c.id != Process.id, other.c.stopped_at.is_(None),
+        other.c.last_seen >= db_now - timedelta(seconds=STEADY_GAP),
+        other.c.steady_since <= db_now - STEADY_FOR)
+    return select(Process.id).where(or_(
+        Process.stopped_at.is_not(None),
+        (Process.last_seen < db_now - DEAD_AFTER) & steady_witness))
 
 
 def process_state(row: Process, now: datetime) -> str:

@@ -1,9 +1,13 @@
 """The sweep (SPEC 5): every 5 s, in one process at a time.
 
 Each step is a bounded query on an index that starts with the state, so its cost follows
-what is due, not the size of the tables. The guard is a PostgreSQL advisory lock held
-for the sweep; on SQLite, a lease row in ``locks`` taken by a conditional UPDATE. The
-probe scheduler (``b2bhub.engine.probes``) runs under a guard of its own, the same kind.
+what is due, not the size of the tables. Deliveries of a process known dead go back in
+the run after it is known dead (``presence.known_dead``: 15 s without a heartbeat by the
+database's clock), so after kill -9 of a worker its targets deliver again within about
+25 s; the lease stays the bound for an owner alive but hung. The guard is a PostgreSQL
+advisory lock held for the sweep; on SQLite, a lease row in ``locks`` taken by a
+conditional UPDATE. The probe scheduler (``b2bhub.engine.probes``) runs under a guard
+of its own, the same kind.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from sqlalchemy import insert, or_, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.engine import machine, sequences
+from b2bhub.engine import machine, presence, sequences
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import Lock
@@ -32,6 +36,7 @@ BATCH = 1000
 class SweepReport:
     ran: bool = False
     leases_expired: int = 0
+    owners_gone: int = 0
     receipts_overdue: int = 0
     parked: int = 0
     stalled: int = 0
@@ -49,6 +54,7 @@ def run_sweep(session: Session, now: datetime, owner: str,
         settings = settings or load_settings(session)
         report.leases_expired = _loop(session, lambda: machine.expire_leases(
             session, now, batch))
+        report.owners_gone = _put_back_from_dead_owners(session, now, batch)
         report.receipts_overdue = _loop(session, lambda: machine.fail_overdue_receipts(
             session, now, batch))
         report.parked = _loop(session, lambda: sequences.park_blocked(session, now, batch))
@@ -56,6 +62,14 @@ def run_sweep(session: Session, now: datetime, owner: str,
             session, now, settings, batch))
         report.woken = _loop(session, lambda: _wake(session, now, settings, batch))
     return report
+
+
+def _put_back_from_dead_owners(session: Session, now: datetime, batch: int) -> int:
+    """Deliveries of processes known dead go back at once (``presence.known_dead``); the
+    database's clock judges the heartbeats."""
+    db_now = presence.database_now(session)
+    return _loop(session, lambda: machine.put_back_from_dead_owners(session, now, db_now,
+                                                                    batch))
 
 
 def _wake(session: Session, now: datetime, settings: DeliverySettings, batch: int) -> int:

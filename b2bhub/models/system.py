@@ -52,6 +52,8 @@ class Process(Base):
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)
     instances: Mapped[list] = mapped_column(default=list)
     stopped_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: the database time since which this process's heartbeats came without a gap
+    steady_since: Mapped[datetime | None] = mapped_column(default=None)
 
 
 class Lock(Base):
