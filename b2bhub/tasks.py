@@ -58,6 +58,25 @@ def sweep() -> dict:
     return report.__dict__
 
 
+@shared_task(name="b2bhub.cleanup", ignore_result=True)
+def cleanup() -> dict:
+    """Beat ticks this every minute; it runs the nightly cleanup once its time has come
+    (``b2bhub.engine.cleanup.cleanup_due``), in one process at a time."""
+    from b2bhub.engine.cleanup import cleanup_due, run_cleanup
+    from b2bhub.engine.settings import load_settings
+    with hub.new_session() as session:
+        now = utcnow()
+        settings = load_settings(session)
+        due = cleanup_due(session, now, settings)
+        session.rollback()
+        if not due:
+            return {"ran": False}
+        report = run_cleanup(session, hub.store(), now, hub.process_owner(),
+                             settings=settings)
+    log.info("%s", report.summary())
+    return report.__dict__
+
+
 @shared_task(name="b2bhub.scan_source", ignore_result=True)
 def scan_source(instance: str) -> dict:
     """One scan of a scheduled source, unless another process is scanning it."""

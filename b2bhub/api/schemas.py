@@ -241,7 +241,9 @@ class InstanceFields(Schema):
     ordered = StrictBoolean()
     queue = fields.String(allow_none=True)
     probe_interval = _int(validate=validate.Range(min=0))
-    retention_days = _int(allow_none=True, validate=validate.Range(min=0))
+    retention_days = _int(allow_none=True, validate=validate.Range(min=-1), metadata={
+        "description": "days a source's messages are kept once final; null or 0: the "
+                       "retention_days setting; -1: kept forever"})
 
 
 class InstanceCreate(InstanceFields):

@@ -74,12 +74,16 @@ def _loop(session: Session, step) -> int:
 
 
 class SweepGuard:
-    """Held by at most one process at a time."""
+    """Held by at most one process at a time. ``name`` and ``key``: the lease row and
+    the advisory lock key, so another job (the cleanup) has a guard of its own; a job
+    that runs longer than the lease calls :meth:`renew` as it goes."""
 
     lease = timedelta(seconds=60)
 
-    def __init__(self, session: Session, owner: str, now: datetime):
+    def __init__(self, session: Session, owner: str, now: datetime, name: str = "sweep",
+                 key: int = ADVISORY_KEY):
         self.session, self.owner, self.now = session, owner, now
+        self.name, self.key = name, key
         self.postgres = session.get_bind().dialect.name == "postgresql"
         self.connection = None
         self.held = False
@@ -89,7 +93,7 @@ class SweepGuard:
             # a connection of its own keeps the session-level lock across the commits
             self.connection = self.session.get_bind().connect()
             self.held = bool(self.connection.execute(
-                text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY}).scalar())
+                text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}).scalar())
             self.connection.commit()
         else:
             self.held = self._take_lease()
@@ -98,26 +102,34 @@ class SweepGuard:
     def _take_lease(self) -> bool:
         until = self.now + self.lease
         try:
-            self.session.execute(insert(Lock).values(name="sweep", owner=None, until=None)
+            self.session.execute(insert(Lock).values(name=self.name, owner=None, until=None)
                                  .prefix_with("OR IGNORE"))
         except IntegrityError:
             self.session.rollback()
         taken = self.session.execute(update(Lock).where(
-            Lock.name == "sweep",
+            Lock.name == self.name,
             or_(Lock.until.is_(None), Lock.until < self.now, Lock.owner == self.owner),
         ).values(owner=self.owner, until=until)).rowcount
         self.session.commit()
         return taken == 1
 
+    def renew(self, now: datetime) -> None:
+        """Extend the lease from ``now``, in the caller's transaction (SQLite only: the
+        advisory lock lasts as long as its connection)."""
+        if not self.postgres and self.held:
+            self.session.execute(update(Lock).where(
+                Lock.name == self.name, Lock.owner == self.owner).values(
+                until=now + self.lease))
+
     def __exit__(self, *exc) -> None:
         if self.postgres and self.connection is not None:
             if self.held:
                 self.connection.execute(text("SELECT pg_advisory_unlock(:k)"),
-                                        {"k": ADVISORY_KEY})
+                                        {"k": self.key})
                 self.connection.commit()
             self.connection.close()
         elif self.held:
             self.session.rollback()
             self.session.execute(update(Lock).where(
-                Lock.name == "sweep", Lock.owner == self.owner).values(until=None))
+                Lock.name == self.name, Lock.owner == self.owner).values(until=None))
             self.session.commit()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import abort, g, redirect, render_template, request, url_for
 
 from b2bhub.engine import instances, presence
+from b2bhub.engine.cleanup import latest_runs
 from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
 from b2bhub.extensions import db
 from b2bhub.models import utcnow
@@ -21,7 +22,9 @@ def services():
                                    include_stopped=request.args.get("all") == "true")
     return render_template("ui/services.html", form=ActionForm(),
                            processes=[(p, presence.process_state(p, now)) for p in rows],
-                           instances=config_svc.list_instances(db.session, 1000).items)
+                           instances=config_svc.list_instances(db.session, 1000).items,
+                           cleanup_runs=latest_runs(db.session),
+                           cleanup_time=load_settings(db.session).cleanup_time)
 
 
 @bp.post("/system/instances/<name>/<any(start, stop):action>")
