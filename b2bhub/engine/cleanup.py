@@ -34,6 +34,8 @@ Plain Python and SQLAlchemy: no Flask, no Celery.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -51,6 +53,7 @@ from b2bhub.models import (
     As2Inbound,
     CleanupRun,
     Delivery,
+    Lock,
     Message,
     Payload,
     PluginInstance,
@@ -123,7 +126,9 @@ def run_cleanup(session: Session, store: PayloadStore, now: datetime, owner: str
     """One run under the guard (see the module docstring)."""
     report = CleanupReport(dry_run=dry_run)
     guard = SweepGuard(session, owner, now, name=LOCK_NAME, key=ADVISORY_KEY)
-    guard.lease = timedelta(minutes=5)
+    guard.lease = timedelta(minutes=2)
+    if not guard.postgres:
+        _release_dead_lease(session)
     with guard as held:
         if not held:
             return report
@@ -149,6 +154,31 @@ def run_cleanup(session: Session, store: PayloadStore, now: datetime, owner: str
         if not dry_run:
             _finish_run(session, report, "finished", "", actor)
     return report
+
+
+def _release_dead_lease(session: Session) -> None:
+    """On SQLite (one host: the database is a local file) a run killed mid-way leaves
+    its lease behind; a lease whose process is gone from this host is void at once, so
+    the next run need not wait for it to expire. (PostgreSQL's advisory lock goes with
+    the connection of the process that held it.)"""
+    owner = session.scalar(select(Lock.owner).where(Lock.name == LOCK_NAME,
+                                                    Lock.until.is_not(None)))
+    host, _, rest = (owner or "").partition(":")
+    pid = rest.partition(":")[0]
+    if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+        session.execute(update(Lock).where(Lock.name == LOCK_NAME, Lock.owner == owner)
+                        .values(until=None))
+    session.commit()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def cleanup_due(session: Session, now: datetime, settings: DeliverySettings) -> bool:
