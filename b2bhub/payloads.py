@@ -355,13 +355,16 @@ class PayloadStore:
         ``seconds`` (False when there is none)."""
         return _older(self.path(digest), time.time() - seconds)
 
-    def old_digests(self, older_than_seconds: float) -> Iterator[str]:
-        """The digests of the stored files written and taken in longer ago than
-        ``older_than_seconds`` (candidates for the orphan cleanup)."""
-        cutoff = time.time() - older_than_seconds
+    def walk(self) -> Iterator[tuple[str, int, float]]:
+        """(digest, size, age in seconds) of every stored file, in no particular order;
+        the age counts from the later of the write and the taking in."""
+        now = time.time()
         for digest, path in self._iter_files():
-            if _older(path, cutoff):
-                yield digest
+            try:
+                info = path.stat()
+            except FileNotFoundError:
+                continue
+            yield digest, info.st_size, now - max(info.st_mtime, info.st_atime)
 
     def remove_unreferenced(self, digest: str, is_referenced: Callable[[str], bool],
                             cutoff: float) -> int | None:

@@ -227,7 +227,7 @@ def test_orphan_removal_never_removes_a_payload_a_committed_row_references(
 
             try:
                 while not stop.is_set():
-                    for digest in list(store.old_digests(3600)):
+                    for digest in [d for d, _s, age in store.walk() if age > 3600]:
                         store.remove_unreferenced(digest, referenced, time.time() - 3600)
                     time.sleep(0.001)
             except BaseException as exc:  # noqa: BLE001  (shown by the test)

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, exists, literal, or_, select, tuple_, update
+from sqlalchemy import delete, exists, func, literal, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.retention import FINAL_STATUSES, OPEN_STATES, cutoff, effective_days
@@ -384,8 +384,10 @@ def _remove_files(session: Session, store: PayloadStore, report: CleanupReport,
 
 def _remove_orphans(session: Session, store: PayloadStore, guard: SweepGuard,
                     report: CleanupReport, grace: float) -> None:
-    """Every stored file older than the grace period that no row references."""
-    for chunk in _chunks(store.old_digests(grace), 500):
+    """Every stored file older than the grace period that no row references; on the
+    way, the store's total (what is left of it) for the storage report."""
+    walked = _Walk(grace)
+    for chunk in _chunks(walked.old(store), 500):
         if report.dry_run:
             for digest in _unreferenced(session, set(chunk)):
                 report.files += 1
@@ -393,9 +395,42 @@ def _remove_orphans(session: Session, store: PayloadStore, guard: SweepGuard,
                 report.bytes += _file_size(store, digest)
             session.commit()
             continue
+        before = report.bytes, report.files
         _remove_files(session, store, report, chunk, grace, orphans=True)
+        walked.files -= report.files - before[1]
+        walked.bytes -= report.bytes - before[0]
         guard.renew(utcnow())
         session.commit()
+    if report.run_id is not None:
+        files, bytes_ = referenced_totals(session)
+        session.execute(update(CleanupRun).where(CleanupRun.id == report.run_id).values(
+            store_files=walked.files, store_bytes=walked.bytes, referenced_files=files,
+            referenced_bytes=bytes_))
+        session.commit()
+
+
+class _Walk:
+    """Walks the store once: counts every file, hands on the old ones."""
+
+    def __init__(self, grace: float):
+        self.grace, self.files, self.bytes = grace, 0, 0
+
+    def old(self, store: PayloadStore) -> Iterator[str]:
+        for digest, size, age in store.walk():
+            self.files += 1
+            self.bytes += size
+            if age > self.grace:
+                yield digest
+
+
+def referenced_totals(session: Session) -> tuple[int, int]:
+    """The distinct payload files the rows reference, and their bytes."""
+    digests = select(Payload.digest, func.max(Payload.size).label("size")).group_by(
+        Payload.digest).subquery()
+    files, bytes_ = session.execute(select(func.count(), func.coalesce(
+        func.sum(digests.c.size), 0)).select_from(digests)).one()
+    # (an AS2 receipt that as2_inbound names is also its message's receipt stage)
+    return int(files), int(bytes_)
 
 
 def _file_size(store: PayloadStore, digest: str) -> int:

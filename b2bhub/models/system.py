@@ -148,3 +148,9 @@ class CleanupRun(Base):
     bytes_removed: Mapped[int] = mapped_column(BigId, default=0)
     files_removed: Mapped[int] = mapped_column(BigId, default=0)
     error: Mapped[str] = mapped_column(Text, default="")
+    # the payload store as the run's walk left it: files and bytes on disk, and the
+    # distinct files the rows reference (the storage report shows the difference)
+    store_files: Mapped[int | None] = mapped_column(BigId, default=None)
+    store_bytes: Mapped[int | None] = mapped_column(BigId, default=None)
+    referenced_files: Mapped[int | None] = mapped_column(BigId, default=None)
+    referenced_bytes: Mapped[int | None] = mapped_column(BigId, default=None)

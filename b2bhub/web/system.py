@@ -1,4 +1,4 @@
-"""System > Services, System > Settings and Logs."""
+"""System > Services, System > Settings, Logs and the storage report."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import config as config_svc
 from b2bhub.services.settings import settings_as_text, settings_from_text
+from b2bhub.services.storage import storage_report
 from b2bhub.web import bp, button, form_status, submit
 from b2bhub.web.forms import ActionForm, SettingsForm
 
@@ -69,3 +70,9 @@ def logs():
     records = presence.list_log_records(db.session, filters, 200).items
     return render_template("ui/logs.html", records=records, levels=LEVELS, level=level,
                            process=process or "")
+
+
+@bp.get("/storage")
+def storage():
+    """The storage report (SPEC 13); the same figures as ``GET /api/v1/storage``."""
+    return render_template("ui/storage.html", report=storage_report(db.session))

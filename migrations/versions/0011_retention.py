@@ -30,6 +30,10 @@ def upgrade():
         sa.Column('bytes_removed', BigId, nullable=False),
         sa.Column('files_removed', BigId, nullable=False),
         sa.Column('error', sa.Text(), nullable=False),
+        sa.Column('store_files', BigId, nullable=True),
+        sa.Column('store_bytes', BigId, nullable=True),
+        sa.Column('referenced_files', BigId, nullable=True),
+        sa.Column('referenced_bytes', BigId, nullable=True),
         sa.PrimaryKeyConstraint('id', name=op.f('pk_cleanup_runs')),
     )
     with op.batch_alter_table('cleanup_runs', schema=None) as batch_op:
