@@ -15,6 +15,7 @@ from b2bhub import hub as hub_module
 from b2bhub.engine.cleanup import run_cleanup
 from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.models import Delivery, Message, utcnow
+from b2bhub.services import config as svc
 from b2bhub.services.storage import storage_report
 from b2bhub.services.users import create_user
 
@@ -149,3 +150,20 @@ def test_unknown_ui_address_gets_the_sites_404_page(viewer, api):
     # the API keeps its JSON errors
     resp = api.get("/api/v1/no-such-thing")
     assert resp.status_code == 404 and resp.get_json()["error"]["code"] == "not_found"
+
+
+def test_the_instance_form_takes_keep_forever_and_refuses_less(setup, app, session):
+    create_user(session, "root", PASSWORD, "admin")
+    session.commit()
+    admin = app.test_client()
+    admin.post("/ui/login", data={"name": "root", "password": PASSWORD})
+    form = admin.get("/ui/plugins/inbox/edit").text
+    assert "-1: keep forever" in form and 'value="7"' in form
+    saved = admin.post("/ui/plugins/inbox/edit", data={
+        "name": "inbox", "enabled": "y", "retention_days": "-1"})
+    assert saved.status_code == 302, saved.text
+    refused = admin.post("/ui/plugins/inbox/edit", data={
+        "name": "inbox", "enabled": "y", "retention_days": "-5"})
+    assert refused.status_code == 400 and "keep forever" in refused.text
+    session.expire_all()
+    assert svc.get_instance(session, "inbox").retention_days == -1
