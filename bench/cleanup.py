@@ -3,6 +3,7 @@ intake's latency before and during it, in the same run.
 
     python bench/cleanup.py --backend postgres --messages 1000000 --rate 200 [--batch 500]
     python bench/cleanup.py --backend embedded --messages 100000 --rate 50
+    python bench/cleanup.py --backend postgres --messages 1000000 --report-only
 
 On a fresh database: ``--messages`` delivered messages created 40 days ago (bulk-loaded,
 each with a payload row, a delivery and three history lines; the payload rows share one
@@ -153,6 +154,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--before", type=float, default=15.0)
     parser.add_argument("--batch", type=int, default=500, help="messages per transaction")
+    parser.add_argument("--report-only", action="store_true",
+                        help="time the storage report 3 times on the loaded messages; "
+                             "no cleanup, no intake")
     args = parser.parse_args()
     for key, value in benchlib.environment([args.backend]):
         print(f"{key}: {value}")
@@ -164,6 +168,11 @@ def main() -> None:
         benchlib.analyze(engine)
         print(f"loaded {args.messages} messages in {time.perf_counter() - began:.0f} s")
         report_s = storage_report_seconds(backend)
+        if args.report_only:
+            times = [report_s] + [storage_report_seconds(backend) for _ in range(2)]
+            print(f"storage report on {args.messages} messages: "
+                  + ", ".join(f"{t:.2f} s" for t in times))
+            return
         intake = Intake(benchlib.make_app(backend), args.rate)
         intake.start()
         time.sleep(args.before)
