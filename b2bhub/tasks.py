@@ -73,6 +73,10 @@ def cleanup() -> dict:
             return {"ran": False}
         report = run_cleanup(session, hub.store(), now, hub.process_owner(),
                              settings=settings)
+        if report.ran:
+            from b2bhub.services import storage
+            storage.refresh(session, utcnow(), force=True)
+            session.commit()
     log.info("%s", report.summary())
     return report.__dict__
 
@@ -114,14 +118,18 @@ def broker_cleanup() -> int:
 
 @shared_task(name="b2bhub.housekeeping", ignore_result=True)
 def housekeeping() -> dict:
-    """Every minute: the dashboard's per-minute samples, and the trim of log records
-    and of processes long gone."""
+    """Every minute: the dashboard's per-minute samples, the trim of log records and
+    of processes long gone, and the storage report when it is due again."""
+    from b2bhub.services import storage
     with hub.new_session() as session:
         sampled = sample_minutes(session, utcnow())
         session.commit()
         trimmed = presence.trim(session, utcnow())
         session.commit()
-    return {"sampled": sampled, "log_records_trimmed": trimmed}
+        refreshed = storage.refresh(session, utcnow())
+        session.commit()
+    return {"sampled": sampled, "log_records_trimmed": trimmed,
+            "storage_report": refreshed}
 
 
 def worker_heartbeat(session: Session) -> list[str]:

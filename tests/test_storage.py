@@ -16,6 +16,7 @@ from b2bhub.engine.cleanup import run_cleanup
 from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.models import Delivery, Message, utcnow
 from b2bhub.services import config as svc
+from b2bhub.services import storage
 from b2bhub.services.storage import storage_report
 from b2bhub.services.users import create_user
 
@@ -88,7 +89,9 @@ def _bulk(session, count: int) -> tuple[Counter, Counter, dict]:
 
 def test_report_equals_the_counts_on_100k_messages(setup, session, api):
     by_source, by_target, oldest = _bulk(session, N)
-    report = api.get("/api/v1/storage").get_json()
+    report = api.get("/api/v1/storage").get_json()  # nothing kept yet: computed now
+    assert report == {**api.get("/api/v1/storage?fresh=true").get_json(),
+                      "computed_at": report["computed_at"]}
     assert report["messages"] == N == session.scalar(select(func.count(Message.id)))
     assert report["bytes"] == session.scalar(select(func.sum(Message.size)))
     seen_sources = seen_targets = 0
@@ -136,7 +139,7 @@ def test_page_shows_the_tree_and_the_store_against_the_rows(setup, hub, session,
     assert 'data-source="inbox" data-target="writer_a"' in text
     assert "7 days" in text
 
-    figures = storage_report(session)["store"]
+    figures = storage_report(session, utcnow())["store"]
     assert figures["files"] == 2 and figures["referenced_files"] == 1
     assert figures["unreferenced_bytes"] == leaked.size
     assert "Referenced by no row" in text and "1 files" in text
@@ -167,3 +170,22 @@ def test_the_instance_form_takes_keep_forever_and_refuses_less(setup, app, sessi
     assert refused.status_code == 400 and "keep forever" in refused.text
     session.expire_all()
     assert svc.get_instance(session, "inbox").retention_days == -1
+
+
+def test_reads_serve_the_kept_report_until_it_is_due_again(setup, hub, session, api):
+    hub.route("inbox", "*", "*", "writer_a")
+    hub.message(body=b"one")
+    now = utcnow()
+    assert storage.refresh(session, now)
+    session.commit()
+    assert not storage.refresh(session, now + timedelta(seconds=60))  # not due yet
+    hub.message(body=b"two")
+    kept = api.get("/api/v1/storage").get_json()
+    assert kept["messages"] == 1 and kept["computed_at"] == now.isoformat() + "Z"
+    assert api.get("/api/v1/storage?fresh=true").get_json()["messages"] == 2
+    assert storage.refresh(session, now + timedelta(seconds=storage.REFRESH_SECONDS))
+    session.commit()
+    assert api.get("/api/v1/storage").get_json()["messages"] == 2
+    # a kept report far too old is not served
+    later = storage.storage_report(session, now + timedelta(days=1))
+    assert later["computed_at"] == (now + timedelta(days=1)).isoformat() + "Z"

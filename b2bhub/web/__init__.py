@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from flask import (
     Blueprint,
@@ -167,6 +168,9 @@ def web_init_app(app: Flask) -> None:
 
 
 def _when(moment) -> str:
+    """A time (or the API's ISO text of one) as the pages show it."""
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment.rstrip("Z"))
     return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else ""
 
 

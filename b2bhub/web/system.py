@@ -75,4 +75,5 @@ def logs():
 @bp.get("/storage")
 def storage():
     """The storage report (SPEC 13); the same figures as ``GET /api/v1/storage``."""
-    return render_template("ui/storage.html", report=storage_report(db.session))
+    report = storage_report(db.session, utcnow(), fresh=request.args.get("fresh") == "true")
+    return render_template("ui/storage.html", report=report)
