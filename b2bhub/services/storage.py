@@ -24,6 +24,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlalchemy import case, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.retention import describe, effective_days
@@ -56,10 +57,14 @@ def refresh(session: Session, now: datetime, force: bool = False) -> bool:
             row.value, now) < REFRESH_SECONDS:
         return False
     value = compute(session, now)
-    if row is None:
-        session.add(Setting(key=CACHE_KEY, value=value))
-    else:
+    if row is not None:
         row.value = value
+        return True
+    try:
+        with session.begin_nested():  # another process may keep its first one meanwhile
+            session.add(Setting(key=CACHE_KEY, value=value))
+    except IntegrityError:
+        return False
     return True
 
 
