@@ -20,7 +20,15 @@ from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.extensions import db
 from b2bhub.hub import CeleryPublisher
-from b2bhub.models import CleanupRun, Delivery, HistoryLine, Message, Payload, utcnow
+from b2bhub.models import (
+    CleanupRun,
+    Delivery,
+    HistoryLine,
+    Message,
+    Payload,
+    Setting,
+    utcnow,
+)
 from b2bhub.services.users import create_user
 from tests.procs import BIN, ROOT, wait_until
 
@@ -91,6 +99,9 @@ def test_beat_runs_the_cleanup_at_its_time_in_a_worker(procs, hub, session, app,
     assert (state, trigger, removed) == ("finished", "schedule", 3)
     time.sleep(3)  # more ticks: it ran once today
     assert len(fresh(select(CleanupRun.id))) == 1
+    # the storage report is computed again after the run: the three messages kept
+    [(kept,)] = fresh(select(Setting.value).where(Setting.key == "storage_report"))
+    assert kept["messages"] == 3
 
     @app.before_request
     def forget_user() -> None:
