@@ -53,6 +53,10 @@ beat_schedule = {
                  "options": {"expires": 5.0}},
     "certificates": {"task": "b2bhub.check_certificates", "schedule": 86400.0,
                      "options": {"expires": 3600.0}},
+    # the nightly cleanup: each tick checks whether its time (System > Settings) has come
+    "cleanup": {"task": "b2bhub.cleanup",
+                "schedule": float(os.environ.get("B2BHUB_CLEANUP_TICK", "60")),
+                "options": {"expires": 60.0}},
     "broker-cleanup": {"task": "b2bhub.broker_cleanup", "schedule": 300.0,
                        "options": {"expires": 60.0}},
 }

@@ -36,9 +36,11 @@ hold) and the cleanups take a file's age from the later of the two.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import hashlib
 import io
 import os
@@ -67,6 +69,8 @@ DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 SHARD_RE = re.compile(r"[0-9a-f]{2}")
 READ_CHUNK = 1 << 16
 TMP_DIR = "tmp"
+#: the lock file between a put that reuses a stored file and the orphan cleanup
+LOCK_FILE = "store.lock"
 _T = TypeVar("_T")
 #: seconds after which a file in ``tmp`` is taken for the leftover of a dead process
 TEMP_GRACE = 24 * 3600
@@ -257,10 +261,8 @@ class PayloadStore:
         """Move a written temp file to its place, or drop it if the content is there;
         the directory that got a new name (fsynced unless ``sync_dir`` is off)."""
         final = self.path(stored.digest)
-        if _holds(final, stored):
+        if final.exists() and self._reuse(final, stored):
             tmp.unlink()
-            # Refresh the age so the orphan cleanup gives the new reference its grace period.
-            os.utime(final)
             return None
         try:
             os.replace(tmp, final)
@@ -270,6 +272,16 @@ class PayloadStore:
         if sync_dir:
             _fsync_dir(final.parent)
         return final.parent
+
+    def _reuse(self, final: Path, stored: StoredPayload) -> bool:
+        """Whether the file in place holds the content; if so its age is refreshed, so
+        the orphan cleanup gives the new reference its grace period. Under the shared
+        lock: a removal (exclusive) is either done before (no file) or sees it young."""
+        with self._lock(fcntl.LOCK_SH):
+            if not _holds(final, stored):
+                return False
+            os.utime(final)
+            return True
 
     # reading -----------------------------------------------------------------
     def path(self, digest: str) -> Path:
@@ -334,14 +346,66 @@ class PayloadStore:
         is_referenced = referenced if callable(referenced) else referenced.__contains__
         cutoff = time.time() - older_than_seconds
         removed = 0
-        for digest, path in list(self._iter_files()):
-            if not _older(path, cutoff) or is_referenced(digest):
-                continue
-            # Age is checked again after the lookup: a put of the same content in
-            # between refreshes it, and that new reference must survive.
-            if _older(path, cutoff):
-                removed += _unlink(path)
+        for digest, _path in list(self._iter_files()):
+            removed += self.remove_unreferenced(digest, is_referenced, cutoff) is not None
         return removed + self._remove_old_temp_files(cutoff)
+
+    def older_than(self, digest: str, seconds: float) -> bool:
+        """Whether the file of ``digest`` was written and taken in longer ago than
+        ``seconds`` (False when there is none)."""
+        return _older(self.path(digest), time.time() - seconds)
+
+    def walk(self) -> Iterator[tuple[str, int, float]]:
+        """(digest, size, age in seconds) of every stored file, in no particular order;
+        the age counts from the later of the write and the taking in."""
+        now = time.time()
+        for digest, path in self._iter_files():
+            try:
+                info = path.stat()
+            except FileNotFoundError:
+                continue
+            yield digest, info.st_size, now - max(info.st_mtime, info.st_atime)
+
+    def remove_unreferenced(self, digest: str, is_referenced: Callable[[str], bool],
+                            cutoff: float) -> int | None:
+        """Remove the file of ``digest`` if it is older than ``cutoff`` (a time.time())
+        and not referenced; its size in bytes, or None when it stays.
+
+        Never removes a file a put of the same content is reusing: a put that finds the
+        file already there checks it and refreshes its age under a shared lock of the
+        store (:meth:`_place`), and the age is checked again and the file removed under
+        the exclusive one, so a put either refreshed the age first (the file stays) or
+        finds no file and places its own copy. A transaction must commit within the
+        grace period of storing its payloads (the age a file must reach before it may
+        go), which an hour leaves to spare.
+        """
+        path = self.path(digest)
+        if not _older(path, cutoff) or is_referenced(digest):
+            return None
+        with self._lock(fcntl.LOCK_EX):
+            if not _older(path, cutoff):
+                return None
+            try:
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                return None
+        return size
+
+    @contextlib.contextmanager
+    def _lock(self, kind: int) -> Iterator[None]:
+        """The store's lock between a put reusing a file and a removal (a file of its
+        own, so a lock of one process never passes for another's)."""
+        try:
+            fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, kind)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def remove_stale_temp(self, older_than_seconds: float = TEMP_GRACE) -> int:
         """Remove the files in ``tmp`` older than ``older_than_seconds``: copies and

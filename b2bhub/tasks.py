@@ -75,6 +75,29 @@ def probe_targets() -> int:
         return len(probes().tick(session))
 
 
+@shared_task(name="b2bhub.cleanup", ignore_result=True)
+def cleanup() -> dict:
+    """Beat ticks this every minute; it runs the nightly cleanup once its time has come
+    (``b2bhub.engine.cleanup.cleanup_due``), in one process at a time."""
+    from b2bhub.engine.cleanup import cleanup_due, run_cleanup
+    from b2bhub.engine.settings import load_settings
+    with hub.new_session() as session:
+        now = utcnow()
+        settings = load_settings(session)
+        due = cleanup_due(session, now, settings)
+        session.rollback()
+        if not due:
+            return {"ran": False}
+        report = run_cleanup(session, hub.store(), now, hub.process_owner(),
+                             settings=settings)
+        if report.ran:
+            from b2bhub.services import storage
+            storage.refresh(session, utcnow(), force=True)
+            session.commit()
+    log.info("%s", report.summary())
+    return report.__dict__
+
+
 @shared_task(name="b2bhub.scan_source", ignore_result=True)
 def scan_source(instance: str) -> dict:
     """One scan of a scheduled source, unless another process is scanning it."""
@@ -112,14 +135,18 @@ def broker_cleanup() -> int:
 
 @shared_task(name="b2bhub.housekeeping", ignore_result=True)
 def housekeeping() -> dict:
-    """Every minute: the dashboard's per-minute samples, and the trim of log records
-    and of processes long gone."""
+    """Every minute: the dashboard's per-minute samples, the trim of log records and
+    of processes long gone, and the storage report when it is due again."""
+    from b2bhub.services import storage
     with hub.new_session() as session:
         sampled = sample_minutes(session, utcnow())
         session.commit()
         trimmed = presence.trim(session, utcnow())
         session.commit()
-    return {"sampled": sampled, "log_records_trimmed": trimmed}
+        refreshed = storage.refresh(session, utcnow())
+        session.commit()
+    return {"sampled": sampled, "log_records_trimmed": trimmed,
+            "storage_report": refreshed}
 
 
 @shared_task(name="b2bhub.notify", ignore_result=True)

@@ -3,7 +3,8 @@
 Every ``polling_interval`` seconds it walks ``base_directory`` exactly as deep as its
 path pattern, never through a symbolic link, and hands each complete file (size and
 mtime the same as at the previous scan) that matches the path and file patterns to its
-context, which stores it and removes it after the commit. The payload store gets a copy
+context, which stores it and removes it after the commit (or, with
+``archive_directory``, moves it there; see :class:`LocalFile`). The payload store gets a copy
 of the file; with ``take_by_link`` the file itself, by a hard link (no new file): the
 stored message then shares the file's bytes until the file is removed after the commit,
 so a sender that rewrote the file in place in between would change it (the read's
@@ -82,6 +83,10 @@ class FilePoller(Plugin):
                    "it is the single organization"),
         Field("to", "string", validate=_party_problem,
               help="the business partner, unless captured by {to}"),
+        Field("archive_directory", "path",
+              help="empty: a file is removed once its message is stored; else it is moved "
+                   "here, to the same relative path (a name already taken gets .1, .2, "
+                   "...). Outside base_directory; created when the instance starts"),
         Field("take_by_link", "boolean", default=False,
               help="senders write each file elsewhere and rename it in, never rewrite "
                    "one in place: take files into the payload store by a hard link "
@@ -96,6 +101,13 @@ class FilePoller(Plugin):
             _parse(config)
         except PatternError as exc:
             return {"path_pattern": str(exc)}
+        archive, base = config.get("archive_directory"), config.get("base_directory")
+        if archive and base:
+            archive_path, base_path = Path(os.path.abspath(archive)), Path(
+                os.path.abspath(base))
+            if archive_path == base_path or base_path in archive_path.parents:
+                return {"archive_directory": "must be outside base_directory (its files "
+                                             "would be picked up again)"}
         return {}
 
     def __init__(self, instance_name: str, config: dict[str, Any]):
@@ -104,6 +116,8 @@ class FilePoller(Plugin):
         self.pattern = _parse(config)
         self.file_pattern = config.get("file_pattern") or "*"
         self.take_by_link = bool(config.get("take_by_link"))
+        self.archive = Path(config["archive_directory"]) if config.get(
+            "archive_directory") else None
         self._previous: dict[Parts, tuple[int, int]] = {}
         self._logged = LogOnce()
 
@@ -116,6 +130,12 @@ class FilePoller(Plugin):
                                    f"{exc.strerror or exc}") from exc
         if not self.base.is_dir():
             raise PluginStartError(f"base_directory {self.base} is not a directory")
+        if self.archive is not None:
+            try:
+                self.archive.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise PluginStartError(f"cannot create archive_directory {self.archive}: "
+                                       f"{exc.strerror or exc}") from exc
 
     # the scan ----------------------------------------------------------------
     def poll(self, context: SourceContext) -> None:
@@ -206,7 +226,8 @@ class FilePoller(Plugin):
         except Unroutable as exc:
             self._move_unroutable(parts, str(exc))
             return
-        file = LocalFile(self.base, parts, *seen, linkable=self.take_by_link)
+        file = LocalFile(self.base, parts, *seen, linkable=self.take_by_link,
+                         archive=self.archive)
         context.take_file(file, from_party, to_party, filename)
 
     def _parties(self, context: SourceContext, match: Match) -> tuple[str, str]:
@@ -245,7 +266,7 @@ class FilePoller(Plugin):
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        return LocalFile(self.base, parts, st.st_size, st.st_mtime_ns)
+        return LocalFile(self.base, parts, st.st_size, st.st_mtime_ns, archive=self.archive)
 
 
 def _parse(config: dict[str, Any]) -> path_pattern.PathPattern:
@@ -350,11 +371,19 @@ def stat_at(base: Path, parts: Parts) -> os.stat_result:
 
 
 class LocalFile:
-    """A file below the base directory as it was seen (see plugin_api.PickedFile)."""
+    """A file below the base directory as it was seen (see plugin_api.PickedFile).
+
+    With ``archive``, "removing" it moves it to ``archive/<its relative path>``: a hard
+    link there first, then its name in the base directory unlinked (a rename where
+    links are not allowed), both made durable by :meth:`sync_removal` before the pickup
+    row goes, so the crash safety is that of a removal. A crash between the link and
+    the unlink leaves both names; the recovery finds the file in the archive under one
+    of its names (the same inode) and only unlinks it, so it is never archived twice."""
 
     def __init__(self, base: Path, parts: Parts, size: int, mtime_ns: int,
-                 linkable: bool = False):
+                 linkable: bool = False, archive: Path | None = None):
         self.base, self.parts, self.size, self.mtime_ns = base, parts, size, mtime_ns
+        self.archive = archive
         self.relative = record_text(parts)
         self.directory = (str(base), parts[:-1])  # what sync_removal fsyncs
         # With take_by_link, its name for the payload store to hard-link (the store
@@ -388,20 +417,35 @@ class LocalFile:
         try:
             if not self._same(os.stat(self.parts[-1], dir_fd=fd, follow_symlinks=False)):
                 return False
-            os.unlink(self.parts[-1], dir_fd=fd)
+            if self.archive is not None:
+                self._archive(fd)
+            else:
+                os.unlink(self.parts[-1], dir_fd=fd)
         except FileNotFoundError:
             pass
         finally:
             os.close(fd)
         return True
 
-    def sync_removal(self) -> None:
-        """Make the removal durable: fsync the directory it was in."""
-        fd = open_dir(self.base, self.parts[:-1])
+    def _archive(self, src: int) -> None:
+        dst = open_dir(self.archive, self.parts[:-1], create=True)
         try:
-            os.fsync(fd)
+            _move_without_replacing(src, dst, self.parts[-1], same_inode_done=True)
         finally:
-            os.close(fd)
+            os.close(dst)
+
+    def sync_removal(self) -> None:
+        """Make the removal durable: fsync the directory it was in (the archive's
+        directory first, so the new name is durable before the old one is gone)."""
+        places = [(self.base, self.parts[:-1])]
+        if self.archive is not None:
+            places.insert(0, (self.archive, self.parts[:-1]))
+        for root, parts in places:
+            fd = open_dir(root, parts)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def move_unroutable(base: Path, parts: Parts, reason: str) -> Parts:
@@ -420,12 +464,19 @@ def move_unroutable(base: Path, parts: Parts, reason: str) -> Parts:
     return (UNROUTABLE,) + parts[:-1] + (name,)
 
 
-def _move_without_replacing(src: int, dst: int, name: str) -> str:
+def _move_without_replacing(src: int, dst: int, name: str,
+                            same_inode_done: bool = False) -> str:
+    """Move ``name`` from the directory ``src`` to ``dst`` under the first free name of
+    name, name.1, ...; with ``same_inode_done``, a name in ``dst`` that already is this
+    very file (a move a crash interrupted after its link) completes the move."""
     for n in range(10000):
         candidate = name if n == 0 else f"{name}.{n}"
         try:
             os.link(name, candidate, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
         except FileExistsError:
+            if same_inode_done and _same_inode(src, name, dst, candidate):
+                os.unlink(name, dir_fd=src)
+                return candidate
             continue
         except OSError as exc:
             if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
@@ -437,6 +488,15 @@ def _move_without_replacing(src: int, dst: int, name: str) -> str:
         os.unlink(name, dir_fd=src)
         return candidate
     raise FileExistsError(errno.EEXIST, "no free name in unroutable", name)
+
+
+def _same_inode(src: int, name: str, dst: int, candidate: str) -> bool:
+    try:
+        a = os.stat(name, dir_fd=src, follow_symlinks=False)
+        b = os.stat(candidate, dir_fd=dst, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _exists(dir_fd: int, name: str) -> bool:

@@ -503,19 +503,23 @@ class Death(BaseException):
     """The process dies here (nothing after it runs, not even except Exception)."""
 
 
-def test_death_between_commit_and_removal_stores_nothing_twice(
-        poller, registry, hub, clock, base, session, monkeypatch):
-    poller()
-    files = [put(base, f"acme/o{i}.xml", b"o%d" % i) for i in range(3)]
-    runner = SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock)
-    scan(runner, clock)
-
+def die_after_commit(runner, monkeypatch) -> None:
+    """A scan whose process dies after its commit, before removing what it stored."""
     def die(self):
         raise Death()
     monkeypatch.setattr(file_poller.LocalFile, "remove", die)
     with pytest.raises(Death):
         runner.scan("poller")
     monkeypatch.undo()
+
+
+def test_death_between_commit_and_removal_stores_nothing_twice(
+        poller, registry, hub, clock, base, session, monkeypatch):
+    poller()
+    files = [put(base, f"acme/o{i}.xml", b"o%d" % i) for i in range(3)]
+    runner = SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock)
+    scan(runner, clock)
+    die_after_commit(runner, monkeypatch)
     assert count(session, Message) == 3 and count(session, PollerPickup) == 3
     assert all(f.exists() for f in files)
     # as a kill -9 leaves it: the lease still held by the dead process
@@ -706,3 +710,87 @@ def test_registered_through_its_entry_point_like_any_package():
     found.load()
     assert found.get("file_poller") is FilePoller and FilePoller.is_source()
     assert scans.is_scheduled_source(FilePoller)
+
+
+# --- archive_directory ------------------------------------------------------------------
+
+@pytest.fixture
+def archive(tmp_path):
+    return tmp_path / "archive"
+
+
+def test_a_picked_up_file_is_moved_to_the_archive(poller, runner, clock, base, archive,
+                                                  session, hub):
+    poller(archive_directory=str(archive))
+    first = put(base, "acme/order.xml", b"<order>1</order>")
+    scan(runner, clock, 2)
+    assert archive.is_dir()  # created when the instance started
+    assert not first.exists()
+    assert (archive / "acme" / "order.xml").read_bytes() == b"<order>1</order>"
+    assert count(session, Message) == 1 and count(session, PollerPickup) == 0
+    # the same name again: archived beside the first, which is never replaced
+    put(base, "acme/order.xml", b"<order>2</order>")
+    scan(runner, clock, 2)
+    assert (archive / "acme" / "order.xml").read_bytes() == b"<order>1</order>"
+    assert (archive / "acme" / "order.xml.1").read_bytes() == b"<order>2</order>"
+    assert count(session, Message) == 2
+    assert sorted(p.name for p in (base / "acme").iterdir()) == []
+
+
+def _die_then_recover(registry, hub, clock, monkeypatch, between=None):
+    """A scan whose process dies after the commit, before the move; then a new
+    process's first scan (recovery). ``between`` runs before the recovery."""
+    runner = file_poller_runner(registry, hub, clock, "proc-a")
+    scan(runner, clock)
+    die_after_commit(runner, monkeypatch)
+    with new_session() as s:  # the lease of the dead process, run out
+        s.execute(Lock.__table__.update().where(Lock.name == "scan:poller").values(
+            owner="proc-a:dead", until=clock() - timedelta(seconds=1)))
+        s.commit()
+    if between:
+        between()
+    restarted = file_poller_runner(registry, hub, clock, "proc-b")
+    report = restarted.scan("poller")
+    assert report.ran and report.messages == []
+
+
+def file_poller_runner(registry, hub, clock, owner):
+    return SourceRunner(new_session, registry, hub.store, owner, clock=clock)
+
+
+def test_death_before_the_move_archives_once_on_recovery(poller, registry, hub, clock, base,
+                                                         archive, session, monkeypatch):
+    poller(archive_directory=str(archive))
+    files = [put(base, f"acme/o{i}.xml", b"o%d" % i) for i in range(3)]
+    _die_then_recover(registry, hub, clock, monkeypatch)
+    assert not any(f.exists() for f in files)
+    assert sorted(p.name for p in (archive / "acme").iterdir()) == ["o0.xml", "o1.xml",
+                                                                    "o2.xml"]
+    assert count(session, Message) == 3 and count(session, PollerPickup) == 0
+
+
+def test_death_between_the_link_and_the_unlink_archives_once(poller, registry, hub, clock,
+                                                             base, archive, session,
+                                                             monkeypatch):
+    poller(archive_directory=str(archive))
+    put(archive, "acme/o.xml", b"an older file of the same name")
+    path = put(base, "acme/o.xml", b"this one")
+
+    def linked_only():  # what the move had done when the process died
+        os.link(path, archive / "acme" / "o.xml.1")
+
+    _die_then_recover(registry, hub, clock, monkeypatch, between=linked_only)
+    assert not path.exists()
+    assert sorted(p.name for p in (archive / "acme").iterdir()) == ["o.xml", "o.xml.1"]
+    assert (archive / "acme" / "o.xml.1").read_bytes() == b"this one"
+    assert (archive / "acme" / "o.xml").read_bytes() == b"an older file of the same name"
+    assert count(session, Message) == 1
+
+
+def test_an_archive_inside_the_base_directory_is_refused(hub, base):
+    hub.parties(organizations=("mycompany",), partners=("acme",))
+    with pytest.raises(ServiceError) as refused:
+        hub.instance("poller", "file_poller", config={
+            "base_directory": str(base), "path_pattern": "{to}/{filename}",
+            "archive_directory": str(base / "done")})
+    assert "outside base_directory" in str(refused.value)

@@ -20,4 +20,5 @@ from b2bhub.api import (  # noqa: E402,F401
     routes,
     routing,
     stats,
+    storage,
 )

@@ -55,7 +55,7 @@ def _integrity_error(exc: IntegrityError):
 
 
 @bp.app_errorhandler(HTTPException)
-def _http_error(exc: HTTPException):
+def http_error(exc: HTTPException):
     # App-wide, because a URL that matches no rule never reaches the blueprint's handlers.
     if not request.path.startswith(bp.url_prefix + "/") and request.path != bp.url_prefix:
         return exc

@@ -242,7 +242,9 @@ class InstanceFields(Schema):
     queue = fields.String(allow_none=True)
     probe_interval = _int(validate=validate.Range(min=0), metadata={
         "description": "0 (default): the System > Settings probe_interval; else at least 5"})
-    retention_days = _int(allow_none=True, validate=validate.Range(min=0))
+    retention_days = _int(allow_none=True, validate=validate.Range(min=-1), metadata={
+        "description": "days a source's messages are kept once final; null or 0: the "
+                       "retention_days setting; -1: kept forever"})
     business_rules = fields.Raw(allow_none=True, metadata={
         "type": "array", "items": {"type": "object"},
         "description": "a target's business-error rules, checked in order on every "

@@ -91,14 +91,17 @@ def _loop(session: Session, step) -> int:
 
 
 class SweepGuard:
-    """Held by at most one process at a time; ``name`` says which job it guards (one of
-    :data:`GUARD_KEYS`: the sweep by default)."""
+    """Held by at most one process at a time. ``name`` says which job it guards (the
+    sweep by default; the lease row's name), ``key`` its advisory lock key (by default
+    the name's in :data:`GUARD_KEYS`); a job that runs longer than the lease calls
+    :meth:`renew` as it goes."""
 
     lease = timedelta(seconds=60)
 
-    def __init__(self, session: Session, owner: str, now: datetime, name: str = "sweep"):
+    def __init__(self, session: Session, owner: str, now: datetime, name: str = "sweep",
+                 key: int | None = None):
         self.session, self.owner, self.now = session, owner, now
-        self.name, self.key = name, GUARD_KEYS[name]
+        self.name, self.key = name, GUARD_KEYS[name] if key is None else key
         self.postgres = session.get_bind().dialect.name == "postgresql"
         self.connection = None
         self.held = False
@@ -127,6 +130,14 @@ class SweepGuard:
         ).values(owner=self.owner, until=until)).rowcount
         self.session.commit()
         return taken == 1
+
+    def renew(self, now: datetime) -> None:
+        """Extend the lease from ``now``, in the caller's transaction (SQLite only: the
+        advisory lock lasts as long as its connection)."""
+        if not self.postgres and self.held:
+            self.session.execute(update(Lock).where(
+                Lock.name == self.name, Lock.owner == self.owner).values(
+                until=now + self.lease))
 
     def __exit__(self, *exc) -> None:
         if self.postgres and self.connection is not None:

@@ -10,6 +10,7 @@ from b2bhub.models.plugins import InstanceState, PluginInstance, Route
 from b2bhub.models.system import (
     Alert,
     ApiToken,
+    CleanupRun,
     Lock,
     LogRecord,
     Process,
@@ -20,8 +21,8 @@ from b2bhub.models.system import (
 
 __all__ = [
     "ORGANIZATION", "PARTNER", "Alert", "ApiToken", "As2Inbound", "As2Outbound", "Base",
-    "Certificate", "Delivery", "HistoryLine", "InstanceState", "Lock", "LogRecord",
-    "Message", "Notification", "NotificationChannel", "Party", "Payload", "PluginInstance",
-    "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting", "StatsMinute", "User",
-    "utcnow",
+    "Certificate", "CleanupRun", "Delivery", "HistoryLine", "InstanceState", "Lock",
+    "LogRecord", "Message", "Notification", "NotificationChannel", "Party", "Payload",
+    "PluginInstance", "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting",
+    "StatsMinute", "User", "utcnow",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, ForeignKey, Index, String
+from sqlalchemy import JSON, ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from b2bhub.models.base import Base, BigId, utcnow
@@ -135,3 +135,30 @@ class StatsMinute(Base):
     duration_max: Mapped[float | None] = mapped_column(default=None)
     due: Mapped[int] = mapped_column(default=0)
     oldest_due_seconds: Mapped[float | None] = mapped_column(default=None)
+
+
+class CleanupRun(Base):
+    """One run of the nightly cleanup (``b2bhub.engine.cleanup``), shown on System >
+    Services. Its counts are written in the transaction of each batch they count, so a
+    run that was killed still says exactly what it removed. ``state``: running,
+    finished, failed, or interrupted (its process died; found so by the next run)."""
+
+    __tablename__ = "cleanup_runs"
+    __table_args__ = (Index("ix_cleanup_runs_started_at", "started_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    state: Mapped[str] = mapped_column(String(16), default="running")
+    trigger: Mapped[str] = mapped_column(String(16), default="schedule")  # schedule | manual
+    owner: Mapped[str] = mapped_column(String(128), default="")
+    messages_removed: Mapped[int] = mapped_column(BigId, default=0)
+    bytes_removed: Mapped[int] = mapped_column(BigId, default=0)
+    files_removed: Mapped[int] = mapped_column(BigId, default=0)
+    error: Mapped[str] = mapped_column(Text, default="")
+    # the payload store as the run's walk left it: files and bytes on disk, and the
+    # distinct files the rows reference (the storage report shows the difference)
+    store_files: Mapped[int | None] = mapped_column(BigId, default=None)
+    store_bytes: Mapped[int | None] = mapped_column(BigId, default=None)
+    referenced_files: Mapped[int | None] = mapped_column(BigId, default=None)
+    referenced_bytes: Mapped[int | None] = mapped_column(BigId, default=None)

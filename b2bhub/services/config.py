@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.config_schema import ConfigError, validate_config
 from b2bhub.domain import business_rules, routing
+from b2bhub.domain.retention import KEEP_FOREVER
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
@@ -175,6 +176,11 @@ def _check_types(data: dict) -> None:
         if key in data and (not isinstance(value, kinds) or
                             (isinstance(value, bool) and bool not in kinds)):
             raise ServiceError(f"{key} must be {words}", {key: f"must be {words}"})
+    retention = data.get("retention_days")
+    if retention is not None and retention < KEEP_FOREVER:
+        raise ServiceError("retention_days must be a whole number of days, 0 or null for "
+                           "the default, or -1 to keep forever",
+                           {"retention_days": "must be at least -1 (-1: keep forever)"})
     if data.get("queue") is not None and routing.validate_name(data["queue"]):
         raise ServiceError(f"queue: {routing.validate_name(data['queue'])}",
                            {"queue": "invalid name"})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from flask import (
     Blueprint,
@@ -33,6 +34,7 @@ from werkzeug.exceptions import HTTPException
 
 from b2bhub.api.auth import RANK, requires  # noqa: F401  (the API's roles)
 from b2bhub.api.blueprint import role_for
+from b2bhub.api.errors import http_error
 from b2bhub.domain.states import LABELS
 from b2bhub.engine.history import add_line
 from b2bhub.engine.operator import ActionRefused, UnknownObject
@@ -93,6 +95,16 @@ def _error_page(exc: HTTPException):
     here too and changes nothing."""
     return render_template("ui/error.html", code=exc.code, name=exc.name,
                            description=exc.description), exc.code
+
+
+@bp.app_errorhandler(404)
+def _unknown_address(exc: HTTPException):
+    """An address under /ui/ that matches no page gets the site's own 404 page, with
+    its navigation (a URL that matches no rule never reaches the blueprint's
+    handlers); any other address is answered as before."""
+    if request.path == bp.url_prefix or request.path.startswith(bp.url_prefix + "/"):
+        return _error_page(exc)
+    return http_error(exc)
 
 
 def record_change(text: str) -> None:
@@ -156,6 +168,9 @@ def web_init_app(app: Flask) -> None:
 
 
 def _when(moment) -> str:
+    """A time (or the API's ISO text of one) as the pages show it."""
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment.rstrip("Z"))
     return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else ""
 
 

@@ -207,7 +207,8 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
             'empty: no rules')
     if "source" in roles:
         InstanceForm.retention_days = StringField(
-            "Retention (days)", description="empty: the setting's default")
+            "Retention (days)",
+            description="empty or 0: the setting's default; -1: keep forever")
     return InstanceForm(data=_form_data(plugin_cls, data or {}))
 
 

@@ -1,15 +1,17 @@
-"""System > Services, System > Settings and Logs."""
+"""System > Services, System > Settings, Logs and the storage report."""
 
 from __future__ import annotations
 
 from flask import abort, g, redirect, render_template, request, url_for
 
 from b2bhub.engine import blocking, instances, presence
+from b2bhub.engine.cleanup import latest_runs
 from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
 from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import config as config_svc
 from b2bhub.services.settings import settings_as_text, settings_from_text
+from b2bhub.services.storage import storage_report
 from b2bhub.web import bp, button, form_status, submit
 from b2bhub.web.forms import ActionForm, SettingsForm
 
@@ -22,7 +24,9 @@ def services():
     return render_template("ui/services.html", form=ActionForm(),
                            processes=[(p, presence.process_state(p, now)) for p in rows],
                            instances=config_svc.list_instances(db.session, 1000).items,
-                           blocked=blocking.blocked_instances(db.session))
+                           blocked=blocking.blocked_instances(db.session),
+                           cleanup_runs=latest_runs(db.session),
+                           cleanup_time=load_settings(db.session).cleanup_time)
 
 
 @bp.post("/system/instances/<name>/<any(start, stop):action>")
@@ -67,3 +71,10 @@ def logs():
     records = presence.list_log_records(db.session, filters, 200).items
     return render_template("ui/logs.html", records=records, levels=LEVELS, level=level,
                            process=process or "")
+
+
+@bp.get("/storage")
+def storage():
+    """The storage report (SPEC 13); the same figures as ``GET /api/v1/storage``."""
+    report = storage_report(db.session, utcnow(), fresh=request.args.get("fresh") == "true")
+    return render_template("ui/storage.html", report=report)

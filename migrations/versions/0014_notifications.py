@@ -3,7 +3,7 @@
 Alerts that exist already count as notified, so an upgrade sends no flood of old ones.
 
 Revision ID: 0014_notifications
-Revises: 0010_recovery
+Revises: 0011_retention
 Create Date: 2026-12-01 18:45:00.000000
 
 """
@@ -13,7 +13,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision = '0014_notifications'
-down_revision = '0010_recovery'
+down_revision = '0011_retention'
 branch_labels = None
 depends_on = None
 
