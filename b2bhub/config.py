@@ -30,6 +30,8 @@ VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_LOG_STREAM_LEVEL", "info", "lowest level of the log records every process "
      "publishes to the Logs page and /api/v1/logs (never below B2BHUB_LOG_LEVEL)"),
     ("B2BHUB_STOP_GRACE", "5", "seconds a running attempt may finish after SIGTERM"),
+    ("B2BHUB_CLEANUP_TICK", "60", "seconds between beat's looks at whether the nightly "
+     "cleanup's time (System > Settings, UTC) has come"),
     ("B2BHUB_WORKER_QUEUES", "deliveries,default",
      "queues a worker consumes (add an instance's own queue for dedicated workers)"),
 ]
