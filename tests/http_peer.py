@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from b2bhub.plugin_api import DeliveryInfo
@@ -184,3 +184,62 @@ def direct_attempt(plugin, body: bytes = b"<order/>"):
                         created_at=datetime.now(UTC).replace(tzinfo=None),
                         payload_stages=("unpacked",))
     return plugin.deliver(info, BytesPayload(body), PlainContext())
+
+
+def make_tls(directory) -> dict[str, str]:
+    """A test CA, a server certificate for localhost/127.0.0.1 and a client certificate
+    (CN hub-client), both signed by the CA, written as PEM files; their paths."""
+    import ipaddress
+    from pathlib import Path
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    directory = Path(directory)
+    now = datetime.now(UTC)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def build(cn, key, issuer, issuer_key, ca=False, usage=None, san=None):
+        builder = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(issuer)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - timedelta(days=1))
+                   .not_valid_after(now + timedelta(days=30))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), True))
+        if usage:
+            builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), False)
+        if san:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    def write(label, cert, key):
+        (directory / f"{label}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        (directory / f"{label}.key").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()))
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = build("b2bhub test CA", ca_key, name("b2bhub test CA"), ca_key, ca=True)
+    write("ca", ca, ca_key)
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    write("server", build("localhost", server_key, ca.subject, ca_key,
+                          usage=ExtendedKeyUsageOID.SERVER_AUTH,
+                          san=[x509.DNSName("localhost"),
+                               x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+          server_key)
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    write("client", build("hub-client", client_key, ca.subject, ca_key,
+                          usage=ExtendedKeyUsageOID.CLIENT_AUTH), client_key)
+    return {label: str(directory / label) for label in ("ca", "server", "client")}
+
+
+def tls_server_context(paths: dict[str, str], require_client: bool = True) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(paths["server"] + ".pem", paths["server"] + ".key")
+    if require_client:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(paths["ca"] + ".pem")
+    return context

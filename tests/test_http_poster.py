@@ -23,7 +23,7 @@ from b2bhub.models import Delivery, HistoryLine, Message
 from b2bhub.services import config as svc
 from plugins.http_poster import HttpPoster
 from tests.enginekit import Clock
-from tests.http_peer import Peer, Script, direct_attempt
+from tests.http_peer import Peer, Script, direct_attempt, make_tls, tls_server_context
 
 BODY = b"<order id='1'>\xc3\xa9t\xc3\xa9</order>\n"
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
@@ -456,3 +456,36 @@ def test_probe(peer):
     assert HttpPoster("p", {"url": peer.url(), "probe_url": peer.url("/health"),
                             "auth": "bearer", "token": "t0k"}).probe() is True
     assert peer.seen[-1].headers["Authorization"] == "Bearer t0k"
+
+
+def test_mutual_tls_with_a_client_certificate(hub, session, registry, clock, poster, tmp_path):
+    tls = make_tls(tmp_path)
+    server = Peer(tls_server_context(tls))
+    try:
+        poster(url=server.url("/in"), ca_bundle=tls["ca"] + ".pem",
+               client_cert=tls["client"] + ".pem", client_key=tls["client"] + ".key")
+        message = hub.message(body=BODY, now=clock())
+        drain(registry, clock)
+        assert the_delivery(session, message).state == "delivered"
+        seen = server.seen[0]
+        assert seen.body == BODY
+        assert dict(part[0] for part in seen.client_cert["subject"])["commonName"] == \
+            "hub-client"
+
+        # without the client certificate the destination refuses the handshake
+        poster(url=server.url("/in"), ca_bundle=tls["ca"] + ".pem",
+               instance={"retry_policy": {"max_attempts": 1}})
+        refused = hub.message(body=BODY, now=clock())
+        drain(registry, clock)
+        assert the_delivery(session, refused).state == "failed"
+        assert "connection to localhost:" in history(session, refused)[-1]
+        # without the CA bundle the destination's certificate is not trusted
+        poster(url=server.url("/in"), client_cert=tls["client"] + ".pem",
+               client_key=tls["client"] + ".key",
+               instance={"retry_policy": {"max_attempts": 1}})
+        untrusted = hub.message(body=BODY, now=clock())
+        drain(registry, clock)
+        assert "certificate verify failed" in history(session, untrusted)[-1]
+        assert len(server.seen) == 1
+    finally:
+        server.close()
