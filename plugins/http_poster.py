@@ -110,6 +110,12 @@ class HttpPoster(Plugin):
     type_name = "http_poster"
     roles = frozenset({"target"})
     description = "POSTs each message to an HTTP(S) URL."
+    # A worker claims up to 16 due deliveries at once and posts them one after the
+    # other (bench/http_post.py: 2.6 ms of CPU per delivery against 9.0 ms claiming one
+    # at a time, and 124 against 45 deliveries/s on the same loaded machine). Max
+    # Concurrent Deliveries still caps the leases across workers; a destination that
+    # hangs holds a batch for up to 16 x timeout, its leases renewed meanwhile.
+    claim_batch = 16
     config_schema = [
         Field("url", "string", required=True, validate=_url_problem,
               help="the destination, e.g. https://erp.example.com/inbound"),
