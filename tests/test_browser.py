@@ -267,8 +267,10 @@ def test_an_admin_sets_up_an_http_poster_and_a_message_is_posted(browser, hub_ur
         session.commit()
         drop(inbox, "order-9.xml", b"<order n='9'/>")
         message_id = wait_for_message("order-9.xml")
+        wait_until(lambda: fresh(select(Delivery.state).where(
+            Delivery.message_id == message_id)) == [("delivered",)], 60, "order-9.xml posted")
         page.goto(f"/ui/messages/{message_id}")
-        page.wait_for_selector("#message-live h1 .s-delivered", timeout=60_000)
+        page.wait_for_selector("#message-live h1 .s-delivered", timeout=30_000)
         assert "HTTP 201 Created" in page.inner_text("#history")
         seen = peer.seen[-1]
         assert seen.body == b"<order n='9'/>" and seen.headers["X-Api-Version"] == "2"
