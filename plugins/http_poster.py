@@ -190,37 +190,42 @@ class HttpPoster(Plugin):
 
     def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
                 context: TargetContext) -> Outcome:
+        """POST the stage; the outcome its answer (or its lack of one) means."""
         if self.stage not in payload.stages():
             return Outcome.failed(f"the message has no '{self.stage}' payload stage")
-        size = payload.size(self.stage)
-        headers = self._headers(delivery, context, size)
+        headers = self._headers(delivery, context, payload.size(self.stage))
         started = time.monotonic()
         try:
-            if self.signing_key is not None:
-                headers.update(self._signature(headers["Idempotency-Key"], context.now,
-                                               payload))
-            with _Body(payload, self.stage) as body:
-                context.wire_started()
-                response = self.session.post(
-                    self.url, data=body, headers=headers,
-                    timeout=self.timeout, allow_redirects=self.follow, stream=True)
-        except PayloadError as exc:
-            return Outcome.error("payload", f"could not read the payload: {exc}")
-        except requests.Timeout:
-            return Outcome.error("timeout", f"no answer within {self.timeout:g} s "
-                                 f"(after {_took(started)})")
-        except requests.TooManyRedirects as exc:
-            return Outcome.failed(f"too many redirects after {_took(started)}: {exc}")
-        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
-            if isinstance(exc.__context__, PayloadError):
-                return Outcome.error("payload", f"could not read the payload: "
-                                     f"{exc.__context__}")
-            return Outcome.error("connection", f"{_connection_problem(exc, self.url)} "
-                                 f"(after {_took(started)})")
-        except requests.RequestException as exc:
-            return Outcome.failed(f"the request could not be made: {exc}")
+            response = self._post(payload, headers, context)
+        except (PayloadError, requests.RequestException) as exc:
+            return self._unanswered(exc, started)
         with response:
             return self._answered(response, started, context)
+
+    def _post(self, payload: PayloadReader, headers: dict[str, str],
+              context: TargetContext) -> requests.Response:
+        if self.signing_key is not None:
+            headers.update(self._signature(headers["Idempotency-Key"], context.now, payload))
+        with _Body(payload, self.stage) as body:
+            context.wire_started()
+            return self.session.post(self.url, data=body, headers=headers,
+                                     timeout=self.timeout, allow_redirects=self.follow,
+                                     stream=True)
+
+    def _unanswered(self, exc: Exception, started: float) -> Outcome:
+        """The outcome of a request that got no answer: its error class and why."""
+        unreadable = exc if isinstance(exc, PayloadError) else exc.__context__
+        if isinstance(unreadable, PayloadError):
+            return Outcome.error("payload", f"could not read the payload: {unreadable}")
+        if isinstance(exc, requests.Timeout):
+            return Outcome.error("timeout", f"no answer within {self.timeout:g} s "
+                                 f"(after {_took(started)})")
+        if isinstance(exc, requests.TooManyRedirects):
+            return Outcome.failed(f"too many redirects after {_took(started)}: {exc}")
+        if isinstance(exc, requests.ConnectionError | requests.exceptions.ChunkedEncodingError):
+            return Outcome.error("connection", f"{_connection_problem(exc, self.url)} "
+                                 f"(after {_took(started)})")
+        return Outcome.failed(f"the request could not be made: {exc}")
 
     def _headers(self, delivery: DeliveryInfo, context: TargetContext,
                  size: int) -> dict[str, str]:
@@ -266,33 +271,32 @@ class HttpPoster(Plugin):
                   context: TargetContext) -> Outcome:
         """The outcome of an answer, carrying it for the business-error rules."""
         body, cut = _read_start(response)
-        status = response.status_code
-        took = _took(started)
-        shown = _shown(body)
-        head = f"HTTP {status} {response.reason or ''}".rstrip() + f" in {took}"
+        status, shown = response.status_code, _shown(body)
+        head = f"HTTP {status} {response.reason or ''}".rstrip() + f" in {_took(started)}"
         text = head + (f": {shown}" if shown else "") + (f" ({cut})" if cut else "")
         answer = Answer(status, body, response.headers.get("Content-Type", ""),
                         tuple(response.headers.items()))
+        return self._by_status(response, head, text, context).with_answer(answer)
+
+    def _by_status(self, response: requests.Response, head: str, text: str,
+                   context: TargetContext) -> Outcome:
+        status = response.status_code
+        if status == 202 and self.awaits:
+            ref = getattr(context, "receipt_ref", None) or "callback"
+            deadline = context.now + timedelta(seconds=self.receipt_timeout)
+            return Outcome.awaiting_receipt(ref, deadline, text=f"{text}; accepted, awaiting "
+                                            "the destination's callback")
         if 200 <= status < 300:
-            if status == 202 and self.awaits:
-                ref = getattr(context, "receipt_ref", None) or "callback"
-                deadline = context.now + timedelta(seconds=self.receipt_timeout)
-                outcome = Outcome.awaiting_receipt(ref, deadline, text=f"{text}; accepted, "
-                                                   "awaiting the destination's callback")
-            else:
-                outcome = Outcome.delivered(text, status=status)
-        elif status >= 500 or status in RETRIED_STATUSES:
-            error_class = f"http_{status}"
-            outcome = Outcome(OutcomeKind.ERROR, text, error_class=error_class,
-                              retry_at=_retry_after(response, context.now),
-                              data={"status": status})
-        elif 300 <= status < 400:
+            return Outcome.delivered(text, status=status)
+        if status >= 500 or status in RETRIED_STATUSES:
+            return Outcome(OutcomeKind.ERROR, text, error_class=f"http_{status}",
+                           retry_at=_retry_after(response, context.now),
+                           data={"status": status})
+        if 300 <= status < 400:
             where = response.headers.get("Location") or "no Location"
-            outcome = Outcome.failed(f"{head}: redirect to {_one_line(where)} not followed "
-                                     "(follow_redirects is off)", status=status)
-        else:
-            outcome = Outcome.failed(text, status=status)
-        return outcome.with_answer(answer)
+            return Outcome.failed(f"{head}: redirect to {_one_line(where)} not followed "
+                                  "(follow_redirects is off)", status=status)
+        return Outcome.failed(text, status=status)
 
     # --- probe --------------------------------------------------------------------------
 

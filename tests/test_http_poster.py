@@ -489,3 +489,16 @@ def test_mutual_tls_with_a_client_certificate(hub, session, registry, clock, pos
         assert len(server.seen) == 1
     finally:
         server.close()
+
+
+def test_a_payload_changed_in_the_store_is_a_payload_error_not_a_delivery(
+        hub, session, registry, clock, peer, poster):
+    """The stage's sha256 is checked as it is sent: a changed file fails the attempt."""
+    poster(instance={"retry_policy": {"max_attempts": 1}})
+    message = hub.message(body=BODY, now=clock())
+    path = hub.store.path(message.sha256)
+    path.chmod(0o644)
+    path.write_bytes(BODY.replace(b"1", b"2"))  # same size, other bytes
+    drain(registry, clock)
+    assert the_delivery(session, message).state == "failed"
+    assert "could not read the payload" in history(session, message)[-1]
