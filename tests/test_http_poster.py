@@ -365,7 +365,8 @@ def test_a_wrong_or_earlier_token_is_404_and_changes_nothing(hub, session, regis
                             current)
     before = len(session.scalars(select(HistoryLine.id).where(
         HistoryLine.message_id == message.id)).all())
-    for path in (earlier, forged, other_delivery, "/callbacks/nonsense"):
+    for path in (earlier, forged, other_delivery, "/callbacks/nonsense",
+                 "/callbacks/\u00b2.1.x", "/callbacks/" + "9" * 30 + ".1.x"):
         answer = client.post(path, json={"result": "completed"})
         assert answer.status_code == 404, path
         assert answer.get_json()["error"]["code"] == "not_found"

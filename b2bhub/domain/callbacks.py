@@ -41,7 +41,8 @@ class CallbackTokens:
     def parse(self, token: str) -> tuple[int, int] | None:
         """(delivery id, attempt) of a genuine token, None for any other text."""
         parts = token.split(".")
-        if len(parts) != 3 or not all(p.isdigit() and len(p) < 20 for p in parts[:2]):
+        if len(parts) != 3 or not all(p.isascii() and p.isdigit() and len(p) < 19
+                                        for p in parts[:2]):
             return None
         delivery_id, attempt = int(parts[0]), int(parts[1])
         expected = self._mac("receipt", delivery_id, attempt)
