@@ -488,6 +488,14 @@ def test_mutual_tls_with_a_client_certificate(hub, session, registry, clock, pos
         drain(registry, clock)
         assert "certificate verify failed" in history(session, untrusted)[-1]
         assert len(server.seen) == 1
+
+        # the probe goes through the same TLS settings
+        mutual = {"url": server.url("/in"), "probe_url": server.url("/health"),
+                  "ca_bundle": tls["ca"] + ".pem", "client_cert": tls["client"] + ".pem",
+                  "client_key": tls["client"] + ".key", "timeout": 5}
+        assert HttpPoster("p", mutual).probe() is True
+        assert server.seen[-1].method == "HEAD" and server.seen[-1].client_cert
+        assert HttpPoster("p", {**mutual, "client_cert": "", "client_key": ""}).probe() is False
     finally:
         server.close()
 
