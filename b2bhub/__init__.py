@@ -59,4 +59,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     from b2bhub.as2.views import bp as as2_bp
     app.register_blueprint(as2_bp)
     csrf.exempt(as2_bp)  # authenticated by signatures and profiles, not by a session
+    from b2bhub.api.callbacks import bp as callbacks_bp
+    app.register_blueprint(callbacks_bp)
+    csrf.exempt(callbacks_bp)  # the token in the URL is the credential
     return app

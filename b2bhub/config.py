@@ -21,6 +21,9 @@ VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_PAYLOAD_DIR", None, "payload store; default <data dir>/payloads"),
     ("B2BHUB_HOST", "127.0.0.1", "address the web process listens on"),
     ("B2BHUB_PORT", "8000", "port the web process listens on"),
+    ("B2BHUB_PUBLIC_URL", None, "the hub's address as destinations reach it, for the "
+     "callback URLs of receipts; default http://<B2BHUB_HOST>:<B2BHUB_PORT> (set it "
+     "behind a proxy or on a platform)"),
     ("B2BHUB_WORKERS", "2", "worker processes `b2bhub run` starts"),
     ("B2BHUB_WEB_THREADS", "64", "threads of the web process; each open event stream "
      "holds one, 4 are kept for other requests"),
@@ -95,6 +98,7 @@ def load(overrides: dict | None = None) -> dict:
         "STOP_GRACE": float(_env("B2BHUB_STOP_GRACE", "5")),
         "HOST": host,
         "PORT": port,
+        "PUBLIC_URL": _env("B2BHUB_PUBLIC_URL"),
         "WORKERS": int(_env("B2BHUB_WORKERS", "2")),
         "WEB_THREADS": int(_env("B2BHUB_WEB_THREADS", "64")),
         "WORKER_QUEUES": _env("B2BHUB_WORKER_QUEUES", "deliveries,default"),
@@ -102,6 +106,9 @@ def load(overrides: dict | None = None) -> dict:
         "WTF_CSRF_TIME_LIMIT": None,
     }
     cfg.update(overrides)
+    if not cfg["PUBLIC_URL"]:  # listening on every address: loopback reaches it here
+        host = "127.0.0.1" if cfg["HOST"] in ("0.0.0.0", "::", "") else cfg["HOST"]
+        cfg["PUBLIC_URL"] = f"http://{host}:{cfg['PORT']}"
     if cfg["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
         cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {"timeout": 30}}
     else:

@@ -14,6 +14,7 @@ from flask import Flask, current_app
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.callbacks import CallbackTokens
 from b2bhub.engine import wakeups
 from b2bhub.extensions import db
 from b2bhub.models import Delivery, PluginInstance, utcnow
@@ -42,6 +43,11 @@ def store() -> PayloadStore:
 
 def registry():
     return current_app.extensions["b2bhub.registry"]
+
+
+def callback_tokens() -> CallbackTokens:
+    """This hub's callback URLs and idempotency keys (its secret key and public URL)."""
+    return CallbackTokens(current_app.config["SECRET_KEY"], current_app.config["PUBLIC_URL"])
 
 
 def new_session() -> Session:

@@ -83,6 +83,13 @@ class TargetContext(Protocol):
     """The narrow view of the core a target's ``deliver`` gets."""
 
     now: datetime
+    #: the URL the destination may POST this attempt's result to later (receipts by
+    #: callback, SPEC 8), None where the core offers none
+    callback_url: str | None
+    #: the receipt reference that URL settles: return it in Outcome.awaiting_receipt
+    receipt_ref: str | None
+    #: the same on every attempt of this delivery, unique to it (None: none offered)
+    idempotency_key: str | None
 
     def wire_started(self) -> None:
         """Say that bytes may have reached the partner: an interruption from here on

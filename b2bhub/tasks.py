@@ -32,7 +32,7 @@ def runner() -> TargetRunner:
     global _runner
     if _runner is None:
         _runner = TargetRunner(hub.new_session, hub.registry(), hub.store(),
-                               hub.process_owner())
+                               hub.process_owner(), callbacks=hub.callback_tokens())
     return _runner
 
 

@@ -67,16 +67,18 @@ def arguments(description: str, extra: Callable[[argparse.ArgumentParser], None]
 
 @contextmanager
 def fresh_bench(backend: str, keep: bool = False, writer_concurrency: int = 4,
-                take_by_link: bool = False) -> Iterator[Bench]:
+                take_by_link: bool = False, target: dict | None = None) -> Iterator[Bench]:
     """A migrated backend with mycompany, acme, poller -> writer (its Max Concurrent
-    Deliveries ``writer_concurrency``) and a route; the poller's ``take_by_link``."""
+    Deliveries ``writer_concurrency``) and a route; the poller's ``take_by_link``.
+    ``target``: another instance in the writer's place (the API's shape, its name
+    ``writer``), e.g. an http_poster."""
     tmp = Path(tempfile.mkdtemp(prefix="b2bhub-fbench-"))
     bench = Bench(backend, {}, tmp, tmp / "in", tmp / "out", tmp / "staging")
     bench.staging.mkdir()
     drop_db = None
     try:
         bench.urls, drop_db = _create_backend(backend, tmp)
-        _migrate_and_configure(bench, writer_concurrency, take_by_link)
+        _migrate_and_configure(bench, writer_concurrency, take_by_link, target)
         yield bench
     finally:
         if bench.procs is not None:
@@ -113,7 +115,7 @@ def _create_backend(backend: str, tmp: Path) -> tuple[dict[str, str], Callable |
 
 
 def _migrate_and_configure(bench: Bench, writer_concurrency: int,
-                           take_by_link: bool = False) -> None:
+                           take_by_link: bool = False, target: dict | None = None) -> None:
     from flask_migrate import upgrade
 
     from b2bhub import create_app, hub
@@ -135,10 +137,10 @@ def _migrate_and_configure(bench: Bench, writer_concurrency: int,
             "config": {"base_directory": str(bench.inbox), "path_pattern": "{to}/{filename}",
                        "polling_interval": 1, "take_by_link": take_by_link}})
         svc.save_instance(session, registry, {
-            "name": WRITER, "type": "file_writer",
-            "max_concurrent_deliveries": writer_concurrency,
-            "config": {"base_directory": str(bench.outbox),
-                       "filename_pattern": "{original_filename}"}})
+            "max_concurrent_deliveries": writer_concurrency, **(target or {
+                "type": "file_writer",
+                "config": {"base_directory": str(bench.outbox),
+                           "filename_pattern": "{original_filename}"}}), "name": WRITER})
         svc.create_route(session, registry, POLLER, "*", PARTNER, WRITER)
         session.commit()
         db.engine.dispose()
@@ -252,17 +254,17 @@ class CpuMeter:
         return pids
 
     def start(self) -> None:
-        self._start = {pid: _cpu_seconds(pid) for pid in self._pids()}
+        self._start = {pid: cpu_seconds(pid) for pid in self._pids()}
 
     def stop(self) -> dict[str, float]:
         """Seconds per process name (PostgreSQL backends summed as ``postgres``)."""
         spent: Counter[str] = Counter()
         for pid, name in self._pids().items():
-            spent[name] += _cpu_seconds(pid) - self._start.get(pid, 0.0)
+            spent[name] += cpu_seconds(pid) - self._start.get(pid, 0.0)
         return dict(spent)
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()

@@ -19,6 +19,20 @@ from b2bhub.services import config as svc
 T0 = datetime(2030, 1, 7, 9, 0, 0)
 
 
+class Clock:
+    """The runner's clock, moved by the test instead of waiting; starts at now."""
+
+    def __init__(self):
+        from b2bhub.models import utcnow
+        self.now = utcnow()
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
 def at(seconds: float = 0, **interval: float) -> datetime:
     """T0 plus ``seconds`` (and any other ``timedelta`` keyword)."""
     return T0 + timedelta(seconds=seconds, **interval)

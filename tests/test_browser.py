@@ -283,3 +283,64 @@ def test_a_business_rule_blocks_an_instance_until_the_operator_resubmits(
     assert peer.received == [b"BAD order 1", b"BAD order 1", b"order 2"]
     page.goto("/ui/plugins")
     assert "Blocked" not in page.inner_text("table.instances tr[data-instance=poster]")
+
+
+def test_an_admin_sets_up_an_http_poster_and_a_message_is_posted(browser, hub_url, tmp_path,
+                                                                  session, registry):
+    """The form drawn from the http_poster's schema: a cross-field problem shown on its
+    field, secrets masked once saved, and a message it posted, seen on its page."""
+    from b2bhub.services import config as svc
+    from plugins.file_poller import FilePoller
+    from plugins.http_poster import HttpPoster
+    from tests.http_peer import Peer, Script
+
+    for cls in (FilePoller, HttpPoster):
+        registry.register(cls)
+    inbox = tmp_path / "in"
+    svc.create_party(session, "organization", "mycompany")
+    svc.create_party(session, "partner", "acme")
+    svc.save_instance(session, registry, {"name": "poller", "type": "file_poller", "config": {
+        "base_directory": str(inbox), "polling_interval": 1, "path_pattern": "{to}/{filename}"}})
+    session.commit()
+    peer = Peer()
+    peer.script("/orders", Script(201, body=b'{"order": "accepted"}'))
+    try:
+        page = page_for(browser, hub_url, "ada")
+        page.click("nav >> text=Plugins")
+        page.click("text=New http_poster…")
+        page.fill("#name", "erp")
+        page.fill("#config-url", peer.url("/orders"))
+        page.fill("#config-headers", '{"X-Api-Version": "2"}')
+        page.select_option("#config-auth", "basic")  # refused: basic needs a username
+        page.fill("#config-password", "pw-never-shown")
+        page.click("button:has-text('Save')")
+        assert page.locator(".field.has-error #config-username").count() == 1
+        assert "basic authentication needs a username" in page.inner_text("main")
+        shot(page, "20-http-poster-form-error")
+        page.fill("#config-username", "hub")
+        page.fill("#config-password", "pw-never-shown")
+        page.click("button:has-text('Save')")
+        assert "Created http_poster instance erp" in page.inner_text("main")
+        page.goto("/ui/plugins/erp/edit")
+        assert page.input_value("#config-password") == "********"
+        assert "pw-never-shown" not in page.content()
+        shot(page, "21-http-poster-form")
+
+        svc.create_route(session, registry, "poller", "*", "acme", "erp", actor="tests")
+        session.commit()
+        page.goto("/ui/messages")  # the list, live: the new row reaches Delivered
+        page.wait_for_function(
+            "document.getElementById('live-state').classList.contains('on')")
+        drop(inbox, "order-9.xml", b"<order n='9'/>")
+        message_id = wait_for_message("order-9.xml")
+        page.wait_for_selector(f'#messages tr[data-id="{message_id}"] .s-delivered',
+                               timeout=60_000)
+        page.goto(f"/ui/messages/{message_id}")
+        page.wait_for_selector("#message-live h1 .s-delivered", timeout=30_000)
+        assert "HTTP 201 Created" in page.inner_text("#history")
+        seen = peer.seen[-1]
+        assert seen.body == b"<order n='9'/>" and seen.headers["X-Api-Version"] == "2"
+        assert seen.headers["Authorization"].startswith("Basic ")
+        shot(page, "22-message-posted")
+    finally:
+        peer.close()

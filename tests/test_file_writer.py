@@ -24,11 +24,12 @@ from b2bhub.engine import machine, operator
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
-from b2bhub.models import Alert, Delivery, HistoryLine, Message, utcnow
+from b2bhub.models import Alert, Delivery, HistoryLine, Message
 from b2bhub.plugin_api import DeliveryInfo
 from b2bhub.registry import PluginRegistry
 from b2bhub.services.errors import ServiceError
 from plugins.file_writer import FileWriter
+from tests.enginekit import Clock
 
 BODY = b"<order id='1'>\x00\xffbinary too</order>\n"
 
@@ -36,19 +37,6 @@ BODY = b"<order id='1'>\x00\xffbinary too</order>\n"
 @pytest.fixture(autouse=True)
 def _file_writer(registry):
     registry.register(FileWriter)
-
-
-class Clock:
-    """The runner's clock, moved by the test instead of waiting."""
-
-    def __init__(self):
-        self.now = utcnow()
-
-    def __call__(self):
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture

@@ -392,9 +392,19 @@ def _retry_or_fail(claim: Claim, outcome: Outcome, policy: RetryPolicy, now: dat
     if not decision.retry:
         return _failed(done, FailureKind.TECHNICAL,
                        f"{head} failed: {outcome.text} ({decision.reason})")
-    at = outcome.retry_at or decision.at
+    at = _capped(outcome.retry_at, policy, now) or decision.at
     return ({**done, "state": S.RETRYING, "due_at": at, "next_wake_at": at, "wake_count": 0},
             f"{head} failed: {outcome.text}; retrying at {at:%Y-%m-%d %H:%M:%S} UTC")
+
+
+def _capped(at: datetime | None, policy: RetryPolicy, now: datetime) -> datetime | None:
+    """A retry time the target asked for (an HTTP Retry-After), no later than the
+    policy's ``max_delay`` from now and no earlier than now."""
+    if at is None:
+        return None
+    if policy.max_delay is not None:
+        at = min(at, now + timedelta(seconds=policy.max_delay))
+    return max(at, now)
 
 
 def _fenced_update(session: Session, claim: Claim, values: dict) -> bool:

@@ -24,6 +24,7 @@ from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain import business_rules
+from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy, merge
 from b2bhub.engine import machine
@@ -68,13 +69,22 @@ class StoredPayloads:
 
 
 class AttemptContext:
-    """The TargetContext of one attempt."""
+    """The TargetContext of one attempt. With the hub's ``callbacks`` and the claim, it
+    offers the attempt's receipt callback URL, the receipt reference a callback to it
+    settles, and the delivery's idempotency key (:mod:`b2bhub.domain.callbacks`)."""
 
     def __init__(self, now: datetime, instance: PluginInstance,
                  open_session: Callable[[], Session] | None = None,
-                 store: PayloadStore | None = None):
+                 store: PayloadStore | None = None, claim: Claim | None = None,
+                 callbacks: CallbackTokens | None = None):
         self.now = now
         self.instance_name = instance.name
+        self.callback_url = self.receipt_ref = self.idempotency_key = None
+        if claim is not None:
+            self.receipt_ref = receipt_ref(claim.attempt)
+            if callbacks is not None:
+                self.callback_url = callbacks.url(claim.delivery_id, claim.attempt)
+                self.idempotency_key = callbacks.idempotency_key(claim.delivery_id)
         # for built-in protocol targets (AS2) that keep their own records and stages
         self.open_session, self.store = open_session, store
         self.wire = False
@@ -145,9 +155,11 @@ class TargetRunner:
 
     def __init__(self, session_factory: Callable[[], Session], registry, store: PayloadStore,
                  owner: str, stop: StopControl = stop_control,
-                 clock: Callable[[], datetime] = utcnow):
+                 clock: Callable[[], datetime] = utcnow,
+                 callbacks: CallbackTokens | None = None):
         self.session_factory, self.registry, self.store = session_factory, registry, store
         self.owner, self.stop, self.clock = owner, stop, clock
+        self.callbacks = callbacks  # the hub's callback URLs and idempotency keys
         self._plugins: dict[str, tuple[datetime, object]] = {}
         self._parsed_rules: dict[str, tuple[datetime, Any]] = {}
         self.leases = LeaseKeeper(clock)
@@ -232,7 +244,7 @@ class TargetRunner:
                 self._release(session, claims[index:], "worker stopping before the attempt")
                 return
             context = AttemptContext(self.clock(), batch.instance, self.session_factory,
-                                     self.store)
+                                     self.store, claim, self.callbacks)
             try:
                 with self.stop.attempt():
                     self._attempt(batch.plugin, infos[claim.delivery_id], context,
