@@ -141,10 +141,10 @@ class Processes:
             proc.wait_in_log(" ready.", timeout=60)
         return proc
 
-    def beat(self) -> Proc:
+    def beat(self, extra_env: dict[str, str] | None = None) -> Proc:
         """``celery beat`` with a schedule file of its own; the sweep runs every 5 s."""
         cmd = CELERY + ["beat", "--loglevel", "INFO", "-s", str(self.tmp / "beat-schedule")]
-        proc = self.start("beat", cmd)
+        proc = self.start("beat", cmd, extra_env)
         proc.wait_in_log("beat: Starting...", timeout=60)
         return proc
 
