@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from b2bhub.extensions import db
-from b2bhub.models import Delivery, Message
+from b2bhub.models import Delivery, Message, Payload
 from tests.procs import Processes, wait_until
 from tests.s3kit import new_bucket
 from tests.test_e2e_files import drop, load_fixtures
@@ -69,7 +71,9 @@ class Hosts:
 def hosts(procs, tmp_path, s3_server):
     bucket = new_bucket()
     s3_server.store(bucket).client.create_bucket(Bucket=bucket)
-    return Hosts(procs, tmp_path, s3_server.env(bucket))
+    hosts = Hosts(procs, tmp_path, s3_server.env(bucket))
+    hosts.store = s3_server.store(bucket)
+    return hosts
 
 
 def count_messages() -> int:
@@ -130,8 +134,7 @@ def test_processes_on_separate_disks_deliver_everything_through_the_object_store
     for name, body in expected.items():
         assert (out / "acme" / name).read_bytes() == body, name
     assert hosts.files_on_disks() == []
-    stored = set(s3_server.store(hosts.s3_env["B2BHUB_PAYLOAD_URL"].split("/")[2])
-                 .iter_digests())
+    stored = set(hosts.store.iter_digests())
     assert {hashlib.sha256(b).hexdigest() for b in expected.values()} <= stored
 
     # Worker2 is down while more arrive; then every process starts again on an empty
@@ -162,3 +165,50 @@ def test_processes_on_separate_disks_deliver_everything_through_the_object_store
                           headers={"Authorization": f"Bearer {token}"}, timeout=30)
     assert answer.status_code == 200 and answer.content == later_sent["later-by-hand.txt"]
     assert hosts.files_on_disks() == []
+
+
+def parts_sent(store) -> int:
+    """Parts the unfinished multipart uploads of the store have so far."""
+    return sum(len(store.client.list_parts(Bucket=store.bucket, Key=u["Key"],
+                                           UploadId=u["UploadId"]).get("Parts", []))
+               for u in store.temp_uploads())
+
+
+def test_kill_9_of_a_worker_in_the_middle_of_a_multipart_upload(hosts, procs):
+    """The worker taking a large file is killed while its parts go up: no row refers to
+    anything of it, the file is taken again by the restarted worker and delivered once,
+    and the orphan cleanup aborts the abandoned upload (its parts) past its margin."""
+    inbox = hosts.tmp / "hosts" / "worker1" / "in"
+    out = hosts.tmp / "hosts" / "worker2" / "out"
+    load_fixtures(procs, inbox, writer={"queue": "host2", "config": {
+        "base_directory": str(out), "filename_pattern": "{to}/{original_filename}"}})
+    worker1 = procs.worker(extra_env=hosts.env("worker1"), queues="deliveries,default")
+    procs.worker(extra_env=hosts.env("worker2", B2BHUB_WORKER_QUEUES="host2"),
+                 queues="host2")
+    procs.beat(extra_env=hosts.env("beat"))
+    body = pattern(160 * 1024 * 1024, b"huge")
+    drop(inbox, {"huge.bin": body})
+
+    wait_until(lambda: parts_sent(hosts.store) >= 1, 60, "the first parts sent", every=0.05)
+    os.kill(worker1.pid, signal.SIGKILL)
+    worker1.wait_exit(10)
+    [abandoned] = hosts.store.temp_uploads()
+    assert count_messages() == 0
+    assert list(hosts.store.iter_digests()) == [] and hosts.store.temp_objects() == []
+
+    hosts.wipe("worker1")
+    procs.worker(extra_env=hosts.env("worker1"), queues="deliveries,default")
+    wait_until(lambda: delivery_states() == {"delivered": 1}, 180,
+               "the file taken again and delivered")
+    assert (out / "acme" / "huge.bin").read_bytes() == body
+    assert count_messages() == 1
+    with Session(db.engine) as s:
+        referenced = set(s.scalars(select(Payload.digest)))
+    assert referenced == {hashlib.sha256(body).hexdigest()}
+
+    assert hosts.store.remove_orphans(referenced, older_than_seconds=3600) == 0
+    assert [u["UploadId"] for u in hosts.store.temp_uploads()] == [abandoned["UploadId"]]
+    hosts.store.clock = lambda: time.time() + 7200  # the nightly cleanup, hours later
+    assert hosts.store.remove_orphans(referenced, older_than_seconds=3600) == 1
+    assert hosts.store.temp_uploads() == [] and hosts.store.temp_objects() == []
+    assert sorted(hosts.store.iter_digests()) == sorted(referenced)
