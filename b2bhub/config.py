@@ -19,6 +19,10 @@ VARIABLES: list[tuple[str, str | None, str]] = [
      "Celery broker; default kombu's SQLAlchemy transport on SQLite in the data directory "
      "(redis://... for Redis)"),
     ("B2BHUB_PAYLOAD_DIR", None, "payload store; default <data dir>/payloads"),
+    ("B2BHUB_PAYLOAD_URL", None, "payload store by URL: s3://bucket/prefix for an "
+     "S3-compatible object store, or file:///path; default the B2BHUB_PAYLOAD_DIR store"),
+    ("B2BHUB_S3_ENDPOINT_URL", None, "address of an S3-compatible server for an s3:// "
+     "payload store; default AWS (credentials and region from the standard AWS variables)"),
     ("B2BHUB_HOST", "127.0.0.1", "address the web process listens on"),
     ("B2BHUB_PORT", "8000", "port the web process listens on"),
     ("B2BHUB_PUBLIC_URL", None, "the hub's address as destinations reach it, for the "
@@ -92,6 +96,8 @@ def load(overrides: dict | None = None) -> dict:
         "SQLALCHEMY_DATABASE_URI": database_url,
         "BROKER_URL": broker_url,
         "PAYLOAD_DIR": _env("B2BHUB_PAYLOAD_DIR", str(data_dir / "payloads")),
+        "PAYLOAD_URL": _env("B2BHUB_PAYLOAD_URL"),
+        "S3_ENDPOINT_URL": _env("B2BHUB_S3_ENDPOINT_URL"),
         "SECRET_KEY": _env("B2BHUB_SECRET_KEY"),
         "LOG_LEVEL": _env("B2BHUB_LOG_LEVEL", "info").upper(),
         "LOG_STREAM_LEVEL": _env("B2BHUB_LOG_STREAM_LEVEL", "info").upper(),

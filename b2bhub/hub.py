@@ -18,7 +18,7 @@ from b2bhub.domain.callbacks import CallbackTokens
 from b2bhub.engine import wakeups
 from b2bhub.extensions import db
 from b2bhub.models import Delivery, PluginInstance, utcnow
-from b2bhub.payloads import PayloadStore
+from b2bhub.payload_backends import PayloadBackend, open_payload_store
 from b2bhub.registry import get_registry
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,9 @@ PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 def hub_init_app(app: Flask) -> None:
-    app.extensions["b2bhub.store"] = PayloadStore(app.config["PAYLOAD_DIR"])
+    app.extensions["b2bhub.store"] = open_payload_store(
+        app.config.get("PAYLOAD_URL"), app.config["PAYLOAD_DIR"],
+        endpoint_url=app.config.get("S3_ENDPOINT_URL"))
     registry = app.extensions["b2bhub.registry"] = (app.config.get("PLUGIN_REGISTRY")
                                                     or get_registry())
     wakeups.set_claim_batch(lambda type_name: getattr(
@@ -37,7 +39,7 @@ def hub_init_app(app: Flask) -> None:
         wakeups.set_publisher(CeleryPublisher(app).publish)
 
 
-def store() -> PayloadStore:
+def store() -> PayloadBackend:
     return current_app.extensions["b2bhub.store"]
 
 

@@ -146,12 +146,14 @@ def _migrate_and_configure(bench: Bench, writer_concurrency: int,
         db.engine.dispose()
 
 
-def start_processes(bench: Bench, workers: int) -> Processes:
-    """``workers`` worker processes and beat, each ready before this returns."""
+def start_processes(bench: Bench, workers: int,
+                    extra_env: dict[str, str] | None = None) -> Processes:
+    """``workers`` worker processes and beat, each ready before this returns; each with
+    ``extra_env`` (another payload store, say)."""
     bench.procs = Processes(bench.urls, bench.tmp)
     for _ in range(workers):
-        bench.procs.worker()
-    bench.procs.beat()
+        bench.procs.worker(extra_env)
+    bench.procs.beat(extra_env)
     bench.drop_dir().mkdir(parents=True, exist_ok=True)
     return bench.procs
 

@@ -91,8 +91,9 @@ class FilePoller(Plugin):
               help="senders write each file elsewhere and rename it in, never rewrite "
                    "one in place: take files into the payload store by a hard link "
                    "instead of a copy (one file fewer per message; copied anyway from "
-                   "another file system). A file rewritten in place between its pickup "
-                   "and its removal would change the stored message"),
+                   "another file system, and into an s3:// payload store). A file "
+                   "rewritten in place between its pickup and its removal would change "
+                   "the stored message"),
     ]
 
     @classmethod

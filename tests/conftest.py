@@ -158,6 +158,15 @@ def hub(session, registry, app, tmp_path):
     return Hub(session, registry, app)
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible server on loopback (``tests/s3kit.py``)."""
+    from tests.s3kit import S3Server
+    server = S3Server()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def procs(backend, app, tmp_path):
     """Real processes on the test backend (``tests/procs.py``), every one stopped at the

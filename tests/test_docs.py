@@ -14,15 +14,15 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_every_environment_variable_is_in_the_readme_table():
-    documented = set(re.findall(r"^\| `(B2BHUB_[A-Z_]+)` \|", README, re.M))
+    documented = set(re.findall(r"^\| `(B2BHUB_[A-Z0-9_]+)` \|", README, re.M))
     assert documented == {name for name, _, _ in config.VARIABLES}
 
 
 def test_every_variable_the_code_reads_is_declared():
     read = set()
     for path in (ROOT / "b2bhub").rglob("*.py"):
-        read |= set(re.findall(r"\"(B2BHUB_[A-Z_]+)\"", path.read_text()))
-    read |= set(re.findall(r"\"(B2BHUB_[A-Z_]+)\"", (ROOT / "celeryconfig.py").read_text()))
+        read |= set(re.findall(r"\"(B2BHUB_[A-Z0-9_]+)\"", path.read_text()))
+    read |= set(re.findall(r"\"(B2BHUB_[A-Z0-9_]+)\"", (ROOT / "celeryconfig.py").read_text()))
     assert read <= {name for name, _, _ in config.VARIABLES}
 
 

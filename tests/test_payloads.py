@@ -1,5 +1,11 @@
 """The payload store keeps bytes by sha256, streams them both ways and never hands out
-corrupt or half-written content."""
+corrupt or half-written content.
+
+Every test taking ``store`` runs against each backend: the filesystem store and the
+S3 store on a real S3-compatible server on loopback (``tests/s3kit.py``). What only
+one backend has (paths, hard links, syncfs; multipart uploads) is tested on
+``fs_store`` or ``s3_store`` alone.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +13,19 @@ import errno
 import hashlib
 import io
 import os
+import subprocess
+import sys
 import time
-import tracemalloc
+from pathlib import Path
 
 import pytest
 
 from b2bhub import payloads
 from b2bhub.payloads import PayloadCorrupt, PayloadMissing, PayloadStore, StoredPayload
+from tests.payload_child import PatternStream
+from tests.s3kit import age_object
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DOC = b"UNB+UNOC:3+SENDER+RECEIVER+240101:1200+1'\n" * 1000
 
@@ -22,28 +34,152 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@pytest.fixture
-def store(tmp_path):
-    return PayloadStore(tmp_path / "payloads")
-
-
 def age(path, seconds: float) -> None:
     """Make a file look ``seconds`` old."""
     then = time.time() - seconds
     os.utime(path, (then, then))
 
 
-def test_bytes_round_trip(store):
+class FileBackend:
+    """The filesystem store, and what a test does to it behind its back."""
+
+    #: the most memory a 50 MB put may take (one read chunk and bookkeeping)
+    memory_bound = 5 * 1024 * 1024
+
+    def __init__(self, tmp_path: Path):
+        self.store = PayloadStore(tmp_path / "payloads")
+
+    def locate(self, digest: str):
+        return self.store.path(digest)
+
+    def env(self) -> dict[str, str]:
+        """How a process of its own names this store."""
+        return {"B2BHUB_PAYLOAD_URL": str(self.store.root)}
+
+    def layout(self, digest: str) -> str:
+        return f"{digest[:2]}/{digest[2:4]}/{digest}"
+
+    def stored_names(self) -> list[str]:
+        """Every file stored outside ``tmp``, relative to the root."""
+        root = self.store.root
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                      if p.is_file() and p.relative_to(root).parts[0] != "tmp")
+
+    def age(self, digest: str, seconds: float) -> None:
+        age(self.store.path(digest), seconds)
+
+    def overwrite(self, digest: str, data: bytes) -> None:
+        self.store.path(digest).write_bytes(data)
+
+    def temp_files(self) -> list:
+        tmp = self.store.root / "tmp"
+        return sorted(p.name for p in tmp.iterdir()) if tmp.is_dir() else []
+
+    def add_temp(self, name: str, seconds_old: float) -> None:
+        tmp = self.store.root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_bytes(b"interrupted")
+        age(tmp / name, seconds_old)
+
+    def add_stray(self, seconds_old: float) -> Path:
+        stray = self.store.root / "ab" / "README"
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_text("not a payload")
+        age(stray, seconds_old)
+        return stray
+
+    def stray_exists(self, stray: Path) -> bool:
+        return stray.exists()
+
+
+class S3Backend:
+    """The S3 store on a bucket of its own."""
+
+    #: one part (8 MiB by default) being read, the part being sent, and the client's
+    #: bookkeeping
+    memory_bound = 32 * 1024 * 1024
+
+    def __init__(self, server):
+        self.server = server
+        self.store = server.store()
+        self.client = self.store.client
+
+    def env(self) -> dict[str, str]:
+        return self.server.env(self.store.bucket)
+
+    def locate(self, digest: str):
+        return self.store.key(digest)
+
+    def layout(self, digest: str) -> str:
+        return f"payloads/{digest}"
+
+    def stored_names(self) -> list[str]:
+        listed = self.client.list_objects_v2(Bucket=self.store.bucket)
+        return sorted(item["Key"] for item in listed.get("Contents", [])
+                      if not item["Key"].startswith("payloads/tmp/"))
+
+    def age(self, digest: str, seconds: float) -> None:
+        age_object(self.store.bucket, self.store.key(digest), seconds)
+
+    def overwrite(self, digest: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.store.bucket, Key=self.store.key(digest), Body=data)
+
+    def temp_files(self) -> list:
+        return sorted([key.rsplit("/", 1)[-1] for key in self.store.temp_objects()]
+                      + [u["Key"].rsplit("/", 1)[-1] for u in self.store.temp_uploads()])
+
+    def add_temp(self, name: str, seconds_old: float) -> None:
+        """A temporary object as a write makes it, its time in the name."""
+        stamp = int((time.time() - seconds_old) * 1000)
+        self.client.put_object(Bucket=self.store.bucket, Key=f"payloads/tmp/{stamp}-{name}",
+                               Body=b"interrupted")
+
+    def add_stray(self, seconds_old: float) -> str:
+        key = "payloads/README"
+        self.client.put_object(Bucket=self.store.bucket, Key=key, Body=b"not a payload")
+        age_object(self.store.bucket, key, seconds_old)
+        return key
+
+    def stray_exists(self, key: str) -> bool:
+        listed = self.client.list_objects_v2(Bucket=self.store.bucket, Prefix=key)
+        return any(item["Key"] == key for item in listed.get("Contents", []))
+
+
+@pytest.fixture(params=["file", "s3"])
+def backend_of_store(request, tmp_path):
+    if request.param == "file":
+        return FileBackend(tmp_path)
+    return S3Backend(request.getfixturevalue("s3_server"))
+
+
+@pytest.fixture
+def store(backend_of_store):
+    return backend_of_store.store
+
+
+#: a test of what only the filesystem store has (paths, hard links, syncfs)
+fs_only = pytest.mark.parametrize("backend_of_store", ["file"], indirect=True)
+#: a test of what only the S3 store has (multipart uploads, temporary keys)
+s3_only = pytest.mark.parametrize("backend_of_store", ["s3"], indirect=True)
+
+
+def test_bytes_round_trip(store, backend_of_store):
     stored = store.put(DOC)
     assert stored == StoredPayload(sha(DOC), len(DOC))
     with store.open(stored.digest) as stream:
         assert stream.read() == DOC
+    assert backend_of_store.stored_names() == [backend_of_store.layout(stored.digest)]
+    assert store.size(stored.digest) == len(DOC)
+
+
+@fs_only
+def test_a_payload_is_a_file_under_two_levels_of_shards(store):
+    stored = store.put(DOC)
     assert store.path(stored.digest).relative_to(store.root).parts == (
         stored.digest[:2],
         stored.digest[2:4],
         stored.digest,
     )
-    assert store.size(stored.digest) == len(DOC)
 
 
 def test_stream_round_trip_in_chunks(store):
@@ -63,26 +199,27 @@ def test_empty_payload(store):
         assert stream.read() == b""
 
 
-def test_identical_content_is_stored_once(store):
+def test_identical_content_is_stored_once(store, backend_of_store):
     first = store.put(DOC)
     second = store.put(io.BytesIO(DOC))
     assert first == second
     assert list(store.iter_digests()) == [first.digest]
-    assert list((store.root / "tmp").iterdir()) == []
+    assert backend_of_store.stored_names() == [backend_of_store.layout(first.digest)]
+    assert backend_of_store.temp_files() == []
 
 
-def test_text_stream_is_refused_and_leaves_no_temp_file(store):
+def test_text_stream_is_refused_and_leaves_no_temp_file(store, backend_of_store):
     with pytest.raises(TypeError):
         store.put(io.StringIO("text"))
-    assert list((store.root / "tmp").iterdir()) == []
+    assert backend_of_store.temp_files() == []
+    assert backend_of_store.stored_names() == []
 
 
-def test_flipped_byte_on_disk_is_detected_at_end_of_read(store):
+def test_flipped_byte_on_disk_is_detected_at_end_of_read(store, backend_of_store):
     stored = store.put(DOC)
-    path = store.path(stored.digest)
-    data = bytearray(path.read_bytes())
+    data = bytearray(DOC)
     data[100] ^= 0x01
-    path.write_bytes(bytes(data))
+    backend_of_store.overwrite(stored.digest, bytes(data))
 
     with store.open(stored.digest) as stream, pytest.raises(PayloadCorrupt) as info:
         stream.read()
@@ -91,9 +228,9 @@ def test_flipped_byte_on_disk_is_detected_at_end_of_read(store):
         b"".join(stream)
 
 
-def test_truncated_file_is_detected_and_repaired_by_a_new_put(store):
+def test_truncated_file_is_detected_and_repaired_by_a_new_put(store, backend_of_store):
     stored = store.put(DOC)
-    store.path(stored.digest).write_bytes(DOC[:-1])
+    backend_of_store.overwrite(stored.digest, DOC[:-1])
     with store.open(stored.digest) as stream, pytest.raises(PayloadCorrupt):
         stream.read()
     store.put(DOC)
@@ -131,50 +268,40 @@ def test_delete(store):
         "",
     ],
 )
-def test_bad_digest_is_refused(store, digest):
-    for call in (store.path, store.open, store.exists, store.size, store.delete):
+def test_bad_digest_is_refused(store, backend_of_store, digest):
+    for call in (backend_of_store.locate, store.open, store.exists, store.size, store.delete):
         with pytest.raises(ValueError):
             call(digest)
 
 
-class PatternStream:
-    """A binary stream of ``size`` pseudo-random bytes that is never held in memory."""
-
-    def __init__(self, size: int):
-        self.left = size
-        self.block = hashlib.sha256(b"seed").digest() * 2048  # 64 KiB
-
-    def read(self, n: int = -1) -> bytes:
-        n = min(self.left, len(self.block) if n < 0 else n, len(self.block))
-        self.left -= n
-        return self.block[:n]
-
-
-def test_large_stream_is_stored_with_little_memory(store):
+def test_large_stream_is_stored_with_little_memory(store, backend_of_store):
+    """50 MB streamed into the store by a process of its own (its memory measured
+    apart from the S3 server of the tests) takes a bounded amount of memory."""
     size = 50 * 1024 * 1024
     expected = hashlib.sha256()
     source = PatternStream(size)
     while chunk := source.read(1 << 16):
         expected.update(chunk)
 
-    tracemalloc.start()
-    try:
-        stored = store.put(PatternStream(size))
-        _current, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    done = subprocess.run([sys.executable, "-m", "tests.payload_child", str(size)],
+                          env={**os.environ, **backend_of_store.env()}, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    digest, stored_size, peak = done.stdout.split()
 
-    assert stored == StoredPayload(expected.hexdigest(), size)
-    assert peak < 5 * 1024 * 1024
-    assert store.path(stored.digest).stat().st_size == size
+    assert (digest, int(stored_size)) == (expected.hexdigest(), size)
+    assert int(peak) < backend_of_store.memory_bound
+    assert store.size(digest) == size
+    with store.open(digest) as stream:
+        assert hashlib.sha256(b"".join(stream)).hexdigest() == digest
 
 
-def test_orphan_removal_respects_grace_period(store):
+def test_orphan_removal_respects_grace_period(store, backend_of_store):
     kept = store.put(b"referenced")
     young = store.put(b"written just before its transaction commits")
     old = store.put(b"orphan from a rolled back transaction")
     for stored in (kept, old):
-        age(store.path(stored.digest), 7200)
+        backend_of_store.age(stored.digest, 7200)
 
     removed = store.remove_orphans({kept.digest}, older_than_seconds=3600)
 
@@ -182,37 +309,32 @@ def test_orphan_removal_respects_grace_period(store):
     assert sorted(store.iter_digests()) == sorted([kept.digest, young.digest])
 
 
-def test_orphan_removal_takes_a_predicate(store):
+def test_orphan_removal_takes_a_predicate(store, backend_of_store):
     stored = store.put(b"orphan")
-    age(store.path(stored.digest), 10)
+    backend_of_store.age(stored.digest, 10)
     assert store.remove_orphans(lambda digest: False, older_than_seconds=5) == 1
     assert not store.exists(stored.digest)
 
 
-def test_putting_an_old_orphan_again_renews_its_grace_period(store):
+def test_putting_an_old_orphan_again_renews_its_grace_period(store, backend_of_store):
     stored = store.put(DOC)
-    age(store.path(stored.digest), 7200)
+    backend_of_store.age(stored.digest, 7200)
     store.put(DOC)
     assert store.remove_orphans(set(), older_than_seconds=3600) == 0
     assert store.exists(stored.digest)
 
 
-def test_old_temp_files_are_removed_and_fresh_ones_kept(store):
+def test_old_temp_files_are_removed_and_fresh_ones_kept(store, backend_of_store):
     store.put(b"creates the tmp folder")
-    tmp = store.root / "tmp"
-    (tmp / "put-old").write_bytes(b"interrupted")
-    (tmp / "put-new").write_bytes(b"being written")
-    age(tmp / "put-old", 7200)
-    stray = store.root / "ab" / "README"
-    stray.parent.mkdir()
-    stray.write_text("not a payload")
-    age(stray, 7200)
+    backend_of_store.add_temp("put-old", 7200)
+    backend_of_store.add_temp("put-new", 0)
+    stray = backend_of_store.add_stray(7200)
 
     removed = store.remove_orphans(lambda digest: True, older_than_seconds=3600)
 
     assert removed == 1
-    assert sorted(p.name for p in tmp.iterdir()) == ["put-new"]
-    assert stray.exists()
+    assert [name[-7:] for name in backend_of_store.temp_files()] == ["put-new"]
+    assert backend_of_store.stray_exists(stray)
 
 
 def test_iter_digests_on_an_empty_store(store):
@@ -227,7 +349,7 @@ def temp_files(store) -> list:
     return sorted(tmp.iterdir()) if tmp.is_dir() else []
 
 
-def test_a_batch_puts_nothing_in_place_before_its_commit(store):
+def test_a_batch_puts_nothing_in_place_before_its_commit(store, backend_of_store):
     batch = store.batch()
     first = batch.put(DOC)
     second = batch.put(io.BytesIO(DOC[::-1]), chunk_size=1000)
@@ -238,10 +360,11 @@ def test_a_batch_puts_nothing_in_place_before_its_commit(store):
     batch.commit()
     with store.open(first.digest) as a, store.open(second.digest) as b:
         assert (a.read(), b.read()) == (DOC, DOC[::-1])
-    assert temp_files(store) == []
+    assert backend_of_store.temp_files() == []
     assert len(batch) == 0
 
 
+@fs_only
 def test_directories_removed_under_the_store_are_made_again(store):
     """Directories are made when a write first needs them, not checked every time: the
     temp directory and the fan-out directories come back when something removed them."""
@@ -263,7 +386,7 @@ def test_directories_removed_under_the_store_are_made_again(store):
     assert temp_files(store) == []
 
 
-def test_a_batch_keeps_one_copy_of_content_already_stored_or_put_twice(store):
+def test_a_batch_keeps_one_copy_of_content_already_stored_or_put_twice(store, backend_of_store):
     store.put(DOC)
     batch = store.batch()
     batch.put(DOC)
@@ -271,10 +394,10 @@ def test_a_batch_keeps_one_copy_of_content_already_stored_or_put_twice(store):
     batch.put(b"twice")
     batch.commit()
     assert sorted(store.iter_digests()) == sorted([sha(DOC), sha(b"twice")])
-    assert temp_files(store) == []
+    assert backend_of_store.temp_files() == []
 
 
-def test_a_dropped_or_discarded_payload_leaves_nothing(store):
+def test_a_dropped_or_discarded_payload_leaves_nothing(store, backend_of_store):
     batch = store.batch()
     kept = batch.put(b"kept")
     batch.drop(batch.put(b"changed while read"))
@@ -285,19 +408,20 @@ def test_a_dropped_or_discarded_payload_leaves_nothing(store):
     batch.discard()
     batch.commit()
     assert list(store.iter_digests()) == [kept.digest]
-    assert temp_files(store) == []
+    assert backend_of_store.temp_files() == []
 
 
-def test_a_batch_whose_put_fails_keeps_the_others(store):
+def test_a_batch_whose_put_fails_keeps_the_others(store, backend_of_store):
     batch = store.batch()
     batch.put(b"one")
     with pytest.raises(TypeError):
         batch.put(io.StringIO("text"))
     batch.commit()
     assert list(store.iter_digests()) == [sha(b"one")]
-    assert temp_files(store) == []
+    assert backend_of_store.temp_files() == []
 
 
+@fs_only
 def test_a_batch_renames_into_place_then_syncs_once(store, monkeypatch):
     """Where syncfs exists, one call makes the data and the new names durable: it comes
     after every payload is in place, and no file is fsynced on its own."""
@@ -321,6 +445,7 @@ def test_a_batch_renames_into_place_then_syncs_once(store, monkeypatch):
     assert temp_files(store) == []
 
 
+@fs_only
 def test_a_failed_sync_raises_and_leaves_no_temp_file(store, monkeypatch):
     from b2bhub import payloads
 
@@ -332,6 +457,7 @@ def test_a_failed_sync_raises_and_leaves_no_temp_file(store, monkeypatch):
     assert temp_files(store) == []
 
 
+@fs_only
 def test_without_syncfs_a_batch_fsyncs_each_file_before_its_rename(store, monkeypatch):
     from b2bhub import payloads
 
@@ -355,11 +481,11 @@ def test_without_syncfs_a_batch_fsyncs_each_file_before_its_rename(store, monkey
 @pytest.mark.parametrize("left", [b"\x00" * len(DOC), DOC[:-1] + b"?"])
 @pytest.mark.parametrize("how", ["put", "batch"])
 def test_a_file_under_its_digest_with_other_bytes_of_the_same_size_is_replaced(
-        store, left, how):
+        store, backend_of_store, left, how):
     """What a crash between rename and sync may leave (zeros, or bytes never written)
     is never taken for the content: storing it again replaces the file."""
     stored = store.put(DOC)
-    store.path(stored.digest).write_bytes(left)
+    backend_of_store.overwrite(stored.digest, left)
     if how == "put":
         assert store.put(DOC) == stored
     else:
@@ -368,7 +494,7 @@ def test_a_file_under_its_digest_with_other_bytes_of_the_same_size_is_replaced(
         batch.commit()
     with store.open(stored.digest) as stream:
         assert stream.read() == DOC
-    assert temp_files(store) == []
+    assert backend_of_store.temp_files() == []
 
 
 # --- a batch taking an open file by a hard link ---------------------------------------
@@ -383,6 +509,7 @@ def dropped(store, tmp_path):
     return path
 
 
+@fs_only
 def test_a_batch_links_an_open_file_and_hashes_the_bytes_it_stores(store, dropped):
     seen = dropped.stat()
     batch = store.batch()
@@ -406,6 +533,7 @@ def test_a_batch_links_an_open_file_and_hashes_the_bytes_it_stores(store, droppe
     assert store.path(stored.digest).stat().st_nlink == 1
 
 
+@fs_only
 def test_a_linked_payload_counts_its_age_from_the_link(store, dropped):
     """The file's mtime is old; the cleanups must not take the new payload (not yet
     referenced: its transaction commits after the batch) nor its temp link for old."""
@@ -420,6 +548,7 @@ def test_a_linked_payload_counts_its_age_from_the_link(store, dropped):
     assert store.exists(stored.digest)
 
 
+@fs_only
 def test_a_file_with_another_name_is_copied(store, dropped, tmp_path):
     other = tmp_path / "inbox" / "kept-elsewhere.xml"
     os.link(dropped, other)
@@ -434,6 +563,7 @@ def test_a_file_with_another_name_is_copied(store, dropped, tmp_path):
         assert stream.read() == DOC
 
 
+@fs_only
 @pytest.mark.parametrize("error", [errno.EXDEV, errno.EPERM, errno.ENOENT, errno.EMLINK])
 def test_a_link_that_fails_falls_back_to_a_copy(store, dropped, monkeypatch, error):
     def refuse(*args, **kwargs):
@@ -449,13 +579,14 @@ def test_a_link_that_fails_falls_back_to_a_copy(store, dropped, monkeypatch, err
     assert dropped.stat().st_nlink == 1
 
 
-def test_a_stream_without_a_file_is_copied(store):
+def test_a_stream_without_a_file_is_copied(store, tmp_path):
     batch = store.batch()
-    stored = batch.put(io.BytesIO(DOC), link=store.root / 'no-such-file')
+    stored = batch.put(io.BytesIO(DOC), link=tmp_path / 'no-such-file')
     batch.commit()
     assert stored == StoredPayload(sha(DOC), len(DOC))
 
 
+@fs_only
 def test_a_link_left_by_a_dead_process_is_removed_once_stale(store, dropped):
     """A process that dies between the link and the commit leaves the link in tmp and
     the file where it was; the file is taken again, the link removed when stale."""
@@ -471,6 +602,7 @@ def test_a_link_left_by_a_dead_process_is_removed_once_stale(store, dropped):
     assert dropped.read_bytes() == DOC and dropped.stat().st_nlink == 1
 
 
+@fs_only
 def test_a_dropped_link_leaves_the_file_alone(store, dropped):
     batch = store.batch()
     with dropped.open("rb") as stream:
@@ -480,6 +612,7 @@ def test_a_dropped_link_leaves_the_file_alone(store, dropped):
     assert dropped.read_bytes() == DOC and dropped.stat().st_nlink == 1
 
 
+@fs_only
 def test_directories_are_made_when_missing_not_before_each_payload(store, monkeypatch):
     """The temp and shard directories are created when a write finds them missing
     (even removed by hand after the first payload), not by a mkdir per payload."""
@@ -504,6 +637,7 @@ def test_directories_are_made_when_missing_not_before_each_payload(store, monkey
     assert shards <= set(made) and len(made) <= 1 + 3 * len(shards)
 
 
+@fs_only
 def test_a_link_whose_age_cannot_be_set_is_copied(store, dropped, monkeypatch):
     def refuse(fd):
         raise PermissionError(1, "Operation not permitted")
@@ -517,6 +651,7 @@ def test_a_link_whose_age_cannot_be_set_is_copied(store, dropped, monkeypatch):
     assert dropped.stat().st_nlink == 1
 
 
+@fs_only
 def test_a_read_failing_after_the_link_is_not_taken_for_a_copy(store, dropped):
     """Once the linked file is being read, a failure is the read's: no copy of a stream
     already partly read, and no link left behind."""
@@ -534,3 +669,149 @@ def test_a_read_failing_after_the_link_is_not_taken_for_a_copy(store, dropped):
         batch.put(stream, chunk_size=1000, link=dropped)
     assert temp_files(store) == [] and len(batch) == 0
     assert dropped.stat().st_nlink == 1
+
+
+# --- the S3 store: multipart uploads, temporary keys, a process killed mid-upload -------
+
+BIG = 12 * 1024 * 1024  # three parts of the smallest size S3 takes
+
+
+@s3_only
+def test_a_large_payload_goes_up_in_parts_to_a_temporary_key_until_the_commit(
+        store, backend_of_store):
+    batch = store.batch()
+    stored = batch.put(PatternStream(BIG))
+    assert stored.size == BIG
+    assert not store.exists(stored.digest)
+    assert len(store.temp_objects()) == 1 and store.temp_uploads() == []
+
+    batch.commit()
+    assert backend_of_store.temp_files() == []
+    assert store.size(stored.digest) == BIG
+    with store.open(stored.digest) as stream:
+        assert hashlib.sha256(b"".join(stream)).hexdigest() == stored.digest
+        assert stream.verified
+
+
+@s3_only
+def test_a_failing_stream_aborts_its_upload(store, backend_of_store):
+    class Fails(PatternStream):
+        def read(self, n=-1):
+            if self.given > BIG // 2:
+                raise OSError(5, "Input/output error")
+            return super().read(n)
+    with pytest.raises(OSError):
+        store.put(Fails(BIG))
+    assert backend_of_store.temp_files() == [] and list(store.iter_digests()) == []
+
+
+def test_a_batch_past_its_memory_sends_payloads_to_temporary_keys(s3_server):
+    store = s3_server.store(batch_memory=len(DOC) + 10)
+    batch = store.batch()
+    first, second, third = (batch.put(DOC), batch.put(DOC[::-1]), batch.put(DOC + b"3"))
+    assert len(store.temp_objects()) == 2  # the first is held in memory
+    assert not any(store.exists(s.digest) for s in (first, second, third))
+    batch.commit()
+    assert sorted(store.iter_digests()) == sorted(s.digest for s in (first, second, third))
+    assert store.temp_objects() == []
+
+    batch.put(DOC + b"4")  # held
+    fifth = batch.put(DOC + b"5")  # past the memory again
+    assert len(store.temp_objects()) == 1
+    batch.drop(fifth)
+    assert store.temp_objects() == []
+    batch.put(DOC + b"6")
+    assert len(store.temp_objects()) == 1
+    batch.discard()
+    assert store.temp_objects() == [] and len(list(store.iter_digests())) == 3
+
+
+@s3_only
+def test_kill_9_in_the_middle_of_a_multipart_upload_leaves_nothing_referenced_and_the_cleanup_aborts_it(  # noqa: E501
+        store, backend_of_store):
+    """A process killed while sending the parts of a payload leaves an unfinished upload
+    (its parts kept by the server) and nothing under any digest, so no row can refer to
+    it; the orphan cleanup aborts it once older than its margin, not before."""
+    part = 8 * 1024 * 1024  # the store's default part size
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.payload_child", str(5 * part),
+         "--hang-after", str(2 * part + 1)],
+        env={**os.environ, **backend_of_store.env()}, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "hanging", child.stderr.read()
+    finally:
+        child.kill()  # SIGKILL: no cleanup of its own
+        child.wait(10)
+
+    [upload] = store.temp_uploads()
+    parts = store.client.list_parts(Bucket=store.bucket, Key=upload["Key"],
+                                    UploadId=upload["UploadId"])["Parts"]
+    assert [p["PartNumber"] for p in parts] == [1, 2]
+    assert list(store.iter_digests()) == [] and store.temp_objects() == []
+
+    assert store.remove_orphans(set(), older_than_seconds=3600) == 0  # may be under way
+    assert len(store.temp_uploads()) == 1
+
+    store.clock = lambda: time.time() + 7200  # two hours later
+    assert store.remove_orphans(set(), older_than_seconds=3600) == 1
+    assert store.temp_uploads() == []
+    with pytest.raises(store.client.exceptions.NoSuchUpload):
+        store.client.list_parts(Bucket=store.bucket, Key=upload["Key"],
+                                UploadId=upload["UploadId"])
+
+
+@s3_only
+def test_stale_temporary_objects_and_uploads_go_with_remove_stale_temp(store):
+    store.client.create_multipart_upload(Bucket=store.bucket, Key=store._temp_key())
+    batch = store.batch()
+    batch.put(PatternStream(BIG))  # a dead process's upload, completed to its temp key
+    assert store.remove_stale_temp() == 0
+    store.clock = lambda: time.time() + 2 * payloads.TEMP_GRACE
+    assert store.remove_stale_temp() == 2
+    assert store.temp_objects() == [] and store.temp_uploads() == []
+
+
+# --- which store a process uses ---------------------------------------------------------
+
+def test_the_payload_url_chooses_the_store(tmp_path, s3_server):
+    from b2bhub.payload_backends import open_payload_store
+    from b2bhub.payload_s3 import S3PayloadStore
+
+    default = open_payload_store(None, tmp_path / "dir")
+    assert isinstance(default, PayloadStore) and default.root == tmp_path / "dir"
+    for url in (str(tmp_path / "elsewhere"), f"file://{tmp_path}/elsewhere"):
+        chosen = open_payload_store(url, tmp_path / "dir")
+        assert isinstance(chosen, PayloadStore) and chosen.root == tmp_path / "elsewhere"
+    s3 = open_payload_store("s3://bucket/some/prefix/", tmp_path,
+                            endpoint_url=s3_server.endpoint_url)
+    assert isinstance(s3, S3PayloadStore)
+    assert (s3.bucket, s3.prefix, s3.endpoint_url) == ("bucket", "some/prefix",
+                                                        s3_server.endpoint_url)
+    assert s3.key(sha(b"x")) == f"some/prefix/{sha(b'x')}"
+
+
+@pytest.mark.parametrize("url", ["s3://", "s3:///prefix", "ftp://host/dir",
+                                 "file://otherhost/dir"])
+def test_a_payload_url_that_names_no_store_is_refused_by_name(tmp_path, url):
+    from b2bhub.payload_backends import open_payload_store
+
+    with pytest.raises(ValueError, match="B2BHUB_PAYLOAD_URL"):
+        open_payload_store(url, tmp_path)
+
+
+def test_the_hub_stores_payloads_where_the_payload_url_says(s3_server, monkeypatch, tmp_path):
+    from b2bhub import create_app
+    from tests.s3kit import new_bucket
+
+    bucket = new_bucket()
+    for name, value in s3_server.env(bucket).items():
+        monkeypatch.setenv(name, value)
+    s3_server.store(bucket).client.create_bucket(Bucket=bucket)
+    app = create_app({"TESTING": True, "DATA_DIR": str(tmp_path),
+                      "SQLALCHEMY_DATABASE_URI": f"sqlite:///{tmp_path / 'db.sqlite'}",
+                      "SECRET_KEY": "test"})
+    stored = app.extensions["b2bhub.store"].put(DOC)
+    with s3_server.store(bucket).open(stored.digest) as stream:
+        assert stream.read() == DOC
+    assert not (tmp_path / "payloads").exists()

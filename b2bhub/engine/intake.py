@@ -295,14 +295,15 @@ TEMP_CHECK_INTERVAL = 3600.0
 
 
 def _remove_stale_temp(store: PayloadStore, instance: str) -> None:
-    root = str(store.root)
+    # the filesystem store's root, or an object store's URL
+    root = str(getattr(store, "root", None) or getattr(store, "url", id(store)))
     last = _TEMP_CHECKED.get(root)
     if last is not None and monotonic() - last < TEMP_CHECK_INTERVAL:
         return
     _TEMP_CHECKED[root] = monotonic()
     try:
         removed = store.remove_stale_temp()
-    except OSError as exc:
+    except Exception as exc:  # a disk's OSError, an object store's client error: next time
         log.warning("%s: the payload store's temp files could not be cleaned: %s",
                     instance, exc)
         return

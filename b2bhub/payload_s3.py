@@ -1,0 +1,459 @@
+"""The payload store on an S3-compatible object store (``B2BHUB_PAYLOAD_URL=s3://...``).
+
+Same contract as the filesystem store (:mod:`b2bhub.payloads`), so every caller works
+with either: content-addressed (a payload is the object ``<prefix>/<sha256>``), the
+sha256 checked at the end of every read (:class:`~b2bhub.payloads.VerifiedReader`),
+written before the transaction that references it (``put`` and ``PayloadBatch.commit``
+return only once the object is stored), streamed both ways, orphans removable.
+
+Writing: the digest is only known once the payload has been read, so a payload up to
+one part (``part_size``, 8 MiB) is read into memory, hashed and put under its digest in
+one request; a larger one is uploaded as a multipart upload to a temporary key
+``<prefix>/tmp/<ms since epoch>-<random>`` with its parts streamed (one part in memory
+at a time, never the whole payload), then copied on the server to its digest's key and
+the temporary object deleted. An object under a digest is therefore always complete:
+S3 makes a put, a completed upload and a copy visible whole or not at all. Storing
+content that is already there writes it again, which renews its age for the orphan
+cleanup (the new reference gets its grace period, as a renewed mtime does on disk).
+
+A batch holds its small payloads in memory until :meth:`S3PayloadBatch.commit` (at
+most ``batch_memory`` bytes, 16 MiB; beyond that they go to temporary keys at once) and
+puts them in parallel there: nothing is under its digest before the commit.
+
+A process killed in the middle leaves at most a temporary object or an unfinished
+multipart upload (its parts), never an object under a digest that no row may reference
+yet: :meth:`S3PayloadStore.remove_orphans` and :meth:`S3PayloadStore.remove_stale_temp`
+delete temporary objects and abort multipart uploads older than their margin. Their age
+comes from the time in their key (some S3-compatible servers report no real start time
+for an upload); the age of a stored payload is its ``LastModified``.
+
+The file poller's ``take_by_link`` (a hard link into the store) only exists on the
+filesystem: here a payload offered by a link is copied like any other.
+
+No Flask, no Celery, no SQLAlchemy. boto3 is the S3 client (credentials, regions,
+retries, signing and the managed multipart copy beyond 5 GB are its business, and done
+better than we would); a client is made per process, as boto3's clients must not cross
+a fork.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Container, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import BinaryIO
+from urllib.parse import urlsplit
+
+from b2bhub.payloads import (
+    DIGEST_RE,
+    TEMP_GRACE,
+    PayloadMissing,
+    StoredPayload,
+    VerifiedReader,
+    _chunks,
+    check_digest,
+)
+
+__all__ = ["S3PayloadBatch", "S3PayloadStore"]
+
+#: the smallest part S3 accepts (every part but the last)
+MIN_PART_SIZE = 5 * 1024 * 1024
+TMP = "tmp"
+
+
+@dataclass
+class _Written:
+    """A payload read and hashed: its bytes (``body``), or the temporary key it was
+    uploaded to (``temp``)."""
+
+    stored: StoredPayload
+    body: bytes | None = None
+    temp: str | None = None
+
+
+class S3PayloadStore:
+    """Stores payloads by sha256 as the objects ``<prefix>/<digest>`` of ``bucket``."""
+
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 client_options: dict | None = None, part_size: int = 8 * 1024 * 1024,
+                 batch_memory: int = 16 * 1024 * 1024, threads: int = 8,
+                 clock: Callable[[], float] = time.time):
+        if not bucket:
+            raise ValueError("an S3 payload store needs a bucket name")
+        if part_size < MIN_PART_SIZE:
+            raise ValueError(f"S3 parts are at least {MIN_PART_SIZE} bytes")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.endpoint_url = endpoint_url or None
+        self.part_size = part_size
+        self.batch_memory = batch_memory
+        self.threads = threads
+        self.clock = clock
+        self._client_options = dict(client_options or {})
+        self._client = None
+        self._client_pid = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options) -> S3PayloadStore:
+        """``s3://bucket/prefix`` (the prefix may be empty)."""
+        parts = urlsplit(url)
+        if parts.scheme != "s3" or not parts.netloc:
+            raise ValueError(f"not an s3://bucket/prefix URL: {url!r}")
+        return cls(parts.netloc, parts.path, **options)
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+    def __repr__(self) -> str:
+        return f"S3PayloadStore({self.url!r})"
+
+    @property
+    def client(self):
+        """This process's boto3 client (a new one after a fork)."""
+        if self._client is None or self._client_pid != os.getpid():
+            with self._lock:
+                if self._client is None or self._client_pid != os.getpid():
+                    self._client = _make_client(self.endpoint_url, self.threads,
+                                                self._client_options)
+                    self._client_pid = os.getpid()
+        return self._client
+
+    # keys --------------------------------------------------------------------
+    def key(self, digest: str) -> str:
+        """The object key a digest is stored under (whether or not it exists)."""
+        return self._under(check_digest(digest))
+
+    def _under(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def _temp_key(self) -> str:
+        return self._under(f"{TMP}/{int(self.clock() * 1000)}-{secrets.token_hex(8)}")
+
+    # writing -----------------------------------------------------------------
+    def put(self, data: bytes | BinaryIO, chunk_size: int = 1 << 20) -> StoredPayload:
+        """Store ``data`` (bytes or a binary stream read in chunks, never whole) and
+        return its digest and size; it is stored when this returns."""
+        written = self._read(data, chunk_size)
+        self._place(written)
+        return written.stored
+
+    def batch(self) -> S3PayloadBatch:
+        return S3PayloadBatch(self)
+
+    def _read(self, data: bytes | BinaryIO, chunk_size: int) -> _Written:
+        """Hash ``data``; keep it if it fits in one part, else upload it to a temporary
+        key part by part (an upload that fails is aborted)."""
+        digest, size = hashlib.sha256(), 0
+        buffer = bytearray()
+        upload: _Multipart | None = None
+        try:
+            for chunk in _chunks(data, chunk_size):
+                digest.update(chunk)
+                size += len(chunk)
+                buffer += chunk
+                while len(buffer) >= self.part_size:
+                    if upload is None:
+                        upload = _Multipart(self, self._temp_key())
+                    upload.send(bytes(buffer[:self.part_size]))
+                    del buffer[:self.part_size]
+            stored = StoredPayload(digest.hexdigest(), size)
+            if upload is None:
+                return _Written(stored, body=bytes(buffer))
+            if buffer:
+                upload.send(bytes(buffer))
+            upload.complete()
+            return _Written(stored, temp=upload.key)
+        except BaseException:
+            if upload is not None:
+                upload.abort()
+            raise
+
+    def _to_temp(self, written: _Written) -> None:
+        """Move a payload held in memory to a temporary key (a batch past its memory)."""
+        key = self._temp_key()
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=written.body)
+        written.body, written.temp = None, key
+
+    def _place(self, written: _Written) -> None:
+        """Put a payload under its digest; a temporary object is copied and deleted."""
+        final = self.key(written.stored.digest)
+        if written.temp is None:
+            self.client.put_object(Bucket=self.bucket, Key=final, Body=written.body or b"")
+            return
+        try:
+            # boto3's managed copy: one CopyObject, or UploadPartCopy beyond its threshold
+            # (CopyObject stops at 5 GB); no byte comes through this process.
+            self.client.copy({"Bucket": self.bucket, "Key": written.temp}, self.bucket,
+                             final, Config=_copy_config(self.part_size))
+        finally:
+            self._delete_temp(written)
+
+    def _delete_temp(self, written: _Written) -> None:
+        if written.temp is not None:
+            self.client.delete_object(Bucket=self.bucket, Key=written.temp)
+            written.temp = None
+
+    # reading -----------------------------------------------------------------
+    def open(self, digest: str) -> VerifiedReader:
+        """Open a stored payload for reading (streamed); the sha256 is checked at the end."""
+        try:
+            answer = self.client.get_object(Bucket=self.bucket, Key=self.key(digest))
+        except self.client.exceptions.NoSuchKey:
+            raise PayloadMissing(digest) from None
+        return VerifiedReader(digest, _Body(answer["Body"]))
+
+    def _head(self, digest: str) -> dict | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.head_object(Bucket=self.bucket, Key=self.key(digest))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+
+    def exists(self, digest: str) -> bool:
+        return self._head(digest) is not None
+
+    def size(self, digest: str) -> int:
+        head = self._head(digest)
+        if head is None:
+            raise PayloadMissing(digest)
+        return int(head["ContentLength"])
+
+    def delete(self, digest: str) -> bool:
+        """Remove a stored payload; False if there was none."""
+        if self._head(digest) is None:
+            return False
+        self.client.delete_object(Bucket=self.bucket, Key=self.key(digest))
+        return True
+
+    # cleanup -----------------------------------------------------------------
+    def iter_digests(self) -> Iterator[str]:
+        """Every digest stored, in no particular order (for the orphan cleanup)."""
+        for digest, _modified in self._iter_objects():
+            yield digest
+
+    def _iter_objects(self) -> Iterator[tuple[str, float]]:
+        """(digest, LastModified as a timestamp) of every stored payload."""
+        start = self._under("")
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=start, Delimiter="/")
+        for page in pages:
+            for item in page.get("Contents", []):
+                name = item["Key"][len(start):]
+                if DIGEST_RE.fullmatch(name):
+                    yield name, item["LastModified"].timestamp()
+
+    def remove_orphans(
+        self, referenced: Callable[[str], bool] | Container[str], older_than_seconds: float = 3600
+    ) -> int:
+        """Delete stored payloads not referenced and older than the grace period, the
+        temporary objects of interrupted writes and abandoned multipart uploads older
+        than it too; return how many went (see the filesystem store's namesake)."""
+        is_referenced = referenced if callable(referenced) else referenced.__contains__
+        cutoff = self.clock() - older_than_seconds
+        removed = 0
+        for digest, modified in list(self._iter_objects()):
+            if modified >= cutoff or is_referenced(digest):
+                continue
+            # Age is checked again after the lookup: a put of the same content in
+            # between renews it, and that new reference must survive.
+            head = self._head(digest)
+            if head is not None and head["LastModified"].timestamp() < cutoff:
+                self.client.delete_object(Bucket=self.bucket, Key=self.key(digest))
+                removed += 1
+        return removed + self._remove_old_temp(cutoff)
+
+    def remove_stale_temp(self, older_than_seconds: float = TEMP_GRACE) -> int:
+        """Delete temporary objects and abort multipart uploads older than
+        ``older_than_seconds``: what writes of processes that died left. A write still
+        under way whose upload is aborted this way fails, stores nothing, and its
+        payload is taken again; nothing is lost. Returns how many went."""
+        return self._remove_old_temp(self.clock() - older_than_seconds)
+
+    def _remove_old_temp(self, cutoff: float) -> int:
+        start = self._under(f"{TMP}/")
+        removed = 0
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=start)
+        for page in pages:
+            for item in page.get("Contents", []):
+                if _temp_age(item["Key"], item["LastModified"].timestamp()) < cutoff:
+                    self.client.delete_object(Bucket=self.bucket, Key=item["Key"])
+                    removed += 1
+        for upload in self.temp_uploads():
+            if _temp_age(upload["Key"], upload["Initiated"].timestamp()) < cutoff:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                   UploadId=upload["UploadId"])
+                removed += 1
+        return removed
+
+    def temp_objects(self) -> list[str]:
+        """The keys of the temporary objects there are now."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self._under(f"{TMP}/"))
+        return sorted(item["Key"] for page in pages for item in page.get("Contents", []))
+
+    def temp_uploads(self) -> list[dict]:
+        """The multipart uploads under way (or abandoned) to temporary keys."""
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=self._under(f"{TMP}/"))
+        return [upload for page in pages for upload in page.get("Uploads", [])]
+
+
+class S3PayloadBatch:
+    """Payloads stored together (see :class:`b2bhub.payloads.PayloadBatch`): nothing is
+    under its digest before :meth:`commit`, which stores them all in parallel and
+    returns once every one is stored; use the digests in a transaction only after it."""
+
+    def __init__(self, store: S3PayloadStore):
+        self.store = store
+        self._written: list[_Written] = []
+        self._held = 0
+
+    def __len__(self) -> int:
+        return len(self._written)
+
+    def put(self, data: bytes | BinaryIO, chunk_size: int = 1 << 20,
+            link: object = None) -> StoredPayload:
+        """Read and hash ``data``; ``link`` (a hard link on the filesystem) is ignored:
+        an object store takes a copy."""
+        written = self.store._read(data, chunk_size)
+        if written.body is not None:
+            if self._held + len(written.body) > self.store.batch_memory:
+                self.store._to_temp(written)
+            else:
+                self._held += len(written.body)
+        self._written.append(written)
+        return written.stored
+
+    def drop(self, stored: StoredPayload) -> None:
+        """Forget a payload :meth:`put` returned (it is not wanted after all)."""
+        keep = []
+        for written in self._written:
+            if written.stored is stored:
+                self._forget(written)
+            else:
+                keep.append(written)
+        self._written = keep
+
+    def _forget(self, written: _Written) -> None:
+        if written.body is not None:
+            self._held -= len(written.body)
+            written.body = None
+        self.store._delete_temp(written)
+
+    def commit(self) -> None:
+        """Every payload stored under its digest (one copy of content put twice)."""
+        written, self._written, self._held = self._written, [], 0
+        unique: dict[str, _Written] = {}
+        for item in written:
+            if item.stored.digest in unique:
+                self.store._delete_temp(item)
+            else:
+                unique[item.stored.digest] = item
+        if not unique:
+            return
+        items = list(unique.values())
+        try:
+            if len(items) == 1:
+                self.store._place(items[0])
+                return
+            with ThreadPoolExecutor(min(self.store.threads, len(items))) as pool:
+                for future in [pool.submit(self.store._place, item) for item in items]:
+                    future.result()
+        finally:
+            for item in items:
+                if item.temp is not None:
+                    try:
+                        self.store._delete_temp(item)
+                    except Exception:  # the orphan cleanup takes it later
+                        pass
+
+    def discard(self) -> None:
+        """Forget the payloads not committed (their temporary objects deleted)."""
+        written, self._written = self._written, []
+        for item in written:
+            self._forget(item)
+        self._held = 0
+
+
+class _Multipart:
+    """A multipart upload to a temporary key, one part at a time."""
+
+    def __init__(self, store: S3PayloadStore, key: str):
+        self.store, self.key = store, key
+        self.client = store.client
+        self.id = self.client.create_multipart_upload(Bucket=store.bucket, Key=key)["UploadId"]
+        self.parts: list[dict] = []
+
+    def send(self, body: bytes) -> None:
+        number = len(self.parts) + 1
+        answer = self.client.upload_part(Bucket=self.store.bucket, Key=self.key,
+                                         UploadId=self.id, PartNumber=number, Body=body)
+        self.parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+
+    def complete(self) -> None:
+        self.client.complete_multipart_upload(Bucket=self.store.bucket, Key=self.key,
+                                              UploadId=self.id,
+                                              MultipartUpload={"Parts": self.parts})
+
+    def abort(self) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.store.bucket, Key=self.key,
+                                               UploadId=self.id)
+        except Exception:  # the stale-temp cleanup aborts it later
+            pass
+
+
+class _Body:
+    """A GetObject body as the raw file :class:`VerifiedReader` reads with ``readinto``
+    (botocore checks the length it was promised at the end)."""
+
+    def __init__(self, body):
+        self._body = body
+
+    def readinto(self, buffer) -> int:
+        data = self._body.read(len(buffer))
+        count = len(data)
+        memoryview(buffer)[:count] = data
+        return count
+
+    def close(self) -> None:
+        self._body.close()
+
+
+def _temp_age(key: str, fallback: float) -> float:
+    """When a temporary key was made: the milliseconds in its name, else ``fallback``."""
+    stamp = key.rsplit("/", 1)[-1].split("-", 1)[0]
+    return int(stamp) / 1000 if stamp.isdigit() else fallback
+
+
+def _copy_config(part_size: int):
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=4 * 1024 ** 3, multipart_chunksize=
+                          max(part_size, 64 * 1024 * 1024), use_threads=False)
+
+
+def _make_client(endpoint_url: str | None, threads: int, options: dict):
+    """An S3 client from the standard AWS variables (credentials, ``AWS_REGION`` or
+    ``AWS_DEFAULT_REGION``, us-east-1 when neither is set) and the endpoint URL of an
+    S3-compatible server, path-style addressing there."""
+    import boto3
+    from botocore.config import Config
+
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    config = Config(max_pool_connections=max(10, threads * 2),
+                    retries={"mode": "standard", "max_attempts": 5},
+                    s3={"addressing_style": "path"} if endpoint_url else {})
+    return boto3.session.Session().client("s3", endpoint_url=endpoint_url,
+                                          region_name=region, config=config, **options)
