@@ -60,6 +60,14 @@ class PayloadBackend(Protocol):
 
     def remove_stale_temp(self, older_than_seconds: float = ...) -> int: ...
 
+    # the nightly cleanup's (b2bhub.engine.cleanup)
+    def walk(self) -> Iterator[tuple[str, int, float]]: ...
+
+    def older_than(self, digest: str, seconds: float) -> bool: ...
+
+    def remove_unreferenced(self, digest: str, is_referenced: Callable[[str], bool],
+                            cutoff: float) -> int | None: ...
+
 
 def open_payload_store(url: str | None, directory: str | Path,
                        endpoint_url: str | None = None) -> PayloadBackend:

@@ -252,6 +252,41 @@ class S3PayloadStore:
                 if DIGEST_RE.fullmatch(name):
                     yield name, item["LastModified"].timestamp()
 
+    def walk(self) -> Iterator[tuple[str, int, float]]:
+        """(digest, size, age in seconds) of every stored payload, in no particular order
+        (the nightly cleanup's walk; the age counts from the object's last write, which
+        a put of the same content renews)."""
+        start, now = self._under(""), self.clock()
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=start, Delimiter="/")
+        for page in pages:
+            for item in page.get("Contents", []):
+                name = item["Key"][len(start):]
+                if DIGEST_RE.fullmatch(name):
+                    yield name, int(item["Size"]), now - item["LastModified"].timestamp()
+
+    def older_than(self, digest: str, seconds: float) -> bool:
+        """Whether the payload of ``digest`` was last written longer ago than ``seconds``
+        (False when there is none)."""
+        head = self._head(digest)
+        return head is not None and head["LastModified"].timestamp() < self.clock() - seconds
+
+    def remove_unreferenced(self, digest: str, is_referenced: Callable[[str], bool],
+                            cutoff: float) -> int | None:
+        """Delete the payload of ``digest`` if it was last written before ``cutoff`` (a
+        time.time()) and is not referenced; its size, or None when it stays. The age is
+        read again after the reference check: a put of the same content in between
+        renews it, and the new reference survives (see :meth:`remove_orphans`)."""
+        head = self._head(digest)
+        if head is None or head["LastModified"].timestamp() >= cutoff \
+                or is_referenced(digest):
+            return None
+        head = self._head(digest)
+        if head is None or head["LastModified"].timestamp() >= cutoff:
+            return None
+        self.client.delete_object(Bucket=self.bucket, Key=self.key(digest))
+        return int(head["ContentLength"])
+
     def remove_orphans(
         self, referenced: Callable[[str], bool] | Container[str], older_than_seconds: float = 3600
     ) -> int:

@@ -324,6 +324,30 @@ def test_putting_an_old_orphan_again_renews_its_grace_period(store, backend_of_s
     assert store.exists(stored.digest)
 
 
+def test_the_cleanup_walks_the_store_and_removes_one_unreferenced_old_file(
+        store, backend_of_store):
+    """What the nightly cleanup asks of any store (b2bhub.engine.cleanup): every payload
+    with its size and age, whether one is old, and removing one that is old and
+    unreferenced, never one that is young or referenced."""
+    old, young, kept = (store.put(b"old orphan"), store.put(b"young"),
+                        store.put(b"old, referenced"))
+    for stored in (old, kept):
+        backend_of_store.age(stored.digest, 7200)
+    walked = {digest: (size, age) for digest, size, age in store.walk()}
+    assert {d: size for d, (size, _age) in walked.items()} == {
+        old.digest: old.size, young.digest: young.size, kept.digest: kept.size}
+    assert walked[old.digest][1] > 3600 > walked[young.digest][1]
+    assert store.older_than(old.digest, 3600) and not store.older_than(young.digest, 3600)
+    assert not store.older_than(sha(b"never stored"), 0)
+    cutoff = time.time() - 3600
+    referenced = {kept.digest}.__contains__
+    assert store.remove_unreferenced(young.digest, referenced, cutoff) is None
+    assert store.remove_unreferenced(kept.digest, referenced, cutoff) is None
+    assert store.remove_unreferenced(old.digest, referenced, cutoff) == old.size
+    assert store.remove_unreferenced(old.digest, referenced, cutoff) is None  # gone
+    assert sorted(store.iter_digests()) == sorted([young.digest, kept.digest])
+
+
 def test_old_temp_files_are_removed_and_fresh_ones_kept(store, backend_of_store):
     store.put(b"creates the tmp folder")
     backend_of_store.add_temp("put-old", 7200)
