@@ -54,7 +54,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(metrics_bp)
     from b2bhub.web import web_init_app
     web_init_app(app)
-    from b2bhub.as2.views import bp as as2_bp
+    from plugins.as2.views import bp as as2_bp
     app.register_blueprint(as2_bp)
     csrf.exempt(as2_bp)  # authenticated by signatures and profiles, not by a session
     return app

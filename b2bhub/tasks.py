@@ -163,7 +163,7 @@ def _stop_claiming(sig=None, how=None, **kwargs) -> None:
 @shared_task(name="b2bhub.as2_send_mdns", ignore_result=True)
 def as2_send_mdns() -> int:
     """Send the asynchronous MDNs that are due (beat every 5 s, and after a receipt)."""
-    from b2bhub.as2.mdn_out import send_due_mdns
+    from plugins.as2.mdn_out import send_due_mdns
     with hub.new_session() as session:
         return send_due_mdns(session, hub.store(), utcnow())
 
@@ -171,7 +171,7 @@ def as2_send_mdns() -> int:
 @shared_task(name="b2bhub.check_certificates", ignore_result=True)
 def check_certificates() -> int:
     """Raise ``certificate_expiring`` for AS2 certificates ending within 30 days."""
-    from b2bhub.as2.profiles import check_certificates as check
+    from plugins.as2.profiles import check_certificates as check
     with hub.new_session() as session:
         expiring = check(session, utcnow())
         session.commit()

@@ -1,7 +1,7 @@
 """The ``as2_receiver`` source: ``POST /as2/<instance>`` in the web process.
 
-The endpoint is served by :mod:`b2bhub.as2.views`, the work is in
-:mod:`b2bhub.as2.receiver`; this class declares the type and its configuration.
+The endpoint is served by :mod:`plugins.as2.views`, the work is in
+:mod:`plugins.as2.receiver`; this class declares the type and its configuration.
 """
 
 from __future__ import annotations

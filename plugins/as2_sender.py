@@ -1,6 +1,6 @@
 """The ``as2_sender`` target: sends a message to the partner per its AS2 profile.
 
-The work is in :mod:`b2bhub.as2.sender`; this class declares the type.
+The work is in :mod:`plugins.as2.sender`; this class declares the type.
 """
 
 from __future__ import annotations
@@ -27,5 +27,5 @@ class As2Sender(Plugin):
 
     def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
                 context: TargetContext) -> Outcome:
-        from b2bhub.as2 import sender
+        from plugins.as2 import sender
         return sender.send(delivery, payload, context, self.config)

@@ -26,10 +26,6 @@ from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
-from b2bhub.as2 import lib, profiles
-from b2bhub.as2.mdn_out import send_due_mdns
-from b2bhub.as2.receiver import SMALL_STAGE
-from b2bhub.as2.views import PREREAD
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.machine import fail_overdue_receipts
@@ -37,6 +33,10 @@ from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
 from b2bhub.payloads import PayloadBatch, PayloadStore
+from plugins.as2 import lib, profiles
+from plugins.as2.mdn_out import send_due_mdns
+from plugins.as2.receiver import SMALL_STAGE
+from plugins.as2.views import PREREAD
 from plugins.as2_receiver import As2Receiver
 from plugins.as2_sender import As2Sender
 from tests.as2kit import make_pair

@@ -8,10 +8,10 @@ from b2bhub.api import bp
 from b2bhub.api import schemas as s
 from b2bhub.api.blueprint import ApiError
 from b2bhub.api.inputs import json_object
-from b2bhub.as2 import profiles
 from b2bhub.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER, utcnow
 from b2bhub.services import config as svc
+from plugins.as2 import profiles
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
 COLLECTION = "/<any(organizations, partners):collection>"

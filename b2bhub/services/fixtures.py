@@ -40,8 +40,8 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
 
 def _load_profile(session: Session, item: dict, n: int) -> None:
     """``{"party": name, "protocol": "as2", ...the API's AS2 profile fields}``."""
-    from b2bhub.as2 import profiles
     from b2bhub.models import Party
+    from plugins.as2 import profiles
     name = _field(item, "party", "profiles", n)
     if item.get("protocol", "as2") != "as2":
         raise ServiceError(f"profile {n}: unknown protocol {item.get('protocol')!r}")

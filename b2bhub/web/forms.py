@@ -26,11 +26,11 @@ from wtforms import (
 from wtforms.validators import DataRequired, Length
 from wtforms.widgets import PasswordInput
 
-from b2bhub.as2.certs import CertificateError, upload_from_files
-from b2bhub.as2.profiles import CIPHERS, DIGESTS, MDN_MODES
 from b2bhub.config_schema import Field
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.errors import ServiceError
+from plugins.as2.certs import CertificateError, upload_from_files
+from plugins.as2.profiles import CIPHERS, DIGESTS, MDN_MODES
 
 
 class LoginForm(FlaskForm):

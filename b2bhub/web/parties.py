@@ -6,13 +6,13 @@ from __future__ import annotations
 from flask import abort, redirect, render_template, url_for
 from sqlalchemy import select
 
-from b2bhub.as2 import profiles
 from b2bhub.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER, ProtocolProfile, utcnow
 from b2bhub.services import config as svc
 from b2bhub.services.errors import NotFound, ServiceError
 from b2bhub.web import bp, button, form_status, submit
 from b2bhub.web.forms import ActionForm, PartyForm, as2_profile_data, as2_profile_form
+from plugins.as2 import profiles
 
 KINDS = {"organization": ORGANIZATION, "partner": PARTNER}
 

@@ -19,10 +19,10 @@ import logging
 from flask import Blueprint, Response, request
 
 from b2bhub import hub
-from b2bhub.as2 import receiver
 from b2bhub.engine import wakeups
 from b2bhub.extensions import db
 from b2bhub.models import utcnow
+from plugins.as2 import receiver
 
 bp = Blueprint("as2", __name__)
 log = logging.getLogger(__name__)

@@ -17,12 +17,12 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub.as2 import lib, profiles
 from b2bhub.domain.states import DeliveryState
 from b2bhub.engine import machine
 from b2bhub.engine.history import add_line
 from b2bhub.models import As2Outbound, Delivery, Payload
 from b2bhub.payloads import PayloadStore, StoredPayload
+from plugins.as2 import lib, profiles
 
 log = logging.getLogger(__name__)
 #: an asynchronous MDN may overtake the settlement of the attempt that sent the message
@@ -83,7 +83,7 @@ def record_stage(session: Session, message_id: int, stage: str, stored: StoredPa
 
 def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, found: dict,
                 now: datetime):
-    from b2bhub.as2.receiver import _text
+    from plugins.as2.receiver import _text
     context: dict = {}
 
     def find(orig_id, _recipient):

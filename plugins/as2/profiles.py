@@ -18,11 +18,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub.as2.certs import CertificateError, read_upload
 from b2bhub.engine.history import raise_alert, resolve_alert
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
 from b2bhub.models import ORGANIZATION, Certificate, Party, ProtocolProfile
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
+from plugins.as2.certs import CertificateError, read_upload
 
 PROTOCOL = "as2"
 MDN_MODES = ("none", "sync", "async")

@@ -39,7 +39,6 @@ from sqlalchemy import bindparam, insert, null, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.as2 import lib, mdn_in, profiles
 from b2bhub.engine.dispatch import (
     INTAKE_KEYS,
     NewMessage,
@@ -49,6 +48,7 @@ from b2bhub.engine.dispatch import (
 from b2bhub.engine.history import add_line, connection
 from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound, PluginInstance, Setting
 from b2bhub.payloads import PayloadStore, StoredPayload
+from plugins.as2 import lib, mdn_in, profiles
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SIZE = 100 * 1024 * 1024
