@@ -1,4 +1,5 @@
-"""Celery settings; periodic work declared as data in ``beat_schedule``.
+"""Celery settings; the core's periodic work declared as data in ``beat_schedule``
+(plugin types' jobs are added to it from the registry: b2bhub/jobs.py).
 
 Wake-ups go to the ``deliveries`` queue (a topic exchange bound to ``delivery.#``) with
 routing key ``delivery.<target instance>``; an instance given a queue of its own is
@@ -44,10 +45,6 @@ beat_schedule = {
                          "options": {"expires": 2.0}},
     "housekeeping": {"task": "b2bhub.housekeeping", "schedule": 60.0,
                      "options": {"expires": 60.0}},
-    "as2-mdns": {"task": "b2bhub.as2_send_mdns", "schedule": 5.0,
-                 "options": {"expires": 5.0}},
-    "certificates": {"task": "b2bhub.check_certificates", "schedule": 86400.0,
-                     "options": {"expires": 3600.0}},
     "broker-cleanup": {"task": "b2bhub.broker_cleanup", "schedule": 300.0,
                        "options": {"expires": 60.0}},
 }

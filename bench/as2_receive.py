@@ -54,8 +54,7 @@ def configure(backend, certs, sink_url: str | None = None) -> None:
     from b2bhub.extensions import db
     from b2bhub.services import config as svc
     from plugins.as2 import profiles
-    from plugins.as2_receiver import As2Receiver
-    from plugins.as2_sender import As2Sender
+    from plugins.as2.plugin import As2Receiver, As2Sender
     app = make_app(backend)
     with app.app_context():
         registry = app.extensions["b2bhub.registry"]

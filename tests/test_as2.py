@@ -33,12 +33,11 @@ from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
 from b2bhub.payloads import PayloadBatch, PayloadStore
+from b2bhub.plugin_api import PREREAD
 from plugins.as2 import lib, profiles
 from plugins.as2.mdn_out import send_due_mdns
+from plugins.as2.plugin import As2Receiver, As2Sender
 from plugins.as2.receiver import SMALL_STAGE
-from plugins.as2.views import PREREAD
-from plugins.as2_receiver import As2Receiver
-from plugins.as2_sender import As2Sender
 from tests.as2kit import make_pair
 from tests.enginekit import counted_statements
 
@@ -676,7 +675,7 @@ def test_openssl_cms_client_signed_encrypted_and_the_signed_mdn_verifies(as2, ce
 
 def test_fixtures_load_as2_profiles(app, session, certs):
     from b2bhub.services.fixtures import load_fixtures
-    from plugins.as2_sender import As2Sender
+    from plugins.as2.plugin import As2Sender
     data = {"organizations": [{"name": "mycompany"}], "partners": [{"name": "acme"}],
             "profiles": [
                 {"party": "mycompany", "protocol": "as2", "as2_id": "HUB",
