@@ -716,3 +716,17 @@ def test_send_again_repeats_the_same_as2_message_id_and_a_5xx_is_retried(as2, pa
     as2.drain()
     assert as2.delivery(gone.id).state == "failed"
     assert "HTTP 404" in as2.delivery(gone.id).last_result
+
+
+def test_an_owed_async_mdn_is_sent_by_a_worker_the_receipt_woke(as2, procs):
+    """No beat here: the receipt itself asks a worker for the plugin job that sends
+    owed MDNs (``as2_send_mdns``), which the worker finds through its entry points."""
+    procs.worker()
+    before = len(as2.partner.mdns())
+    result = as2.partner.send(as2.url, sign=True, encrypt=True, compress=False,
+                              mdn_mode="async", mdn_signed=True, filename="po.edi")
+    assert result["http_status"] == 200, result
+    mdns = wait_for(lambda: as2.partner.mdns()[before:], timeout=60)
+    assert [m["status"] for m in mdns] == ["processed"], procs.logs()
+    [message] = as2.messages()
+    assert as2.lines(message.id, "mdn_sent")
