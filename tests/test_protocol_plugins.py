@@ -20,7 +20,8 @@ from sqlalchemy import inspect, select, text
 
 from b2bhub import create_app
 from b2bhub.models import Delivery, Message
-from b2bhub.registry import PluginRegistry
+from b2bhub.plugin_api import PeriodicJob, Plugin
+from b2bhub.registry import PluginRegistry, plugin_problem
 from tests import test_ui
 from tests.conftest import _config
 
@@ -200,3 +201,17 @@ def test_the_core_names_no_protocol():
                       for w in words if "as2" in w.lower()]
     assert named == []
     assert "as2" not in (ROOT / "celeryconfig.py").read_text().lower()
+
+
+@pytest.mark.parametrize("hooks, problem", [
+    ({"endpoint_prefix": "a/b"}, "endpoint_prefix"),
+    ({"periodic_jobs": (PeriodicJob("j", print),)}, "every (seconds) or at"),
+    ({"periodic_jobs": (PeriodicJob("j", print, every=5, at="03:00"),)}, "not both"),
+    ({"periodic_jobs": (PeriodicJob("j", print, at="25:00"),)}, "HH:MM"),
+    ({"migrations": "/nonexistent/versions"}, "not a directory"),
+])
+def test_a_type_with_broken_hooks_is_refused_by_the_registry(hooks, problem):
+    """Skipped at load like one that fails to import, so beat and the app still start."""
+    cls = type("BadProto", (Plugin,), {"type_name": "bad_proto",
+                                       "roles": frozenset({"source"}), **hooks})
+    assert problem in plugin_problem(cls)
