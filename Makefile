@@ -1,6 +1,7 @@
 # The two commands of the README. Both create .venv when it is missing and install what
 # they need (again only when setup.cfg or pyproject.toml changed). packaging/oscrypto
-# stands in for pyas2lib's pinned oscrypto (README "AS2 and oscrypto").
+# stands in for pyas2lib's pinned oscrypto (README "AS2 and oscrypto"). The tests' third-
+# party protocol plugin (tests/plugin_pkgs/b2bhub_echo) is installed as a user would.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,7 +25,9 @@ $(BIN)/python:
 		{ echo "b2bhub needs Python 3.11 or newer ($(PYTHON) is older)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): setup.cfg pyproject.toml packaging/oscrypto/pyproject.toml | $(BIN)/python
+$(STAMP): setup.cfg pyproject.toml packaging/oscrypto/pyproject.toml \
+		tests/plugin_pkgs/b2bhub_echo/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet ./packaging/oscrypto -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps ./tests/plugin_pkgs/b2bhub_echo
 	@touch $(STAMP)

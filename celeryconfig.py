@@ -1,4 +1,5 @@
-"""Celery settings; periodic work declared as data in ``beat_schedule``.
+"""Celery settings; the core's periodic work declared as data in ``beat_schedule``
+(plugin types' jobs are added to it from the registry: b2bhub/jobs.py).
 
 Wake-ups go to the ``deliveries`` queue (a topic exchange bound to ``delivery.#``) with
 routing key ``delivery.<target instance>``; an instance given a queue of its own is
@@ -49,10 +50,6 @@ beat_schedule = {
                "options": {"expires": 5.0}},
     "housekeeping": {"task": "b2bhub.housekeeping", "schedule": 60.0,
                      "options": {"expires": 60.0}},
-    "as2-mdns": {"task": "b2bhub.as2_send_mdns", "schedule": 5.0,
-                 "options": {"expires": 5.0}},
-    "certificates": {"task": "b2bhub.check_certificates", "schedule": 86400.0,
-                     "options": {"expires": 3600.0}},
     # the nightly cleanup: each tick checks whether its time (System > Settings) has come
     "cleanup": {"task": "b2bhub.cleanup",
                 "schedule": float(os.environ.get("B2BHUB_CLEANUP_TICK", "60")),

@@ -24,6 +24,25 @@ class DatabaseId(IntegerConverter):
         super().__init__(map, *args, **kwargs)
 
 
+def _version_locations(config):
+    """Alembic's versions directories: the core's and each plugin type's ``migrations``
+    (a branch of its own), so ``b2bhub db upgrade`` applies them all."""
+    import os
+
+    from flask import current_app
+
+    from b2bhub.registry import get_registry
+    registry = current_app.config.get("PLUGIN_REGISTRY") or get_registry()
+    places = [str(ROOT / "migrations" / "versions")]
+    for cls in registry.types().values():
+        place = getattr(cls, "migrations", None)
+        if place and str(place) not in places:
+            places.append(str(place))
+    config.set_main_option("path_separator", "os")
+    config.set_main_option("version_locations", os.pathsep.join(places))
+    return config
+
+
 def create_app(test_config: dict | None = None) -> Flask:
     """The one way in: config, extensions, Celery, blueprints."""
     app = Flask(__name__, template_folder=str(ROOT / "templates"))
@@ -41,6 +60,8 @@ def create_app(test_config: dict | None = None) -> Flask:
     dbsetup.install()
     db.init_app(app)
     migrate.init_app(app, db, directory=str(ROOT / "migrations"))
+    if _version_locations not in migrate.configure_callbacks:
+        migrate.configure(_version_locations)
     csrf.init_app(app)
 
     from b2bhub.celery_app import celery_init_app
@@ -56,9 +77,8 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(metrics_bp)
     from b2bhub.web import web_init_app
     web_init_app(app)
-    from b2bhub.as2.views import bp as as2_bp
-    app.register_blueprint(as2_bp)
-    csrf.exempt(as2_bp)  # authenticated by signatures and profiles, not by a session
+    from b2bhub.endpoints import endpoints_init_app
+    endpoints_init_app(app, csrf)
     from b2bhub.api.callbacks import bp as callbacks_bp
     app.register_blueprint(callbacks_bp)
     csrf.exempt(callbacks_bp)  # the token in the URL is the credential

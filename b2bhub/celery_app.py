@@ -15,6 +15,11 @@ def celery_init_app(app: Flask) -> Celery:
     celery_app = Celery(app.name, task_cls=FlaskTask)
     celery_app.config_from_object("celeryconfig")
     celery_app.conf.broker_url = app.config["BROKER_URL"]
+    from b2bhub.jobs import beat_entries
+    from b2bhub.registry import get_registry
+    celery_app.conf.beat_schedule = {
+        **celery_app.conf.beat_schedule,
+        **beat_entries(app.config.get("PLUGIN_REGISTRY") or get_registry())}
     celery_app.conf.beat_schedule_filename = app.config["DATA_DIR"] + "/celerybeat-schedule"
     if app.config["BROKER_URL"].startswith("sqla+"):
         # this transport hands its options to create_engine(), which refuses the Redis

@@ -14,7 +14,21 @@ from flask.cli import FlaskGroup, with_appcontext
 from b2bhub import create_app
 
 
-@click.group(cls=FlaskGroup, create_app=lambda: create_app(), add_version_option=False)
+class _Group(FlaskGroup):
+    """Flask's group; ``db upgrade`` goes to every head by default: the core's history
+    and each plugin's own branch (b2bhub/plugin_api.py, ``migrations``)."""
+
+    def get_command(self, ctx, name):
+        command = super().get_command(ctx, name)
+        if name == "db" and isinstance(command, click.Group):
+            upgrade = command.commands.get("upgrade")
+            for param in getattr(upgrade, "params", ()):
+                if param.name == "revision" and param.default == "head":
+                    param.default = "heads"
+        return command
+
+
+@click.group(cls=_Group, create_app=lambda: create_app(), add_version_option=False)
 def main() -> None:
     """b2bhub: the B2B message hub."""
 
@@ -80,7 +94,7 @@ def run_command(workers: int | None) -> None:
     from flask_migrate import upgrade
 
     from b2bhub.supervisor import Supervisor
-    upgrade()
+    upgrade(revision="heads")
     cfg = current_app.config
     _print_login_hint(cfg)
     sys.exit(Supervisor.for_config(cfg, workers or cfg["WORKERS"]).run())

@@ -20,22 +20,59 @@ raising :class:`PluginStartError` puts the instance in state Error) and the clas
 ``config_problems(config)`` (checks that span several fields, run when an instance is
 saved).
 
-A plugin gets plain values and narrow contexts, never the app or a database session,
-and never sets a status: the core derives it.
+A plain source or target gets plain values and narrow contexts, never the app or a
+database session, and never sets a status: the core derives it.
+
+Protocol hooks (SPEC 3), each optional, declared on the plugin class; a protocol such as
+AS2 (``plugins/as2/``) is built from them alone:
+
+* **a receiving endpoint**: ``endpoint_prefix = "as2"`` and the class method
+  ``handle_request(request: EndpointRequest) -> EndpointReply``. The core serves
+  ``POST /<prefix>/<instance>`` outside login and CSRF (the protocol authenticates its
+  requests), reads a body of at most :data:`PREREAD` bytes before any database work,
+  looks the enabled instance of the type up (``endpoint_lookup = "handler"``: the
+  handler looks it up itself, with the rest it reads, when the body was preread), answers
+  404 for none, 413 past the instance's ``max_size`` and 503 (plain text, nothing taken)
+  for an unexpected failure, and publishes the wake-ups the request committed once the
+  answer is sent. The whole request is one transaction on the request's session.
+* **party profile kinds**: ``profile_kinds = (ProfileKind(...),)``; the API serves each at
+  ``/{organizations,partners}/<name>/profiles/<kind>`` (GET, PUT, DELETE) and the UI at
+  ``/ui/parties/<kind>/<name>/<profile kind>``. A :class:`ProfileKind` validates and
+  stores (``protocol_profiles`` rows), never shows a secret again once saved, and may
+  draw its own UI page (``ui_page``); without one the UI shows the stored profile and a
+  form drawn from its ``schema``.
+* **periodic jobs**: ``periodic_jobs = (PeriodicJob(name, run, every=seconds),)`` or
+  ``at="HH:MM"`` (UTC, daily); beat schedules them, ``run_job_soon(name)`` asks a worker
+  to run one now. ``run(session, store, now)`` commits its own work or leaves it to the
+  core, which commits after it returns.
+* **tables of its own**: its models on :data:`Base` and ``migrations = "<directory>"``,
+  an Alembic versions directory in its package: a branch of its own (first revision
+  ``down_revision = None``, ``branch_labels = ("<name>",)``, ``depends_on`` the core
+  revision it needs). ``b2bhub db upgrade`` applies the core's and every plugin's.
+
+What a protocol needs of the core is re-exported here under stable names (the section
+"The core for protocols" at the end): sessions, the payload store, store-and-dispatch of
+a received message, settling a receipt, history lines and alerts, settings. A protocol
+imports those from this module, not from ``b2bhub.engine``.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Any, ClassVar, Protocol
 
 from b2bhub.domain.outcome import Answer, Outcome
 from b2bhub.domain.retry import RetryPolicy
 
-__all__ = ["Answer", "DeliveryInfo", "FileChanged", "Outcome", "PayloadReader", "PickedFile",
-           "Plugin", "PluginStartError", "SourceContext", "TargetContext"]
+__all__ = ["PREREAD", "Answer", "DeliveryInfo", "EndpointReply", "EndpointRequest",
+           "FileChanged", "Outcome", "PayloadReader", "PeriodicJob", "PickedFile", "Plugin",
+           "PluginStartError", "ProfileKind", "SourceContext", "TargetContext"]
+
+#: bodies up to this size (by Content-Length) are read before any database work
+PREREAD = 256 * 1024
 
 
 class PluginStartError(Exception):
@@ -155,6 +192,103 @@ class SourceContext(Protocol):
     def log(self, text: str) -> None: ...
 
 
+@dataclass
+class EndpointRequest:
+    """One ``POST /<prefix>/<instance>`` as the core hands it to ``handle_request``.
+
+    ``body`` is the request's stream (an in-memory one when it was preread: up to
+    :data:`PREREAD` bytes by Content-Length). ``config`` is the enabled instance's
+    configuration, or None when the type looks the instance up itself
+    (``endpoint_lookup = "handler"``) and the body was preread. ``session`` is the
+    request's database session: what the handler commits is the request's one
+    transaction; wake-ups of what it commits are published after the answer."""
+
+    type_name: str
+    instance: str
+    config: dict | None
+    headers: list[tuple[str, str]]
+    body: IO[bytes]
+    content_length: int | None
+    now: datetime
+    session: Any
+    store: Any
+    #: the instance's ``max_size`` (or the core's default); :meth:`read` stops past it
+    max_size: int = 100 * 1024 * 1024
+
+    def read(self, chunk: int = 1 << 20) -> bytes | None:
+        """The whole body, or None once it passes ``max_size`` (the rest is not read)."""
+        if self.content_length is not None and self.content_length > self.max_size:
+            return None
+        parts, total = [], 0
+        while True:
+            data = self.body.read(chunk)
+            if not data:
+                return b"".join(parts)
+            total += len(data)
+            if total > self.max_size:
+                return None
+            parts.append(data)
+
+
+@dataclass
+class EndpointReply:
+    """The answer of ``handle_request``; ``after`` runs once it was sent (a wake-up)."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    after: Callable[[], None] | None = None
+
+
+class ProfileKind:
+    """A kind of party profile a protocol adds (``as2``): its schema, validation, storage
+    and secrets. Subclass and implement :meth:`get`, :meth:`save` and :meth:`delete`
+    (raise :class:`ServiceError` / :class:`NotFound` / :class:`Conflict` from this module
+    for bad input, missing or clashing profiles); the core commits. A secret is taken by
+    ``save`` and never returned by ``get`` again."""
+
+    #: the profile kind in URLs and ``protocol_profiles.protocol``, e.g. ``as2``
+    kind: str = ""
+    #: shown in the UI: "AS2 profile", "Add AS2 profile"
+    label: str = ""
+    #: a list of :class:`b2bhub.config_schema.Field`: the fields ``save`` takes (the UI
+    #: form without ``ui_page`` is drawn from it; ``secret`` fields are never shown)
+    schema: list = []
+
+    def fields(self) -> tuple[str, ...]:
+        """The names a PUT may carry (default: the schema's)."""
+        return tuple(f.name for f in self.schema)
+
+    def get(self, session, party_kind: str, name: str) -> dict:
+        raise NotImplementedError
+
+    def save(self, session, party_kind: str, name: str, body: dict) -> dict:
+        """Create or update from the API shape, all or nothing; returns :meth:`get`'s."""
+        raise NotImplementedError
+
+    def delete(self, session, party_kind: str, name: str) -> None:
+        raise NotImplementedError
+
+    def describe(self, profile: dict) -> str:
+        """A few words naming a saved profile in its history line."""
+        return ""
+
+    #: ``ui_page(party, shown, defaults) -> response`` may be set to draw the page itself
+
+
+@dataclass(frozen=True)
+class PeriodicJob:
+    """Work beat starts every ``every`` seconds, or daily at ``at`` ("HH:MM", UTC).
+    ``run(session, store, now)`` returns a count or None; ``expires``: seconds after
+    which a start not yet taken by a worker is dropped (the next one comes)."""
+
+    name: str
+    run: Callable[[Any, Any, datetime], Any]
+    every: float | None = None
+    at: str | None = None
+    expires: float | None = None
+
+
 class Plugin:
     """Base class for plugin types. Subclasses set the class attributes below."""
 
@@ -170,6 +304,26 @@ class Plugin:
     #: on the network keeps 1 so that several worker processes share the work
     claim_batch: ClassVar[int] = 1
     description: ClassVar[str] = ""
+
+    # protocol hooks (module docstring) ------------------------------------------
+    #: serve ``POST /<endpoint_prefix>/<instance>`` (with :meth:`handle_request`)
+    endpoint_prefix: ClassVar[str | None] = None
+    #: "core": the core looks the instance up before calling; "handler": for a preread
+    #: body the handler does (in the statement it reads the rest with)
+    endpoint_lookup: ClassVar[str] = "core"
+    #: the 404 of a missing or disabled instance says "no enabled <label> named ..."
+    endpoint_label: ClassVar[str] = ""
+    #: :class:`ProfileKind` s this type adds (several types of one protocol may name the
+    #: same one; the core keeps one per kind)
+    profile_kinds: ClassVar[tuple] = ()
+    #: :class:`PeriodicJob` s, by unique name
+    periodic_jobs: ClassVar[tuple] = ()
+    #: an Alembic versions directory holding this type's own tables' migrations
+    migrations: ClassVar[str | None] = None
+
+    @classmethod
+    def handle_request(cls, request: EndpointRequest) -> EndpointReply:
+        raise NotImplementedError
 
     def __init__(self, instance_name: str, config: dict[str, Any]):
         self.instance_name = instance_name
@@ -217,3 +371,73 @@ class Plugin:
     @classmethod
     def is_target(cls) -> bool:
         return "target" in cls.roles
+
+
+# --- The core for protocols -------------------------------------------------------------
+# Stable names for what a protocol plugin needs of the core, resolved on first use (the
+# engine imports this module, so these cannot be imported at its top). Each is the
+# core's own object: no wrapper, no extra cost.
+
+_PROTOCOL_API = {
+    # sessions, settings and the payload store
+    "new_session": "b2bhub.hub:new_session",
+    "payload_store": "b2bhub.hub:store",
+    "connection": "b2bhub.engine.history:connection",
+    "bump_version": "b2bhub.engine.settings:bump_version",
+    "PROFILES_VERSION_KEY": "b2bhub.engine.settings:PROFILES_VERSION_KEY",
+    "PayloadStore": "b2bhub.payloads:PayloadStore",
+    "PayloadBatch": "b2bhub.payloads:PayloadBatch",
+    "StoredPayload": "b2bhub.payloads:StoredPayload",
+    # a received message stored and dispatched (or refused)
+    "INTAKE_KEYS": "b2bhub.engine.dispatch:INTAKE_KEYS",
+    "NewMessage": "b2bhub.engine.dispatch:NewMessage",
+    "store_and_dispatch_many": "b2bhub.engine.dispatch:store_and_dispatch_many",
+    "store_refused": "b2bhub.engine.dispatch:store_refused",
+    # a receipt settled; history lines and alerts
+    "settle_receipt": "b2bhub.engine.machine:settle_receipt",
+    "DeliveryState": "b2bhub.domain.states:DeliveryState",
+    "add_line": "b2bhub.engine.history:add_line",
+    "raise_alert": "b2bhub.engine.history:raise_alert",
+    "resolve_alert": "b2bhub.engine.history:resolve_alert",
+    "run_job_soon": "b2bhub.jobs:run_job_soon",
+    # the tables a protocol reads and its models build on
+    "Base": "b2bhub.models:Base",
+    "BigId": "b2bhub.models.base:BigId",
+    "utcnow": "b2bhub.models:utcnow",
+    "ORGANIZATION": "b2bhub.models:ORGANIZATION",
+    "PARTNER": "b2bhub.models:PARTNER",
+    "Certificate": "b2bhub.models:Certificate",
+    "Delivery": "b2bhub.models:Delivery",
+    "Message": "b2bhub.models:Message",
+    "Party": "b2bhub.models:Party",
+    "Payload": "b2bhub.models:Payload",
+    "PluginInstance": "b2bhub.models:PluginInstance",
+    "ProtocolProfile": "b2bhub.models:ProtocolProfile",
+    "Setting": "b2bhub.models:Setting",
+    # refusals (the API's and the UI's error shape)
+    "ServiceError": "b2bhub.services.errors:ServiceError",
+    "Conflict": "b2bhub.services.errors:Conflict",
+    "NotFound": "b2bhub.services.errors:NotFound",
+    # configuration fields and retry schedules
+    "Field": "b2bhub.config_schema:Field",
+    "RetryPolicy": "b2bhub.domain.retry:RetryPolicy",
+    "Strategy": "b2bhub.domain.retry:Strategy",
+    # a plugin's own UI page (``ProfileKind.ui_page``): the core's form helpers
+    "ui_submit": "b2bhub.web:submit",
+    "ui_button": "b2bhub.web:button",
+    "ui_form_status": "b2bhub.web:form_status",
+    "render_plugin_template": "b2bhub.web:render_plugin_template",
+    "ui_saved_line": "b2bhub.web.parties:saved_line",
+    "ui_whole_number": "b2bhub.web.forms:_whole",
+    "db": "b2bhub.extensions:db",
+}
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, _, attr = _PROTOCOL_API[name].partition(":")
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value

@@ -13,8 +13,10 @@ interface module. Plain Python: no Flask, no Celery, no SQLAlchemy.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any
 
 from b2bhub.config_schema import schema_problem
@@ -42,7 +44,30 @@ def plugin_problem(cls: Any, entry_point_name: str | None = None) -> str | None:
     roles = getattr(cls, "roles", None)
     if not isinstance(roles, set | frozenset) or not roles or not roles <= ROLES:
         return f"{_qualname(cls)}.roles must be a non-empty set of 'source' and/or 'target'"
-    return schema_problem(getattr(cls, "config_schema", None))
+    return schema_problem(getattr(cls, "config_schema", None)) or _hook_problem(cls)
+
+
+_PREFIX = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_AT = re.compile(r"([01]\d|2[0-3]):[0-5]\d")
+
+
+def _hook_problem(cls: type) -> str | None:
+    """What is wrong with the protocol hooks a class declares (b2bhub/plugin_api.py)."""
+    prefix = getattr(cls, "endpoint_prefix", None)
+    if prefix is not None and (not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix)):
+        return f"{_qualname(cls)}.endpoint_prefix must be a URL segment of a-z, 0-9, _ . -"
+    for job in getattr(cls, "periodic_jobs", ()) or ():
+        every, at = getattr(job, "every", None), getattr(job, "at", None)
+        if not getattr(job, "name", None) or not callable(getattr(job, "run", None)):
+            return f"{_qualname(cls)}.periodic_jobs: {job!r} needs a name and run"
+        if (every is None) == (at is None) or (every is not None and not every > 0) \
+                or (at is not None and not _AT.fullmatch(str(at))):
+            return (f"{_qualname(cls)}.periodic_jobs: {job.name!r} needs every (seconds) "
+                    "or at (HH:MM), not both")
+    migrations = getattr(cls, "migrations", None)
+    if migrations is not None and not Path(migrations).is_dir():
+        return f"{_qualname(cls)}.migrations: {migrations!r} is not a directory"
+    return None
 
 
 def _qualname(cls: type) -> str:

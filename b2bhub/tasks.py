@@ -215,19 +215,9 @@ def _stop_claiming(sig=None, how=None, **kwargs) -> None:
     stop_control.request(grace)
 
 
-@shared_task(name="b2bhub.as2_send_mdns", ignore_result=True)
-def as2_send_mdns() -> int:
-    """Send the asynchronous MDNs that are due (beat every 5 s, and after a receipt)."""
-    from b2bhub.as2.mdn_out import send_due_mdns
-    with hub.new_session() as session:
-        return send_due_mdns(session, hub.store(), utcnow())
-
-
-@shared_task(name="b2bhub.check_certificates", ignore_result=True)
-def check_certificates() -> int:
-    """Raise ``certificate_expiring`` for AS2 certificates ending within 30 days."""
-    from b2bhub.as2.profiles import check_certificates as check
-    with hub.new_session() as session:
-        expiring = check(session, utcnow())
-        session.commit()
-    return expiring
+@shared_task(name="b2bhub.plugin_job", ignore_result=True)
+def plugin_job(name: str):
+    """A periodic job a plugin type declares (b2bhub/jobs.py), run on beat's schedule or
+    when asked for by ``run_job_soon``."""
+    from b2bhub.jobs import run_job
+    return run_job(hub.registry(), name)

@@ -40,7 +40,7 @@ import requests  # noqa: E402
 from benchlib import environment, fresh_backend, make_app, print_table  # noqa: E402
 from pyas2lib import Message, Organization, Partner  # noqa: E402
 
-from b2bhub.as2 import lib  # noqa: E402
+from plugins.as2 import lib  # noqa: E402
 from tests.as2kit import make_pair  # noqa: E402
 
 
@@ -51,11 +51,10 @@ def free_port() -> int:
 
 
 def configure(backend, certs, sink_url: str | None = None) -> None:
-    from b2bhub.as2 import profiles
     from b2bhub.extensions import db
     from b2bhub.services import config as svc
-    from plugins.as2_receiver import As2Receiver
-    from plugins.as2_sender import As2Sender
+    from plugins.as2 import profiles
+    from plugins.as2.plugin import As2Receiver, As2Sender
     app = make_app(backend)
     with app.app_context():
         registry = app.extensions["b2bhub.registry"]
@@ -177,7 +176,7 @@ class Checks:
 class Bare:
     """pyas2lib alone: parse (decrypt, verify, MIC) and the signed MDN, per message (our
     key loaded once beforehand, as the hub keeps it loaded). ``hub_way``: the same
-    pyas2lib calls as the hub makes them (b2bhub.as2.lib: no debug copies of the MIME
+    pyas2lib calls as the hub makes them (plugins.as2.lib: no debug copies of the MIME
     tree, the MDN signed through OpenSSL and its body put together, not rendered
     again), to show what the hub spends beyond its own protocol work."""
 

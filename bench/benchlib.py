@@ -125,7 +125,7 @@ def migrate(backend: Backend) -> None:
     from flask_migrate import upgrade
     app = make_app(backend)
     with app.app_context():
-        upgrade()
+        upgrade(revision="heads")  # the core and each plugin branch
         app.extensions["sqlalchemy"].engines[None].dispose()
 
 

@@ -127,7 +127,7 @@ def _migrate_and_configure(bench: Bench, writer_concurrency: int,
                       "BROKER_URL": bench.urls["broker_url"],
                       "PAYLOAD_DIR": str(Path(bench.urls["data_dir"]) / "payloads")})
     with app.app_context():
-        upgrade()
+        upgrade(revision="heads")  # the core and each plugin branch
         registry = hub.registry()
         session = db.session
         svc.create_party(session, "organization", ORGANIZATION)

@@ -60,7 +60,7 @@ def backend(tmp_path_factory):
     app = create_app(_config(info))
     with app.app_context():
         from flask_migrate import upgrade
-        upgrade()
+        upgrade(revision="heads")  # the core and each plugin branch
         app.extensions["sqlalchemy"].engines[None].dispose()
     yield info
     if IS_POSTGRES:

@@ -26,10 +26,6 @@ from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 from werkzeug.serving import make_server
 
-from b2bhub.as2 import lib, profiles
-from b2bhub.as2.mdn_out import send_due_mdns
-from b2bhub.as2.receiver import SMALL_STAGE
-from b2bhub.as2.views import PREREAD
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.machine import fail_overdue_receipts
@@ -37,8 +33,11 @@ from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
 from b2bhub.payloads import PayloadBatch, PayloadStore
-from plugins.as2_receiver import As2Receiver
-from plugins.as2_sender import As2Sender
+from b2bhub.plugin_api import PREREAD
+from plugins.as2 import lib, profiles
+from plugins.as2.mdn_out import send_due_mdns
+from plugins.as2.plugin import As2Receiver, As2Sender
+from plugins.as2.receiver import SMALL_STAGE
 from tests.as2kit import make_pair
 from tests.enginekit import counted_statements
 
@@ -740,7 +739,7 @@ def test_openssl_cms_client_signed_encrypted_and_the_signed_mdn_verifies(as2, ce
 
 def test_fixtures_load_as2_profiles(app, session, certs):
     from b2bhub.services.fixtures import load_fixtures
-    from plugins.as2_sender import As2Sender
+    from plugins.as2.plugin import As2Sender
     data = {"organizations": [{"name": "mycompany"}], "partners": [{"name": "acme"}],
             "profiles": [
                 {"party": "mycompany", "protocol": "as2", "as2_id": "HUB",
@@ -781,3 +780,18 @@ def test_send_again_repeats_the_same_as2_message_id_and_a_5xx_is_retried(as2, pa
     as2.drain()
     assert as2.delivery(gone.id).state == "failed"
     assert "HTTP 404" in as2.delivery(gone.id).last_result
+
+
+def test_an_owed_async_mdn_is_sent_by_a_worker_the_receipt_woke(as2, procs):
+    """No beat here: the receipt itself asks a worker for the plugin job that sends
+    owed MDNs (``as2_send_mdns``), which the worker finds through its entry points."""
+    procs.worker()
+    before = len(as2.partner.mdns())
+    result = as2.partner.send(as2.url, sign=True, encrypt=True, compress=False,
+                              mdn_mode="async", mdn_signed=True, filename="po.edi")
+    assert result["http_status"] == 200, result
+    mdns = wait_for(lambda: as2.partner.mdns()[before:], timeout=60)
+    assert [m["status"] for m in mdns] == ["processed"], procs.logs()
+    [message] = as2.messages()
+    # the worker records the sending once the partner answered
+    assert wait_for(lambda: as2.session.rollback() or as2.lines(message.id, "mdn_sent"))

@@ -7,7 +7,7 @@ import ssl
 def test_oscrypto_on_disk_is_the_fixed_one_and_loads_openssl():
     import oscrypto
 
-    import b2bhub.as2  # noqa: F401  (raises when oscrypto cannot load OpenSSL)
+    import plugins.as2  # noqa: F401  (raises when oscrypto cannot load OpenSSL)
 
     assert oscrypto.backend() == "openssl"
     files = importlib.metadata.distribution("elements-oscrypto").files

@@ -13,7 +13,7 @@ from pyas2lib import Message, Organization, Partner
 from pyas2lib.cms import verify_message
 from pyas2lib.exceptions import IntegrityError
 
-from b2bhub.as2 import lib
+from plugins.as2 import lib
 from tests.as2kit import make_pair
 
 DATA = b"Content-Type: text/plain\r\n\r\nISA*00*~GS*PO~ST*850*0001~\r\n"

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from sqlalchemy import select
 
 from b2bhub.models import Certificate, HistoryLine, ProtocolProfile
+from plugins.as2.plugin import As2Receiver, As2Sender
 from tests import test_ui
 from tests.as2kit import make_pair
 
@@ -22,6 +23,13 @@ login, fresh_user_per_request = test_ui.login, test_ui.fresh_user_per_request
 
 ORG = "/ui/parties/organization/mycompany/as2"
 PARTNER = "/ui/parties/partner/acme/as2"
+
+
+@pytest.fixture(autouse=True)
+def as2_types(registry):
+    """The AS2 plugin types add the ``as2`` profile kind these pages show."""
+    registry.register(As2Receiver)
+    registry.register(As2Sender)
 
 
 @pytest.fixture(scope="module")

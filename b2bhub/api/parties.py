@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from flask import jsonify, url_for
 
+from b2bhub import hub
 from b2bhub.api import bp
 from b2bhub.api import schemas as s
 from b2bhub.api.blueprint import ApiError
 from b2bhub.api.inputs import json_object
-from b2bhub.as2 import profiles
 from b2bhub.extensions import db
-from b2bhub.models import ORGANIZATION, PARTNER, utcnow
+from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.services import config as svc
+from b2bhub.services.profiles import profile_kind
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
 COLLECTION = "/<any(organizations, partners):collection>"
@@ -64,28 +65,30 @@ def delete_party(collection: str, name: str):
     db.session.commit()
 
 
-# --- AS2 profiles (SPEC 2) -------------------------------------------------------------
+# --- party profiles of the kinds plugins add (SPEC 2, SPEC 3) --------------------------
 
-PROFILE = COLLECTION + "/<name>/profiles/as2"
+PROFILE = COLLECTION + "/<name>/profiles/<kind>"
 
 
 @bp.get(PROFILE)
-def get_as2_profile(collection: str, name: str):
-    profile = profiles.get_profile(db.session, KINDS[collection], name)
-    return jsonify(profiles.profile_json(profile, utcnow()))
+def get_profile(collection: str, name: str, kind: str):
+    """A party's profile of a kind a plugin adds (``as2``); secrets are never shown."""
+    found = profile_kind(hub.registry(), kind)
+    return jsonify(found.get(db.session, KINDS[collection], name))
 
 
 @bp.put(PROFILE)
-def put_as2_profile(collection: str, name: str):
+def put_profile(collection: str, name: str, kind: str):
     """Create or replace the choices given; a private key or password is never shown."""
-    body = json_object(tuple(profiles.FIELDS))
-    profile = profiles.save_profile(db.session, KINDS[collection], name, body)
+    found = profile_kind(hub.registry(), kind)
+    body = json_object(found.fields())
+    shown = found.save(db.session, KINDS[collection], name, body)
     db.session.commit()
-    return jsonify(profiles.profile_json(profile, utcnow()))
+    return jsonify(shown)
 
 
 @bp.delete(PROFILE)
-def delete_as2_profile(collection: str, name: str):
-    profiles.delete_profile(db.session, KINDS[collection], name)
+def delete_profile(collection: str, name: str, kind: str):
+    profile_kind(hub.registry(), kind).delete(db.session, KINDS[collection], name)
     db.session.commit()
     return "", 204

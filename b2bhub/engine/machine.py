@@ -20,7 +20,15 @@ lease expired       in_progress                    queued (sweep)
 owner gone          in_progress                    queued (sweep, owner known dead)
 receipt overdue     awaiting_receipt               failed (sweep)
 stalled             queued, retrying               stalled (sweep, after N wake-ups)
+receipt             awaiting_receipt               delivered, or failed (MDN or API)
+operator action     as the action allows           queued, cancelled, skipped (:func:`move`)
+parked              queued, retrying, stalled      deferred (behind a failed delivery)
+released            deferred                       queued (its blocker skipped/resubmitted)
 ==================  =============================  =====================================
+
+A failure that blocks its sequence parks the deliveries behind it in the same
+transaction, whichever path failed it (an attempt, an overdue or negative receipt, the
+API's receipt report). :mod:`.sequences` holds the queries; the writes are here.
 
 Fencing: an outcome is written only while the delivery is still ``in_progress`` with the
 attempt number and lease owner of the claim that produced it. A late outcome changes
@@ -37,7 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime, bindparam, case, func, or_, select, text, update
+from sqlalchemy import DateTime, and_, bindparam, case, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -194,7 +202,7 @@ def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
             instance = conn.execute(_READ_TARGET, {"name": target}).one_or_none()
             if instance is not None:  # another claimer's turn: settle alone
                 _record(session, lines, now)
-                sequences.park_behind(session, blockers, now, owner)
+                park_behind(session, blockers, now, owner)
                 return written, None, instance
     else:
         instance = lock_target(session, target)
@@ -202,7 +210,7 @@ def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
     claims, claimed = (_take(session, target, owner, now, limit, lease_seconds, instance)
                        if limit > 0 else ([], []))
     _record(session, lines + claimed, now)
-    sequences.park_behind(session, blockers, now, owner)
+    park_behind(session, blockers, now, owner)
     return written, claims, instance
 
 
@@ -280,7 +288,7 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
     written, lines, blockers = _write_outcomes(session, outcomes, policy, now)
     _record(session, lines, now)
     if blockers:
-        sequences.park_behind(session, blockers, now, outcomes[0][0].owner)
+        park_behind(session, blockers, now, outcomes[0][0].owner)
     return written
 
 
@@ -526,7 +534,7 @@ def fail_overdue_receipts(session: Session, now: datetime, limit: int) -> int:
     add_lines(session, failed, now)
     refresh_statuses(session, [f["message_id"] for f in failed], now)
     ordered = set(sequences.ordered_targets(session)) if failed else set()
-    sequences.park_behind(session, [f["delivery_id"] for f in failed
+    park_behind(session, [f["delivery_id"] for f in failed
                                     if f["data"]["target"] in ordered], now, "sweep")
     return len(failed)
 
@@ -692,4 +700,98 @@ def settle_receipt(session: Session, delivery_id: int, ref: str | None, ok: bool
          "text": f"{row.target}: {LABELS[values['state']]}",
          "data": {"state": values["state"]}}], now)
     refresh_statuses(session, [row.message_id], now, actor=actor)
+    if not ok:  # whichever path settled it (an MDN, the API): the same parking
+        failed = session.get(Delivery, delivery_id, populate_existing=True)
+        if sequences.blocks_sequence(session, failed):
+            park_behind(session, [delivery_id], now, actor)
     return True
+
+
+# --- transitions an operator starts, and sequences parked and released ------------------
+
+def move(session: Session, delivery: Delivery, to: str, now: datetime, actor: str,
+         text: str, **values) -> bool:
+    """One guarded transition (an operator's action): changes the row only if it is
+    still in the state read, with its history line. False: it changed meanwhile."""
+    done = session.execute(update(Delivery).where(
+        Delivery.id == delivery.id, Delivery.state == delivery.state,
+    ).values(state=to, updated_at=now, **values)
+        .execution_options(synchronize_session=False)).rowcount
+    if done != 1:
+        return False
+    add_line(session, delivery.message_id, "delivery_changed", text, actor=actor,
+             delivery_id=delivery.id, now=now, data={"state": to, "from": delivery.state})
+    session.expire(delivery)
+    return True
+
+
+def park_behind(session: Session, blockers: list[int], now: datetime, actor: str) -> int:
+    """Park the open, unclaimed deliveries that come after each failed ``blockers`` id
+    in its sequence. Call in the transaction that failed them."""
+    if not blockers:
+        return 0
+    heads = session.execute(select(Delivery.id, Delivery.target, Delivery.sequence_key)
+                            .where(Delivery.id.in_(blockers), Delivery.state == S.FAILED,
+                                   Delivery.sequence_key.is_not(None))).all()
+    parked = 0
+    for head in heads:
+        parked += _park(session, and_(Delivery.target == head.target,
+                                      Delivery.sequence_key == head.sequence_key,
+                                      Delivery.id > head.id), now, actor,
+                        f"parked behind delivery {head.id}, which failed")
+    return parked
+
+
+def park_blocked(session: Session, now: datetime, limit: int) -> int:
+    """Sweep step: park deliveries of ordered targets that arrived behind a failure."""
+    ordered = sequences.ordered_targets(session)
+    if not ordered:
+        return 0
+    due = (select(Delivery.id).where(Delivery.target.in_(ordered),
+                                     Delivery.state.in_(sequences.PARKABLE),
+                                     sequences.blocked_by_failure())
+           .limit(limit))
+    return _park(session, Delivery.id.in_(due.scalar_subquery()), now, "sweep",
+                 "parked: an earlier delivery of its sequence failed")
+
+
+def _park(session: Session, where, now: datetime, actor: str, why: str) -> int:
+    rows = session.execute(
+        update(Delivery).where(where, Delivery.state.in_(sequences.PARKABLE))
+        .values(state=S.DEFERRED, next_wake_at=None, wake_count=0, updated_at=now)
+        .returning(Delivery.id, Delivery.message_id, Delivery.target)
+        .execution_options(synchronize_session=False)).all()
+    _record_sequence(session, rows, S.DEFERRED, now, actor, why)
+    return len(rows)
+
+
+def release(session: Session, delivery: Delivery, now: datetime, actor: str,
+            settings: DeliverySettings) -> int:
+    """Queue again, in order, the parked deliveries behind ``delivery`` up to the next
+    failed one of the sequence (which still blocks what follows it)."""
+    if delivery.sequence_key is None:
+        return 0
+    rows = session.execute(
+        update(Delivery).where(Delivery.target == delivery.target,
+                               Delivery.sequence_key == delivery.sequence_key,
+                               Delivery.id > delivery.id, Delivery.state == S.DEFERRED,
+                               ~sequences.other_failure_before(delivery.id))
+        .values(state=S.QUEUED, due_at=now, wake_count=1, updated_at=now,
+                next_wake_at=now + timedelta(seconds=settings.wake_delay(1)))
+        .returning(Delivery.id, Delivery.message_id, Delivery.target)
+        .execution_options(synchronize_session=False)).all()
+    _record_sequence(session, rows, S.QUEUED, now, actor,
+                     f"released: delivery {delivery.id} no longer blocks the sequence")
+    wakeups.after_commit(session, [(r.id, r.target) for r in sorted(rows)[:1]])
+    return len(rows)
+
+
+def _record_sequence(session: Session, rows, state: str, now: datetime, actor: str,
+                     why: str) -> None:
+    if not rows:
+        return
+    add_lines(session, [{"message_id": r.message_id, "delivery_id": r.id,
+                         "type": "delivery_changed", "actor": actor,
+                         "text": f"{r.target}: {why}", "data": {"state": state}}
+                        for r in rows], now)
+    refresh_statuses(session, [r.message_id for r in rows], now, actor)

@@ -34,17 +34,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
-from b2bhub.engine import blocking, machine, sequences
+from b2bhub.engine import blocking, machine
 from b2bhub.engine.dispatch import create_deliveries, route_cache
 from b2bhub.engine.history import add_line, resolve_alert
+from b2bhub.engine.sequences import blocks_sequence
 from b2bhub.engine.settings import load_settings
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
-from b2bhub.models import Delivery, Message, PluginInstance
+from b2bhub.models import Delivery, Message
 
 S = DeliveryState
 
@@ -92,7 +93,7 @@ def skip(session: Session, delivery_id: int, actor: str, now: datetime) -> Actio
              delivery_id=delivery_id, now=now)
     _move(session, delivery, S.SKIPPED, now, actor, f"{delivery.target}: skipped",
           settled_at=now, next_wake_at=None)
-    released = sequences.release(session, delivery, now, actor, load_settings(session))
+    released = machine.release(session, delivery, now, actor, load_settings(session))
     unblocked = _release_instance(session, delivery, actor, "skip", now)
     refresh_statuses(session, [delivery.message_id], now, actor)
     text = f"skipped; {released} parked delivery(ies) released"
@@ -117,10 +118,6 @@ def record_receipt(session: Session, delivery_id: int, completed: bool, text: st
         raise ReceiptRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: only a "
                              "delivery awaiting its receipt takes one (the refusal is in "
                              "its history)")
-    if not completed:
-        session.expire(delivery)
-        if blocks_sequence(session, delivery):
-            sequences.park_behind(session, [delivery_id], now, actor)
     return ActionResult(True, f"receipt {result}", [delivery_id])
 
 
@@ -137,12 +134,6 @@ def is_blocker(session: Session, delivery: Delivery) -> bool:
     """A failed delivery that blocks its sequence or its instance: Resubmit or Skip."""
     return delivery.state == S.FAILED and (blocks_sequence(session, delivery)
                                            or blocking.blocks_instance(session, delivery))
-
-
-def blocks_sequence(session: Session, delivery: Delivery) -> bool:
-    ordered = session.scalar(select(PluginInstance.ordered).where(
-        PluginInstance.name == delivery.target))
-    return bool(ordered) or sequences.parked_behind(session, delivery) > 0
 
 
 def send_again(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
@@ -240,7 +231,7 @@ def _requeue(session: Session, delivery_id: int, actor: str, now: datetime,
                 settled_at=None, due_at=min(first, now) if first else now)
     if blocks:
         # never parked behind itself: the parked ones queue again behind it
-        sequences.release(session, delivery, now, actor, load_settings(session))
+        machine.release(session, delivery, now, actor, load_settings(session))
     if holds:
         _release_instance(session, delivery, actor, verb, now)
     refresh_statuses(session, [delivery.message_id], now, actor)
@@ -270,16 +261,9 @@ def _wake_again(session: Session, delivery: Delivery, now: datetime, actor: str,
 
 def _move(session: Session, delivery: Delivery, to: str, now: datetime, actor: str,
           text: str, **values) -> None:
-    """One guarded transition: changes the row only if it is still in the state read."""
-    done = session.execute(update(Delivery).where(
-        Delivery.id == delivery.id, Delivery.state == delivery.state,
-    ).values(state=to, updated_at=now, **values)
-        .execution_options(synchronize_session=False)).rowcount
-    if done != 1:
+    """One guarded transition through the state machine; refused if the row changed."""
+    if not machine.move(session, delivery, to, now, actor, text, **values):
         raise ActionRefused(f"delivery {delivery.id} changed meanwhile; try again")
-    add_line(session, delivery.message_id, "delivery_changed", text, actor=actor,
-             delivery_id=delivery.id, now=now, data={"state": to, "from": delivery.state})
-    session.expire(delivery)
 
 
 def _set_message_status(session: Session, message: Message, status: str, now: datetime,

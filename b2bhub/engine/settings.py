@@ -12,7 +12,7 @@ from b2bhub.models import Setting
 
 KEY = "delivery"
 #: replaced by every change of a party's protocol profiles (their per-process caches)
-PROFILES_VERSION_KEY = "as2_profiles_version"
+PROFILES_VERSION_KEY = "profiles_version"
 
 
 @dataclass(frozen=True)

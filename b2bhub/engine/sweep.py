@@ -20,7 +20,7 @@ from sqlalchemy import insert, or_, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.engine import machine, presence, sequences
+from b2bhub.engine import machine, presence
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import Lock
@@ -57,7 +57,7 @@ def run_sweep(session: Session, now: datetime, owner: str,
         report.owners_gone = _put_back_from_dead_owners(session, now, batch)
         report.receipts_overdue = _loop(session, lambda: machine.fail_overdue_receipts(
             session, now, batch))
-        report.parked = _loop(session, lambda: sequences.park_blocked(session, now, batch))
+        report.parked = _loop(session, lambda: machine.park_blocked(session, now, batch))
         report.stalled = _loop(session, lambda: machine.stall_unclaimed(
             session, now, settings, batch))
         report.woken = _loop(session, lambda: _wake(session, now, settings, batch))

@@ -1,6 +1,5 @@
 """The tables. Plain SQLAlchemy declarative models (no Flask), shared by every process."""
 
-from b2bhub.models.as2 import As2Inbound, As2Outbound
 from b2bhub.models.base import Base, utcnow
 from b2bhub.models.messages import Delivery, HistoryLine, Message, Payload
 from b2bhub.models.notifications import Notification, NotificationChannel
@@ -20,9 +19,9 @@ from b2bhub.models.system import (
 )
 
 __all__ = [
-    "ORGANIZATION", "PARTNER", "Alert", "ApiToken", "As2Inbound", "As2Outbound", "Base",
-    "Certificate", "CleanupRun", "Delivery", "HistoryLine", "InstanceState", "Lock",
-    "LogRecord", "Message", "Notification", "NotificationChannel", "Party", "Payload",
-    "PluginInstance", "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting",
-    "StatsMinute", "User", "utcnow",
+    "ORGANIZATION", "PARTNER", "Alert", "ApiToken", "Base", "Certificate", "CleanupRun",
+    "Delivery", "HistoryLine", "InstanceState", "Lock", "LogRecord", "Message",
+    "Notification", "NotificationChannel", "Party", "Payload", "PluginInstance",
+    "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting", "StatsMinute", "User",
+    "utcnow",
 ]

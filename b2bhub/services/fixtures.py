@@ -26,7 +26,7 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
             svc.create_party(session, kind, _field(party, "name", key, n),
                              party.get("display_name", ""))
     for n, profile in enumerate(sections["profiles"], 1):
-        _load_profile(session, profile, n)
+        _load_profile(session, profile, n, registry)
     for instance in sections["plugins"]:
         svc.save_instance(session, registry, instance)
     for n, route in enumerate(sections["routes"], 1):
@@ -38,19 +38,22 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
             if key != "profiles" or sections[key]}
 
 
-def _load_profile(session: Session, item: dict, n: int) -> None:
-    """``{"party": name, "protocol": "as2", ...the API's AS2 profile fields}``."""
-    from b2bhub.as2 import profiles
+def _load_profile(session: Session, item: dict, n: int, registry) -> None:
+    """``{"party": name, "protocol": kind, ...that kind's API fields}``; ``protocol`` may
+    be left out while one profile kind is registered (files of older versions)."""
     from b2bhub.models import Party
+    from b2bhub.services.profiles import profile_kinds
     name = _field(item, "party", "profiles", n)
-    if item.get("protocol", "as2") != "as2":
+    kinds = profile_kinds(registry)
+    protocol = item.get("protocol", next(iter(kinds)) if len(kinds) == 1 else None)
+    if protocol not in kinds:
         raise ServiceError(f"profile {n}: unknown protocol {item.get('protocol')!r}")
     party = session.query(Party).filter_by(name=name).one_or_none()
     if party is None:
         raise ServiceError(f"profile {n}: no party named {name!r}")
     body = {k: v for k, v in item.items() if k not in ("party", "protocol")}
     try:
-        profiles.save_profile(session, party.kind, name, body)
+        kinds[protocol].save(session, party.kind, name, body)
     except ServiceError as exc:
         raise ServiceError(f"profile {n} ({name}): {exc.message}", exc.details) from None
 

@@ -26,6 +26,7 @@ from flask import (
     g,
     redirect,
     render_template,
+    render_template_string,
     request,
     url_for,
 )
@@ -149,6 +150,19 @@ def _done(text: str, record: bool = True) -> None:
         record_change(text)
     db.session.commit()
     flash(text[:1].upper() + text[1:])
+
+
+def render_plugin_template(path: str, **context) -> str:
+    """Render a template file a plugin ships (it may extend ``ui/base.html`` and use
+    ``ui/_form.html``), with the UI's globals and filters."""
+    source = _template_sources.get(path)
+    if source is None:
+        with open(path, encoding="utf-8") as fh:
+            source = _template_sources[path] = fh.read()
+    return render_template_string(source, **context)
+
+
+_template_sources: dict[str, str] = {}
 
 
 def form_status(form) -> int:

@@ -26,8 +26,6 @@ from wtforms import (
 from wtforms.validators import DataRequired, Length
 from wtforms.widgets import PasswordInput
 
-from b2bhub.as2.certs import CertificateError, upload_from_files
-from b2bhub.as2.profiles import CIPHERS, DIGESTS, MDN_MODES
 from b2bhub.config_schema import Field
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.errors import ServiceError
@@ -78,85 +76,6 @@ class BulkRedeliverForm(FlaskForm):
     """Selected deliveries, or every one the filter matches."""
 
     all_matching = BooleanField("all matching")
-
-
-# --- AS2 profiles ----------------------------------------------------------------------
-
-#: the profile's choices by the kind of field that edits them (the form's names are the API's)
-_AS2_TEXT = ("as2_id", "url", "mdn_url", "content_type", "subject")
-_AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked")
-_AS2_SELECT = ("digest_alg", "encryption_alg", "mdn_mode", "mdn_digest_alg")
-
-
-def as2_profile_form(kind: str, data: dict) -> FlaskForm:
-    """The AS2 profile form of an organization (our certificate with its key, ``mdn_url``)
-    or a partner (its certificate, ``url``); ``data`` is the API shape with defaults."""
-    own = kind == "organization"
-
-    class As2ProfileForm(FlaskForm):
-        as2_id = StringField("AS2 ID", description="unique among all AS2 profiles")
-        sign = BooleanField("Sign")
-        digest_alg = SelectField("Signing digest", choices=DIGESTS)
-        encrypt = BooleanField("Encrypt")
-        encryption_alg = SelectField("Encryption", choices=CIPHERS)
-        compress = BooleanField("Compress")
-        mdn_mode = SelectField("MDN mode", choices=MDN_MODES)
-        mdn_signed = BooleanField("Signed MDN")
-        mdn_digest_alg = SelectField("MDN digest", choices=DIGESTS)
-        receipt_timeout = StringField("Receipt timeout (seconds)",
-                                      description="how long to wait for an asynchronous MDN")
-        canonicalize_as_binary = BooleanField("Canonicalize as binary")
-        chunked = BooleanField("Chunked transfer encoding",
-                               description="off: send with Content-Length")
-        content_type = StringField("Content type")
-        subject = StringField("Subject")
-        certificate_file = FileField(
-            "Our certificate and private key" if own else "Partner certificate",
-            description=("PEM (certificate with its key, or the key in the next field) or "
-                         "PKCS#12 (.p12, .pfx) with its password" if own else
-                         "PEM or DER certificate, or PKCS#12") +
-            "; leave empty to keep the stored one")
-        password = PasswordField("Password of the key or PKCS#12",
-                                 description="used once to open it, never kept or shown")
-
-    if own:
-        As2ProfileForm.mdn_url = StringField(
-            "MDN URL", description="where partners post asynchronous MDNs to us (optional)")
-        As2ProfileForm.key_file = FileField(
-            "Private key (PEM)", description="only when the certificate file has no key")
-    else:
-        As2ProfileForm.url = StringField("URL", description="the partner's AS2 endpoint")
-    values = {k: v for k, v in data.items() if k in (*_AS2_TEXT, *_AS2_BOOL, *_AS2_SELECT)}
-    values = {k: ("" if v is None else v) for k, v in values.items()}
-    if data.get("receipt_timeout") is not None:
-        values["receipt_timeout"] = str(data["receipt_timeout"])
-    return As2ProfileForm(data=values)
-
-
-def as2_profile_data(form: FlaskForm) -> dict:
-    """The API shape of a submitted AS2 profile form, with the uploaded certificate read
-    from its files; a field that is not the right kind of value gets its error and
-    ServiceError is raised."""
-    data: dict[str, Any] = {}
-    for name in _AS2_TEXT:
-        if name in form:
-            text = (form[name].data or "").strip()
-            data[name] = (text or None) if name in ("url", "mdn_url") else text
-    data.update({name: bool(form[name].data) for name in _AS2_BOOL})
-    data.update({name: form[name].data for name in _AS2_SELECT})
-    errors: dict[str, str] = {}
-    data["receipt_timeout"] = _whole(form.receipt_timeout.data, "receipt_timeout", errors)
-    upload = form.certificate_file.data
-    if upload:
-        key = form.key_file.data if "key_file" in form else None
-        try:
-            data["certificate"] = upload_from_files(
-                upload.read(), key.read() if key else None, form.password.data or None)
-        except CertificateError as exc:
-            errors["certificate_file"] = str(exc)
-    if errors:
-        raise ServiceError("; ".join(errors.values()), errors)
-    return data
 
 
 # --- plugin instances: a form drawn from the plugin type's config schema ---------------
@@ -210,6 +129,39 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
             "Retention (days)",
             description="empty or 0: the setting's default; -1: keep forever")
     return InstanceForm(data=_form_data(plugin_cls, data or {}))
+
+
+def plugin_config_form(schema: list, values: dict) -> FlaskForm:
+    """A form of the fields of ``schema`` (a profile kind's), filled with ``values``
+    (secrets are never filled in)."""
+
+    class SchemaForm(FlaskForm):
+        pass
+
+    for field in schema:
+        setattr(SchemaForm, field.name, _config_field(field))
+    data = {}
+    for field in schema:
+        value = values.get(field.name)
+        if field.type == "json":
+            data[field.name] = "" if value is None else json.dumps(value)
+        elif field.type == "boolean":
+            data[field.name] = bool(value)
+        elif field.type != "secret":
+            data[field.name] = "" if value is None else str(value)
+    return SchemaForm(data=data)
+
+
+def form_config(schema: list, form: FlaskForm) -> dict:
+    """The values of a submitted :func:`plugin_config_form`; a secret left empty is left
+    out (the stored one is kept)."""
+    values = {}
+    for field in schema:
+        value = form[field.name].data
+        if field.type == "secret" and not value:
+            continue
+        values[field.name] = value
+    return values
 
 
 def _form_data(plugin_cls: type, data: dict) -> dict:

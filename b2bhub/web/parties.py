@@ -1,18 +1,18 @@
-"""Parties: organizations and partners, and each party's AS2 profile with its
-certificate (uploaded as files: PEM, DER or PKCS#12 with its password)."""
+"""Parties: organizations and partners, and each party's profiles of the kinds plugins
+add (a protocol's page of its own, or one drawn from the kind's schema)."""
 
 from __future__ import annotations
 
 from flask import abort, redirect, render_template, url_for
-from sqlalchemy import select
 
-from b2bhub.as2 import profiles
+from b2bhub import hub
 from b2bhub.extensions import db
-from b2bhub.models import ORGANIZATION, PARTNER, ProtocolProfile, utcnow
+from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.services import config as svc
 from b2bhub.services.errors import NotFound, ServiceError
+from b2bhub.services.profiles import addresses, profile_kind, profile_kinds
 from b2bhub.web import bp, button, form_status, submit
-from b2bhub.web.forms import ActionForm, PartyForm, as2_profile_data, as2_profile_form
+from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form
 
 KINDS = {"organization": ORGANIZATION, "partner": PARTNER}
 
@@ -25,10 +25,9 @@ def _forms(posted: str | None = None) -> dict[str, PartyForm]:
 
 def _page(forms: dict, status: int = 200):
     lists = {kind: svc.list_parties(db.session, kind, 1000).items for kind in KINDS}
-    as2_ids = dict(db.session.execute(select(ProtocolProfile.party_id, ProtocolProfile.address)
-                                      .where(ProtocolProfile.protocol == profiles.PROTOCOL)).all())
-    return render_template("ui/parties.html", lists=lists, forms=forms, as2_ids=as2_ids,
-                           action=ActionForm()), status
+    kinds = profile_kinds(hub.registry())
+    return render_template("ui/parties.html", lists=lists, forms=forms, kinds=kinds,
+                           shown=addresses(db.session, kinds), action=ActionForm()), status
 
 
 @bp.get("/parties")
@@ -71,49 +70,59 @@ def delete_party(kind: str, name: str):
     return redirect(url_for("ui.parties"))
 
 
-# --- AS2 profile ------------------------------------------------------------------------
+# --- party profiles of the kinds plugins add --------------------------------------------
 
-def _save_as2(kind: str, name: str, form) -> tuple:
-    data = as2_profile_data(form)
-    return profiles.save_profile(db.session, kind, name, data), "certificate" in data
-
-
-def _saved(kind: str, name: str, created: bool, profile, new_cert: bool) -> str:
-    """The history line of a saved profile; it names a newly uploaded certificate."""
-    text = (f"{'created' if created else 'changed'} the AS2 profile of {kind} {name} "
-            f"(AS2 ID {profile.address})")
-    if new_cert:
-        cert = profile.certificates[0]
-        text += f" with the certificate {cert.subject} valid until {cert.not_after:%Y-%m-%d}"
-    return text
+def _kind_or_404(protocol: str):
+    try:
+        return profile_kind(hub.registry(), protocol)
+    except NotFound as exc:
+        abort(404, exc.message)
 
 
-@bp.route("/parties/<any(organization, partner):kind>/<name>/as2", methods=["GET", "POST"])
-def as2_profile(kind: str, name: str):
-    """The profile as the API shows it; admins edit it on the same page. A POST saves
-    the whole form (choices as shown, the certificate only when a file is chosen)."""
+@bp.route("/parties/<any(organization, partner):kind>/<name>/<protocol>",
+          methods=["GET", "POST"])
+def profile(kind: str, name: str, protocol: str):
+    """A party's profile of a plugin's kind: the kind draws its page (``ui_page``) or
+    the core shows the stored profile and a form from the kind's schema."""
+    found = _kind_or_404(protocol)
     try:
         party = svc.get_party(db.session, kind, name)
     except ServiceError as exc:
         abort(404, exc.message)
     try:
-        shown = profiles.profile_json(profiles.get_profile(db.session, kind, name), utcnow())
+        shown = found.get(db.session, kind, name)
     except NotFound:
         shown = None
-    defaults = {choice: default for choice, (default, _check) in profiles.CHOICES.items()}
-    form = as2_profile_form(kind, shown or defaults)
+    page = getattr(found, "ui_page", None)
+    if page is not None:
+        return page(party, shown)
+    return _schema_page(found, party, shown)
+
+
+def _schema_page(found, party, shown):
+    """The page of a kind without its own: its fields, secrets blank, from its schema."""
+    kind, name = party.kind, party.name
+    values = {f.name: (shown or {}).get(f.name, f.default) for f in found.schema
+              if f.type != "secret"}
+    form = plugin_config_form(found.schema, values)
     if form.validate_on_submit() and submit(
-            form, lambda: _save_as2(kind, name, form),
-            lambda saved: _saved(kind, name, shown is None, *saved),
-            aliases={"certificate": "certificate_file"}):
-        return redirect(url_for("ui.as2_profile", kind=kind, name=name))
-    return render_template("ui/as2_profile.html", party=party, profile=shown, form=form,
-                           warning_days=profiles.EXPIRY_WARNING.days,
-                           active="ui.parties"), form_status(form)
+            form, lambda: found.save(db.session, kind, name, form_config(found.schema, form)),
+            lambda saved: saved_line(found, kind, name, shown is None, saved)):
+        return redirect(url_for("ui.profile", kind=kind, name=name, protocol=found.kind))
+    return render_template("ui/profile.html", party=party, profile=shown, form=form,
+                           kind=found, active="ui.parties"), form_status(form)
 
 
-@bp.post("/parties/<any(organization, partner):kind>/<name>/as2/delete")
-def delete_as2_profile(kind: str, name: str):
-    button(lambda: profiles.delete_profile(db.session, kind, name),
-           lambda _none: f"deleted the AS2 profile of {kind} {name}")
-    return redirect(url_for("ui.as2_profile", kind=kind, name=name))
+def saved_line(found, kind: str, name: str, created: bool, saved: dict, extra: str = "") -> str:
+    """The history line of a saved profile."""
+    described = found.describe(saved)
+    return (f"{'created' if created else 'changed'} the {found.label} profile of {kind} "
+            f"{name}" + (f" ({described})" if described else "") + extra)
+
+
+@bp.post("/parties/<any(organization, partner):kind>/<name>/<protocol>/delete")
+def delete_profile(kind: str, name: str, protocol: str):
+    found = _kind_or_404(protocol)
+    button(lambda: found.delete(db.session, kind, name),
+           lambda _none: f"deleted the {found.label} profile of {kind} {name}")
+    return redirect(url_for("ui.profile", kind=kind, name=name, protocol=protocol))

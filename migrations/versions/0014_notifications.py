@@ -3,7 +3,7 @@
 Alerts that exist already count as notified, so an upgrade sends no flood of old ones.
 
 Revision ID: 0014_notifications
-Revises: 0011_retention
+Revises: 0012_plugins
 Create Date: 2026-12-01 18:45:00.000000
 
 """
@@ -13,7 +13,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision = '0014_notifications'
-down_revision = '0011_retention'
+down_revision = '0012_plugins'
 branch_labels = None
 depends_on = None
 

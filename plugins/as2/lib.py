@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, load_der_private_key, pkcs7
 from pyas2lib import Mdn, Message, Organization, Partner
 
-from b2bhub.as2.profiles import As2Profile
+from plugins.as2.profiles import As2Profile
 
 
 def organization(profile: As2Profile, domain: str | None = None) -> Organization:

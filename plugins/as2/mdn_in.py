@@ -17,12 +17,17 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub.as2 import lib, profiles
-from b2bhub.domain.states import DeliveryState
-from b2bhub.engine import machine
-from b2bhub.engine.history import add_line
-from b2bhub.models import As2Outbound, Delivery, Payload
-from b2bhub.payloads import PayloadStore, StoredPayload
+from b2bhub.plugin_api import (
+    Delivery,
+    DeliveryState,
+    Payload,
+    PayloadStore,
+    StoredPayload,
+    add_line,
+    settle_receipt,
+)
+from plugins.as2 import lib, profiles
+from plugins.as2.models import As2Outbound
 
 log = logging.getLogger(__name__)
 #: an asynchronous MDN may overtake the settlement of the attempt that sent the message
@@ -83,7 +88,7 @@ def record_stage(session: Session, message_id: int, stage: str, stored: StoredPa
 
 def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, found: dict,
                 now: datetime):
-    from b2bhub.as2.receiver import _text
+    from plugins.as2.receiver import _text
     context: dict = {}
 
     def find(orig_id, _recipient):
@@ -117,7 +122,7 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
         session.commit()
         log.warning("unattributable MDN for %s: delivery is %s", row.as2_message_id, state)
         return _text(200, f"MDN refused: the delivery is {state}")
-    settled = machine.settle_receipt(session, delivery.id, row.as2_message_id, ok, text, now,
+    settled = settle_receipt(session, delivery.id, row.as2_message_id, ok, text, now,
                                      actor=row.partner)
     session.commit()
     if not settled:
@@ -126,7 +131,7 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
 
 
 def _org_of(session: Session, row: As2Outbound) -> str:
-    from b2bhub.models import Message
+    from b2bhub.plugin_api import Message
     return session.scalar(select(Message.from_party).where(Message.id == row.message_id))
 
 

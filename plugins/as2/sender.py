@@ -16,10 +16,9 @@ from datetime import timedelta
 import requests
 from sqlalchemy import select
 
-from b2bhub.as2 import lib, mdn_in, profiles
-from b2bhub.domain.outcome import Outcome
-from b2bhub.models import As2Outbound
-from b2bhub.plugin_api import DeliveryInfo, PayloadReader
+from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader
+from plugins.as2 import lib, mdn_in, profiles
+from plugins.as2.models import As2Outbound
 
 CHUNK = 1 << 16
 

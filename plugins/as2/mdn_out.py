@@ -15,9 +15,8 @@ import requests
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from b2bhub.engine.history import add_line
-from b2bhub.models import As2Inbound
-from b2bhub.payloads import PayloadStore
+from b2bhub.plugin_api import PayloadStore, add_line
+from plugins.as2.models import As2Inbound
 
 log = logging.getLogger(__name__)
 DELAYS = (30, 120, 600, 1800, 3600)

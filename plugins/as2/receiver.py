@@ -39,16 +39,22 @@ from sqlalchemy import bindparam, insert, null, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.as2 import lib, mdn_in, profiles
-from b2bhub.engine.dispatch import (
+from b2bhub.plugin_api import (
     INTAKE_KEYS,
+    ORGANIZATION,
+    PARTNER,
     NewMessage,
+    PayloadStore,
+    PluginInstance,
+    Setting,
+    StoredPayload,
+    add_line,
+    connection,
     store_and_dispatch_many,
     store_refused,
 )
-from b2bhub.engine.history import add_line, connection
-from b2bhub.models import ORGANIZATION, PARTNER, As2Inbound, PluginInstance, Setting
-from b2bhub.payloads import PayloadStore, StoredPayload
+from plugins.as2 import lib, mdn_in, profiles
+from plugins.as2.models import As2Inbound
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SIZE = 100 * 1024 * 1024
@@ -220,17 +226,6 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
 
 def no_receiver(instance: str) -> Reply:
     return _text(404, f"no enabled AS2 receiver named '{instance}'")
-
-
-def instance_config(session: Session, instance: str) -> dict | None:
-    """The configuration of the enabled receiver ``instance`` (None: there is none), for
-    a request that looks it up before reading a large body."""
-    row = connection(session).execute(_INSTANCE, {"name": instance}).first()
-    return dict(row.config or {}) if row is not None and row.enabled else None
-
-
-_INSTANCE = select(PluginInstance.enabled, PluginInstance.config).where(
-    PluginInstance.name == bindparam("name"), PluginInstance.type == TYPE)
 
 
 def _max_size(config: dict) -> int:

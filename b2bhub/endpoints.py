@@ -1,0 +1,128 @@
+"""``POST /<prefix>/<instance>``: the receiving endpoints of protocol plugins (SPEC 3).
+
+A plugin type that declares ``endpoint_prefix`` gets this URL for each of its enabled
+instances (:mod:`b2bhub.plugin_api`). No login and no CSRF token: a protocol
+authenticates its requests itself (signatures, party profiles). The view never answers
+500: an unexpected failure (the database unreachable, say) is logged and answered 503,
+which a sender retries; nothing was taken then.
+
+No request holds a database connection while its body arrives: a body of at most
+:data:`PREREAD` bytes (by Content-Length) is read first; a larger one is read after the
+instance's lookup and its transaction ended, the instance's ``max_size`` known. A type
+with ``endpoint_lookup = "handler"`` looks the instance up itself for a preread body, in
+the statement it reads the rest with, so the whole request is one transaction on one
+connection. The wake-ups the request committed are published once the answer is sent
+(the sender waits for its answer, not for the broker; the sweep re-wakes what is lost).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+
+from flask import Blueprint, Response, request
+from sqlalchemy import bindparam, select
+from werkzeug.routing import BaseConverter, ValidationError
+
+from b2bhub import hub
+from b2bhub.engine import wakeups
+from b2bhub.engine.history import connection
+from b2bhub.extensions import db
+from b2bhub.models import PluginInstance, utcnow
+from b2bhub.plugin_api import PREREAD, EndpointReply, EndpointRequest
+
+bp = Blueprint("endpoints", __name__)
+log = logging.getLogger(__name__)
+DEFAULT_MAX_SIZE = 100 * 1024 * 1024
+
+
+class EndpointPrefix(BaseConverter):
+    """Matches only a prefix some registered type declares, looked up per request (a
+    type registered after the app was made is served), so other URLs keep their 404 and
+    405."""
+
+    regex = r"[A-Za-z0-9_.-]+"
+
+    def to_python(self, value: str):
+        found = endpoint_type(value)
+        if found is None:
+            raise ValidationError()
+        return found
+
+
+def endpoint_type(prefix: str) -> type | None:
+    for cls in hub.registry().types().values():
+        if getattr(cls, "endpoint_prefix", None) == prefix:
+            return cls
+    return None
+
+
+def endpoints_init_app(app, csrf) -> None:
+    app.url_map.converters["endpoint_prefix"] = EndpointPrefix
+    app.register_blueprint(bp)
+    csrf.exempt(bp)  # authenticated by the protocol, not by a session
+
+
+def plain(status: int, text: str) -> EndpointReply:
+    return EndpointReply(status, {"Content-Type": "text/plain; charset=utf-8"},
+                         (text + "\n").encode())
+
+
+@bp.post("/<endpoint_prefix:cls>/<instance>")
+def receive(cls: type, instance: str):
+    wakeups.defer(db.session)  # what the request commits is woken once it is answered
+    try:
+        reply = _receive(cls, instance)
+    finally:
+        committed = wakeups.stop_deferring(db.session)
+    response = Response(reply.body, reply.status, reply.headers)
+    if committed or reply.after:
+        response.call_on_close(lambda: _after(committed, reply.after))
+    return response
+
+
+def _receive(cls: type, instance: str) -> EndpointReply:
+    try:
+        length, body = request.content_length, request.stream
+        small = length is not None and length <= PREREAD
+        config = None  # for a small body a "handler" type looks it up with the rest
+        if small:
+            body = io.BytesIO(body.read())
+        if not small or cls.endpoint_lookup != "handler":
+            config = instance_config(db.session, cls.type_name, instance)
+            if not small:
+                db.session.commit()  # its connection back to the pool while the body arrives
+            if config is None:
+                return plain(404, f"no enabled {cls.endpoint_label or cls.type_name} "
+                                  f"named '{instance}'")
+        max_size = int((config or {}).get("max_size") or DEFAULT_MAX_SIZE)
+        if cls.endpoint_lookup != "handler" and length is not None and length > max_size:
+            return plain(413, f"the body is over the size limit of {max_size} bytes")
+        return cls.handle_request(EndpointRequest(
+            type_name=cls.type_name, instance=instance, config=config,
+            headers=[(k, v) for k, v in request.headers.items() if k.lower() != "host"],
+            body=body, content_length=length, now=utcnow(), session=db.session,
+            store=hub.store(), max_size=max_size))
+    except Exception:
+        db.session.rollback()
+        log.exception("%s %s failed; answered 503", cls.type_name, instance)
+        return plain(503, "the hub could not take the message now; try again later")
+
+
+def instance_config(session, type_name: str, instance: str) -> dict | None:
+    """The configuration of the enabled instance (None: there is none)."""
+    row = connection(session).execute(_INSTANCE, {"name": instance, "type": type_name}).first()
+    return dict(row.config or {}) if row is not None and row.enabled else None
+
+
+_INSTANCE = select(PluginInstance.enabled, PluginInstance.config).where(
+    PluginInstance.name == bindparam("name"), PluginInstance.type == bindparam("type"))
+
+
+def _after(committed: list, after) -> None:
+    wakeups.publish_now(committed)
+    if after is not None:
+        try:
+            after()
+        except Exception:
+            log.info("a plugin's after-answer step failed", exc_info=True)

@@ -1,0 +1,43 @@
+"""Party profiles of the kinds plugin types add (SPEC 2, SPEC 3): found in the registry.
+
+The core stores every kind in ``protocol_profiles`` (protocol = the kind); a kind's
+:class:`b2bhub.plugin_api.ProfileKind` validates, stores and shows it. Several types of
+one protocol (a receiver and a sender) may name the same kind: it is served once.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from b2bhub.models import ProtocolProfile
+from b2bhub.services.errors import NotFound
+
+
+def profile_kinds(registry) -> dict:
+    """Every profile kind of the registered types, by kind, sorted."""
+    kinds: dict = {}
+    for cls in registry.types().values():
+        for kind in getattr(cls, "profile_kinds", ()) or ():
+            kinds.setdefault(kind.kind, kind)
+    return dict(sorted(kinds.items()))
+
+
+def profile_kind(registry, kind: str):
+    """The kind named ``kind``; NotFound names the known ones."""
+    kinds = profile_kinds(registry)
+    if kind not in kinds:
+        raise NotFound(f"no profile kind '{kind}'; known: {', '.join(kinds) or 'none'}")
+    return kinds[kind]
+
+
+def addresses(session: Session, kinds) -> dict[str, dict[int, str]]:
+    """Each kind's profile addresses (its AS2 ID, say) by party id, for the parties page."""
+    shown: dict[str, dict[int, str]] = {kind: {} for kind in kinds}
+    if shown:
+        rows = session.execute(select(ProtocolProfile.protocol, ProtocolProfile.party_id,
+                                      ProtocolProfile.address)
+                               .where(ProtocolProfile.protocol.in_(list(shown))))
+        for protocol, party_id, address in rows:
+            shown[protocol][party_id] = address
+    return shown

@@ -1,0 +1,105 @@
+"""The AS2 plugin types (RFC 4130), built on the plugin interface's protocol hooks alone.
+
+* ``as2_receiver`` (source): ``POST /as2/<instance>`` (the core's endpoint hook); the work
+  is in :mod:`.receiver`, MDNs for our messages in :mod:`.mdn_in`.
+* ``as2_sender`` (target): sends per the partner's AS2 profile (:mod:`.sender`).
+* Both add the ``as2`` party profile kind (:mod:`.profiles`, UI in :mod:`.ui`) and the
+  periodic jobs ``as2_send_mdns`` (owed asynchronous MDNs, every 5 s and after a receipt)
+  and ``check_certificates`` (daily). The tables ``as2_inbound`` and ``as2_outbound``
+  (:mod:`.models`) came with the core's migration 0006; later changes to them are
+  migrations of this package's own (``migrations``, none yet).
+
+This module stays light: the protocol's modules load on first use.
+"""
+
+from __future__ import annotations
+
+from b2bhub.plugin_api import (
+    DeliveryInfo,
+    EndpointReply,
+    EndpointRequest,
+    Field,
+    Outcome,
+    PayloadReader,
+    PeriodicJob,
+    Plugin,
+    RetryPolicy,
+    Strategy,
+    TargetContext,
+)
+from plugins.as2.profiles import AS2_PROFILES
+
+MDN_JOB = "as2_send_mdns"
+
+
+def _send_mdns(session, store, now) -> int:
+    """Send the asynchronous MDNs that are due."""
+    from plugins.as2.mdn_out import send_due_mdns
+    return send_due_mdns(session, store, now)
+
+
+def _check_certificates(session, store, now) -> int:
+    """Raise ``certificate_expiring`` for AS2 certificates ending within 30 days."""
+    from plugins.as2.profiles import check_certificates
+    return check_certificates(session, now)
+
+
+JOBS = (PeriodicJob(MDN_JOB, _send_mdns, every=5.0, expires=5.0),
+        PeriodicJob("check_certificates", _check_certificates, every=86400.0,
+                    expires=3600.0))
+
+
+class As2Receiver(Plugin):
+    type_name = "as2_receiver"
+    roles = frozenset({"source"})
+    description = ("Receives AS2 messages from partners (and their MDNs for ours) at "
+                   "POST /as2/<instance>.")
+    config_schema = [
+        Field("max_size", "integer", default=100 * 1024 * 1024, min=1024,
+              help="largest body taken, in bytes; larger ones are refused"),
+    ]
+    endpoint_prefix = "as2"
+    #: a preread body's receiver is looked up with the profiles version, the intake's
+    #: settings and a duplicate Message-ID, in one statement (:func:`.receiver._lookups`)
+    endpoint_lookup = "handler"
+    endpoint_label = "AS2 receiver"
+    profile_kinds = (AS2_PROFILES,)
+    periodic_jobs = JOBS
+
+    @classmethod
+    def handle_request(cls, request: EndpointRequest) -> EndpointReply:
+        from plugins.as2 import receiver
+        reply = receiver.receive(request.session, request.store, request.instance,
+                                 request.config, request.headers, request.body,
+                                 request.content_length, request.now)
+        return EndpointReply(reply.status, reply.headers, reply.body,
+                             after=_wake_mdn_sender if reply.mdn_owed else None)
+
+
+def _wake_mdn_sender() -> None:
+    """Ask a worker to send the owed MDN now; beat asks every 5 s anyway."""
+    from b2bhub.plugin_api import run_job_soon
+    run_job_soon(MDN_JOB)
+
+
+class As2Sender(Plugin):
+    type_name = "as2_sender"
+    roles = frozenset({"target"})
+    description = ("Sends messages to partners over AS2 (RFC 4130): signed, encrypted and "
+                   "compressed per the partner's AS2 profile, with sync or async MDNs.")
+    config_schema = [
+        Field("payload_stage", "choice", default="unpacked",
+              choices=("raw", "unpacked", "sent"),
+              help="the stage of the message to send"),
+        Field("timeout", "integer", default=120, min=1, max=3600,
+              help="seconds to wait for the partner's answer (and a sync MDN)"),
+    ]
+    default_retry_policy = RetryPolicy(strategy=Strategy.EXPONENTIAL, base_delay=60,
+                                       max_delay=3600, max_attempts=10)
+    profile_kinds = (AS2_PROFILES,)
+    periodic_jobs = JOBS
+
+    def deliver(self, delivery: DeliveryInfo, payload: PayloadReader,
+                context: TargetContext) -> Outcome:
+        from plugins.as2 import sender
+        return sender.send(delivery, payload, context, self.config)

@@ -1,0 +1,137 @@
+"""The AS2 profile page of a party (``ProfileKind.ui_page``): the profile as the API
+shows it, and for admins its form, the certificate uploaded as files (PEM, DER or PKCS#12
+with its password; the password is used once to open it, never kept or shown)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flask import abort, redirect, url_for
+from flask_wtf import FlaskForm
+from flask_wtf.file import FileField
+from wtforms import BooleanField, PasswordField, SelectField, StringField
+
+from b2bhub.plugin_api import (
+    ServiceError,
+    db,
+    render_plugin_template,
+    ui_form_status,
+    ui_saved_line,
+    ui_submit,
+    ui_whole_number,
+)
+from plugins.as2 import profiles
+from plugins.as2.certs import CertificateError, upload_from_files
+from plugins.as2.profiles import CIPHERS, DIGESTS, MDN_MODES
+
+TEMPLATE = str(Path(__file__).with_name("templates") / "as2_profile.html")
+
+
+#: the profile's choices by the kind of field that edits them (the form's names are the API's)
+_AS2_TEXT = ("as2_id", "url", "mdn_url", "content_type", "subject")
+_AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked")
+_AS2_SELECT = ("digest_alg", "encryption_alg", "mdn_mode", "mdn_digest_alg")
+
+
+def as2_profile_form(kind: str, data: dict) -> FlaskForm:
+    """The AS2 profile form of an organization (our certificate with its key, ``mdn_url``)
+    or a partner (its certificate, ``url``); ``data`` is the API shape with defaults."""
+    own = kind == "organization"
+
+    class As2ProfileForm(FlaskForm):
+        as2_id = StringField("AS2 ID", description="unique among all AS2 profiles")
+        sign = BooleanField("Sign")
+        digest_alg = SelectField("Signing digest", choices=DIGESTS)
+        encrypt = BooleanField("Encrypt")
+        encryption_alg = SelectField("Encryption", choices=CIPHERS)
+        compress = BooleanField("Compress")
+        mdn_mode = SelectField("MDN mode", choices=MDN_MODES)
+        mdn_signed = BooleanField("Signed MDN")
+        mdn_digest_alg = SelectField("MDN digest", choices=DIGESTS)
+        receipt_timeout = StringField("Receipt timeout (seconds)",
+                                      description="how long to wait for an asynchronous MDN")
+        canonicalize_as_binary = BooleanField("Canonicalize as binary")
+        chunked = BooleanField("Chunked transfer encoding",
+                               description="off: send with Content-Length")
+        content_type = StringField("Content type")
+        subject = StringField("Subject")
+        certificate_file = FileField(
+            "Our certificate and private key" if own else "Partner certificate",
+            description=("PEM (certificate with its key, or the key in the next field) or "
+                         "PKCS#12 (.p12, .pfx) with its password" if own else
+                         "PEM or DER certificate, or PKCS#12") +
+            "; leave empty to keep the stored one")
+        password = PasswordField("Password of the key or PKCS#12",
+                                 description="used once to open it, never kept or shown")
+
+    if own:
+        As2ProfileForm.mdn_url = StringField(
+            "MDN URL", description="where partners post asynchronous MDNs to us (optional)")
+        As2ProfileForm.key_file = FileField(
+            "Private key (PEM)", description="only when the certificate file has no key")
+    else:
+        As2ProfileForm.url = StringField("URL", description="the partner's AS2 endpoint")
+    values = {k: v for k, v in data.items() if k in (*_AS2_TEXT, *_AS2_BOOL, *_AS2_SELECT)}
+    values = {k: ("" if v is None else v) for k, v in values.items()}
+    if data.get("receipt_timeout") is not None:
+        values["receipt_timeout"] = str(data["receipt_timeout"])
+    return As2ProfileForm(data=values)
+
+
+def as2_profile_data(form: FlaskForm) -> dict:
+    """The API shape of a submitted AS2 profile form, with the uploaded certificate read
+    from its files; a field that is not the right kind of value gets its error and
+    ServiceError is raised."""
+    data: dict[str, Any] = {}
+    for name in _AS2_TEXT:
+        if name in form:
+            text = (form[name].data or "").strip()
+            data[name] = (text or None) if name in ("url", "mdn_url") else text
+    data.update({name: bool(form[name].data) for name in _AS2_BOOL})
+    data.update({name: form[name].data for name in _AS2_SELECT})
+    errors: dict[str, str] = {}
+    data["receipt_timeout"] = ui_whole_number(form.receipt_timeout.data, "receipt_timeout", errors)
+    upload = form.certificate_file.data
+    if upload:
+        key = form.key_file.data if "key_file" in form else None
+        try:
+            data["certificate"] = upload_from_files(
+                upload.read(), key.read() if key else None, form.password.data or None)
+        except CertificateError as exc:
+            errors["certificate_file"] = str(exc)
+    if errors:
+        raise ServiceError("; ".join(errors.values()), errors)
+    return data
+
+
+def _save(kind: str, name: str, form) -> tuple:
+    data = as2_profile_data(form)
+    return profiles.save_profile(db.session, kind, name, data), "certificate" in data
+
+
+def _saved(found, kind: str, name: str, created: bool, profile, new_cert: bool) -> str:
+    """The history line of a saved profile; it names a newly uploaded certificate."""
+    extra = ""
+    if new_cert:
+        cert = profile.certificates[0]
+        extra = f" with the certificate {cert.subject} valid until {cert.not_after:%Y-%m-%d}"
+    return ui_saved_line(found, kind, name, created, {"as2_id": profile.address}, extra)
+
+
+def profile_page(found, party, shown: dict | None):
+    """The profile as the API shows it; admins edit it on the same page. A POST saves
+    the whole form (choices as shown, the certificate only when a file is chosen)."""
+    if party is None:
+        abort(404)
+    kind, name = party.kind, party.name
+    defaults = {choice: default for choice, (default, _check) in profiles.CHOICES.items()}
+    form = as2_profile_form(kind, shown or defaults)
+    if form.validate_on_submit() and ui_submit(
+            form, lambda: _save(kind, name, form),
+            lambda saved: _saved(found, kind, name, shown is None, *saved),
+            aliases={"certificate": "certificate_file"}):
+        return redirect(url_for("ui.profile", kind=kind, name=name, protocol=found.kind))
+    return render_plugin_template(TEMPLATE, party=party, profile=shown, form=form,
+                                  warning_days=profiles.EXPIRY_WARNING.days,
+                                  active="ui.parties"), ui_form_status(form)

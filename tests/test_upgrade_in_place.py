@@ -1,0 +1,110 @@
+"""An installation made before protocols became plugins upgrades in place: ``b2bhub db
+upgrade`` on a database at the old head (0007) keeps its AS2 profiles, certificates,
+messages and AS2 records, and adds the plugins' own branches (the echo test plugin's
+table)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+
+from b2bhub import create_app
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+from b2bhub.models import Certificate, Message, ProtocolProfile, utcnow
+from plugins.as2.models import As2Inbound, As2Outbound
+from plugins.as2.profiles import AS2_PROFILES, save_profile
+from tests.as2kit import make_pair
+from tests.conftest import IS_POSTGRES, PG_URL, _config
+
+ROOT = Path(__file__).resolve().parent.parent
+OLD_HEAD = "0007_deliveries_claimable"
+
+
+@pytest.fixture
+def fresh_database(backend, tmp_path):
+    """A database of its own (PostgreSQL: created and dropped here)."""
+    if not IS_POSTGRES:
+        yield f"sqlite:///{tmp_path / 'old.sqlite'}"
+        return
+    name = f"b2bhub_upgrade_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(make_url(PG_URL), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _app(backend, url: str, tmp_path):
+    return create_app(_config(backend, SQLALCHEMY_DATABASE_URI=url,
+                              DATA_DIR=str(tmp_path / "data"),
+                              PAYLOAD_DIR=str(tmp_path / "payloads")))
+
+
+def _make_old_installation(app) -> None:
+    from flask_migrate import upgrade
+
+    from b2bhub.extensions import db
+    from b2bhub.services import config as svc
+    upgrade(revision=OLD_HEAD)
+    session = db.session
+    svc.create_party(session, "organization", "mycompany", "")
+    svc.create_party(session, "partner", "acme", "")
+    cert, key = make_pair("acme.example")
+    save_profile(session, "partner", "acme", {"as2_id": "ACME", "url": "https://acme/as2",
+                                              "certificate": {"pem": cert}})
+    message = store_and_dispatch(session, NewMessage(
+        source="as2in", from_party="acme", to_party="mycompany", stages={},
+        external_id="<m1@acme>"), utcnow())
+    session.add(As2Inbound(instance="as2in", partner="acme", as2_message_id="<m1@acme>",
+                           accepted_key="acme <m1@acme>", message_id=message.id,
+                           mdn_state="none", mdn_attempts=0, mdn_last_error=""))
+    session.add(As2Outbound(message_id=message.id, target="as2out", partner="acme",
+                            as2_message_id="<o1@hub>", mdn_signed=True))
+    # what the code of the old head named the profiles version
+    session.execute(text("DELETE FROM settings WHERE key = 'profiles_version'"))
+    session.execute(text("INSERT INTO settings (key, value, updated_at) VALUES "
+                         "('as2_profiles_version', '\"v1\"', :now)"), {"now": utcnow()})
+    session.commit()
+    db.engine.dispose()
+
+
+def test_b2bhub_db_upgrade_keeps_the_as2_data_of_an_old_installation(
+        backend, fresh_database, tmp_path):
+    app = _app(backend, fresh_database, tmp_path)
+    with app.app_context():
+        _make_old_installation(app)
+    env = {**os.environ, "B2BHUB_DATABASE_URL": fresh_database,
+           "B2BHUB_DATA_DIR": str(tmp_path / "data"),
+           "B2BHUB_BROKER_URL": backend["broker_url"], "B2BHUB_SECRET_KEY": "test"}
+    done = subprocess.run([str(Path(sys.executable).with_name("b2bhub")), "db", "upgrade"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    app = _app(backend, fresh_database, tmp_path)
+    with app.app_context():
+        from b2bhub.extensions import db
+        session = db.session
+        heads = {r[0] for r in session.execute(text("SELECT version_num FROM alembic_version"))}
+        assert heads == {"0012_plugins", "e001_echo_receipts"}
+        shown = AS2_PROFILES.get(session, "partner", "acme")
+        assert shown["as2_id"] == "ACME" and shown["url"] == "https://acme/as2"
+        assert [c["subject"] for c in shown["certificates"]] == ["CN=acme.example"]
+        assert session.scalar(select(Certificate.pem)).startswith("-----BEGIN CERTIFICATE")
+        assert session.scalar(select(ProtocolProfile.protocol)) == "as2"
+        message = session.scalar(select(Message))
+        assert message.external_id == "<m1@acme>"
+        inbound = session.scalar(select(As2Inbound))
+        assert (inbound.message_id, inbound.accepted_key) == (message.id, "acme <m1@acme>")
+        assert session.scalar(select(As2Outbound.as2_message_id)) == "<o1@hub>"
+        keys = set(session.scalars(text("SELECT key FROM settings")))
+        assert "profiles_version" in keys and "as2_profiles_version" not in keys
+        assert session.execute(text("SELECT count(*) FROM echo_receipts")).scalar() == 0
+        db.engine.dispose()
