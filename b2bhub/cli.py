@@ -217,12 +217,13 @@ def sweep_command() -> None:
 def cleanup_command(dry_run: bool, batch: int | None) -> None:
     """Run the nightly cleanup now: messages past retention, unreferenced payload files."""
     from b2bhub import hub
-    from b2bhub.engine.cleanup import BATCH, run_cleanup
+    from b2bhub.engine.cleanup import BATCH, plugin_references, run_cleanup
     from b2bhub.models import utcnow
     with hub.new_session() as session:
         report = run_cleanup(session, hub.store(), utcnow(), hub.process_owner(),
                              dry_run=dry_run, trigger="manual", actor="cli",
-                             batch=batch or BATCH)
+                             batch=batch or BATCH,
+                             references=plugin_references(hub.registry()))
     click.echo(report.summary())
     if not report.ran:
         sys.exit(1)

@@ -322,6 +322,14 @@ class Plugin:
     migrations: ClassVar[str | None] = None
 
     @classmethod
+    def payload_references(cls) -> list[tuple[Any, Any]]:
+        """(message id column, digest column) pairs of this plugin's own tables whose rows
+        keep a stored payload alive (AS2: a received message's MDN). The nightly cleanup
+        keeps such a payload while its row exists; the rows must go with their message
+        (a foreign key ``ON DELETE CASCADE``)."""
+        return []
+
+    @classmethod
     def handle_request(cls, request: EndpointRequest) -> EndpointReply:
         raise NotImplementedError
 

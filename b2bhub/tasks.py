@@ -79,7 +79,7 @@ def probe_targets() -> int:
 def cleanup() -> dict:
     """Beat ticks this every minute; it runs the nightly cleanup once its time has come
     (``b2bhub.engine.cleanup.cleanup_due``), in one process at a time."""
-    from b2bhub.engine.cleanup import cleanup_due, run_cleanup
+    from b2bhub.engine.cleanup import cleanup_due, plugin_references, run_cleanup
     from b2bhub.engine.settings import load_settings
     with hub.new_session() as session:
         now = utcnow()
@@ -89,7 +89,7 @@ def cleanup() -> dict:
         if not due:
             return {"ran": False}
         report = run_cleanup(session, hub.store(), now, hub.process_owner(),
-                             settings=settings)
+                             settings=settings, references=plugin_references(hub.registry()))
         if report.ran:
             from b2bhub.services import storage
             storage.refresh(session, utcnow(), force=True)

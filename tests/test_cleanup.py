@@ -158,6 +158,32 @@ def test_a_young_file_is_kept_even_unreferenced(app, session, store):
     assert (report.files, report.orphan_files, report.bytes) == (1, 1, old.size)
 
 
+def test_a_plugins_table_keeps_the_payload_its_rows_reference(hub, session, store):
+    """AS2 keeps a received message's MDN in the store, named only by its own table:
+    the AS2 plugin declares that reference (Plugin.payload_references) and the cleanup
+    keeps that file while the message is kept, though no payload row names it."""
+    from b2bhub.engine.cleanup import plugin_references
+    from b2bhub.registry import PluginRegistry
+    from plugins.as2.models import As2Inbound
+    from plugins.as2.plugin import As2Receiver
+    standard_hub(hub)
+    kept = hub.message(now=at(days=1))  # young: kept, with its MDN
+    mdn = store.put(b"the MDN we answered with")
+    session.add(As2Inbound(instance="inbox", partner="acme", as2_message_id="<m1@acme>",
+                           message_id=kept.id, mdn_digest=mdn.digest))
+    session.commit()
+    age_files(store, [mdn.digest])
+    registry = PluginRegistry()
+    registry.register(As2Receiver)
+    references = plugin_references(registry)
+    assert len(references) == 1
+    report = run_cleanup(session, store, at(days=2), "tests", references=references)
+    assert store.exists(mdn.digest) and report.orphan_files == 0
+    # without the plugin's word, nothing would have kept it
+    run_cleanup(session, store, at(days=2, seconds=1), "tests")
+    assert not store.exists(mdn.digest)
+
+
 def test_one_process_at_a_time(scene, session, store, db):
     other = hub_module.new_session()
     from b2bhub.engine import cleanup

@@ -50,7 +50,6 @@ from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.sweep import SweepGuard
 from b2bhub.models import (
     Alert,
-    As2Inbound,
     CleanupRun,
     Delivery,
     Lock,
@@ -76,13 +75,21 @@ EXTRA_STEPS: list[Callable[[Session, datetime], int]] = []
 _FINAL = sorted(FINAL_STATUSES)
 _OPEN = sorted(OPEN_STATES)
 
-# --- AS2: the one place the cleanup names an AS2 table -------------------------------
-# as2_inbound rows go with their message by ON DELETE CASCADE (migration 0006); the
-# cleanup only has to know that a row's mdn_digest keeps a payload file alive.
-_DIGEST_COLUMNS = (Payload.digest, As2Inbound.mdn_digest)
-_MESSAGE_DIGESTS = ((Payload.message_id, Payload.digest, Payload.size),
-                    (As2Inbound.message_id, As2Inbound.mdn_digest, None))
-# --------------------------------------------------------------------------------------
+#: What keeps a payload file alive: (message id, digest, size) columns of rows that go
+#: with their message (ON DELETE CASCADE). The core's payload rows; a plugin adds those of
+#: its own tables through ``Plugin.payload_references`` (AS2: the stored MDN of a received
+#: message), handed in as ``references`` (:func:`plugin_references`).
+_CORE_REFERENCES = ((Payload.message_id, Payload.digest, Payload.size),)
+
+
+def plugin_references(registry) -> tuple:
+    """The payload references the installed plugin types declare."""
+    found = []
+    for cls in registry.types().values():
+        declared = getattr(cls, "payload_references", None)  # a plain class may lack it
+        for message_id, digest in (declared() if declared else []):
+            found.append((message_id, digest, None))
+    return tuple(found)
 
 
 @dataclass
@@ -99,6 +106,7 @@ class CleanupReport:
     bytes: int = 0  # what left the disk (or would)
     orphan_files: int = 0  # of which no removed message had referenced
     extra: dict[str, int] = field(default_factory=dict)
+    references: tuple = _CORE_REFERENCES  # what keeps a payload file alive
 
     def summary(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
@@ -122,9 +130,11 @@ def retention_cutoffs(session: Session, settings: DeliverySettings, now: datetim
 def run_cleanup(session: Session, store: PayloadStore, now: datetime, owner: str, *,
                 dry_run: bool = False, trigger: str = "schedule", actor: str = "cleanup",
                 batch: int = BATCH, orphan_grace: float = ORPHAN_GRACE,
-                settings: DeliverySettings | None = None) -> CleanupReport:
-    """One run under the guard (see the module docstring)."""
-    report = CleanupReport(dry_run=dry_run)
+                settings: DeliverySettings | None = None,
+                references: tuple = ()) -> CleanupReport:
+    """One run under the guard (see the module docstring). ``references``: the payload
+    references of plugins' tables (:func:`plugin_references`)."""
+    report = CleanupReport(dry_run=dry_run, references=_CORE_REFERENCES + tuple(references))
     guard = SweepGuard(session, owner, now, name=LOCK_NAME, key=ADVISORY_KEY)
     guard.lease = timedelta(minutes=2)
     if not guard.postgres:
@@ -294,10 +304,11 @@ def _removable(ids: list[int]):
             ~exists().where(Delivery.message_id == Message.id, Delivery.state.in_(_OPEN)))
 
 
-def _message_digests(session: Session, ids: list[int]) -> list[tuple[int, str, int]]:
+def _message_digests(session: Session, ids: list[int], refs: tuple
+                     ) -> list[tuple[int, str, int]]:
     """(message id, digest, size) of every file the messages' rows reference."""
     out: list[tuple[int, str, int]] = []
-    for owner, digest, size in _MESSAGE_DIGESTS:
+    for owner, digest, size in refs:
         columns = (owner, digest, size if size is not None else literal(0))
         for chunk in _chunks(ids, 500):
             out += [(mid, d, s or 0) for mid, d, s in session.execute(
@@ -308,7 +319,7 @@ def _message_digests(session: Session, ids: list[int]) -> list[tuple[int, str, i
 def _delete_batch(session: Session, ids: list[int], report: CleanupReport) -> set[str]:
     """Delete the messages of ``ids`` that are still removable, in the caller's
     transaction (rows that reference them go by cascade); the digests they held."""
-    held = _message_digests(session, ids)
+    held = _message_digests(session, ids, report.references)
     removed = set(session.scalars(delete(Message).where(*_removable(ids))
                                   .returning(Message.id)
                                   .execution_options(synchronize_session=False)))
@@ -327,10 +338,11 @@ def _dry_batch(session: Session, store: PayloadStore, ids: list[int],
                report: CleanupReport, grace: float) -> None:
     """Count what :func:`_delete_batch` and the file removal after it would remove."""
     gone = set(session.scalars(select(Message.id).where(*_removable(ids))))
-    held = _message_digests(session, list(gone))
+    held = _message_digests(session, list(gone), report.references)
     report.messages += len(gone)
     report.message_bytes += sum(size for _m, _d, size in held)
-    for digest in _unreferenced(session, {d for _m, d, _s in held}, exclude=gone):
+    for digest in _unreferenced(session, {d for _m, d, _s in held}, report.references,
+                                exclude=gone):
         if store.older_than(digest, grace):
             report.files += 1
             report.bytes += _file_size(store, digest)
@@ -339,13 +351,13 @@ def _dry_batch(session: Session, store: PayloadStore, ids: list[int],
 
 # --- payload files -------------------------------------------------------------------
 
-def _referenced(session: Session, digests: Iterable[str],
+def _referenced(session: Session, digests: Iterable[str], refs: tuple,
                 exclude: Iterable[int] = ()) -> set[str]:
     """Which of ``digests`` a committed row references (a dry run leaves out the rows of
     the messages it would remove)."""
     digests, exclude = list(digests), list(exclude)
     found: set[str] = set()
-    for column, (owner, _d, _s) in zip(_DIGEST_COLUMNS, _MESSAGE_DIGESTS, strict=True):
+    for owner, column, _size in refs:
         for chunk in _chunks(digests, 500):
             query = select(column).where(column.in_(chunk)).distinct()
             if exclude:
@@ -354,9 +366,9 @@ def _referenced(session: Session, digests: Iterable[str],
     return found
 
 
-def _unreferenced(session: Session, digests: set[str], exclude: Iterable[int] = ()
-                  ) -> set[str]:
-    return digests - _referenced(session, digests, exclude)
+def _unreferenced(session: Session, digests: set[str], refs: tuple,
+                  exclude: Iterable[int] = ()) -> set[str]:
+    return digests - _referenced(session, digests, refs, exclude)
 
 
 def _remove_files(session: Session, store: PayloadStore, report: CleanupReport,
@@ -366,7 +378,7 @@ def _remove_files(session: Session, store: PayloadStore, report: CleanupReport,
     def referenced(_digest: str) -> bool:
         return False  # just asked, for the whole chunk
 
-    candidates = _unreferenced(session, set(digests))
+    candidates = _unreferenced(session, set(digests), report.references)
     session.commit()
     limit = time.time() - grace
     files = bytes_ = 0
@@ -389,7 +401,7 @@ def _remove_orphans(session: Session, store: PayloadStore, guard: SweepGuard,
     walked = _Walk(grace)
     for chunk in _chunks(walked.old(store), 500):
         if report.dry_run:
-            for digest in _unreferenced(session, set(chunk)):
+            for digest in _unreferenced(session, set(chunk), report.references):
                 report.files += 1
                 report.orphan_files += 1
                 report.bytes += _file_size(store, digest)

@@ -67,6 +67,12 @@ class As2Receiver(Plugin):
     periodic_jobs = JOBS
 
     @classmethod
+    def payload_references(cls) -> list:
+        """The MDN stored for a received message keeps its payload file alive."""
+        from plugins.as2.models import As2Inbound
+        return [(As2Inbound.message_id, As2Inbound.mdn_digest)]
+
+    @classmethod
     def handle_request(cls, request: EndpointRequest) -> EndpointReply:
         from plugins.as2 import receiver
         reply = receiver.receive(request.session, request.store, request.instance,
