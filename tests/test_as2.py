@@ -614,7 +614,7 @@ def test_no_as2_from_or_to_is_refused_with_the_reason_whatever_mdn_was_asked(
     assert message.status == "refused" and "raw" in as2.stages(message.id)
     [refused] = as2.lines(message.id, "refused")
     assert f"not an AS2 message: no {missing} header" in refused
-    logged = [r for r in caplog.records if r.name == "b2bhub.as2.receiver"]
+    logged = [r for r in caplog.records if r.name == "plugins.as2.receiver"]
     assert any(f"no {missing} header" in r.getMessage() for r in logged), logged
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 

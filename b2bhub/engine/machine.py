@@ -193,7 +193,7 @@ def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
         # park what follows a blocker before the claim below could take it (on a target
         # that is not ordered, only the parking holds back a business rule's sequence)
         _record(session, lines, now)
-        sequences.park_behind(session, blockers, now, owner)
+        park_behind(session, blockers, now, owner)
         lines, blockers = [], []
     if outcomes and _is_postgres(session):
         conn = connection(session)
