@@ -511,3 +511,43 @@ def test_a_payload_changed_in_the_store_is_a_payload_error_not_a_delivery(
     drain(registry, clock)
     assert the_delivery(session, message).state == "failed"
     assert "could not read the payload" in history(session, message)[-1]
+
+
+# --- business-error rules on the http_poster's answers ------------------------------------
+
+@pytest.mark.parametrize("rule, answer, matched", [
+    ({"name": "by-status", "status": 200}, b'{"ok": true}', "200"),
+    ({"name": "by-regex", "body_regex": r"REJECTED: \w+"}, b"REJECTED: duplicate order",
+     "REJECTED: duplicate"),
+    ({"name": "by-json-path", "status": "2xx", "json_path": "$.result.code",
+      "json_value": "E42"}, b'{"result": {"code": "E42", "text": "unknown GTIN"}}', "E42"),
+])
+def test_a_business_rule_fails_a_200_answer_of_the_http_poster(
+        poster, peer, hub, session, registry, clock, rule, answer, matched):
+    """The http_poster hands its answer to the instance's rules: a 200 that a rule
+    matches ends Failed (business) with the rule's name and the matched text, no retry,
+    the message in Business error with its alert."""
+    poster(instance={"business_rules": [rule]})
+    peer.script("/in", Script(200, body=answer, headers={"Content-Type": "application/json"}))
+    message = hub.message(body=BODY, now=clock())
+    drain(registry, clock)
+    delivery = the_delivery(session, message)
+    assert (delivery.state, delivery.failure_kind, delivery.attempt) == (
+        "failed", "business", 1)
+    [line] = session.scalars(select(HistoryLine.text).where(
+        HistoryLine.delivery_id == delivery.id, HistoryLine.text.contains("business rule")))
+    assert f"failed by business rule {rule['name']}" in line and matched in line
+    assert session.get(Message, message.id).status == "business_error"
+    assert len(peer.seen) == 1  # no retry: retrying returns the same error
+    clock.advance(3600)
+    drain(registry, clock)
+    assert len(peer.seen) == 1
+
+
+def test_an_answer_no_rule_matches_is_delivered(poster, peer, hub, session, registry, clock):
+    poster(instance={"business_rules": [{"name": "rejected", "json_path": "$.status",
+                                         "json_value": "ERR"}]})
+    peer.script("/in", Script(200, body=b'{"status": "OK"}'))
+    message = hub.message(body=BODY, now=clock())
+    drain(registry, clock)
+    assert the_delivery(session, message).state == "delivered"
