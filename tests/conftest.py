@@ -186,3 +186,19 @@ def pytest_runtest_makereport(item, call):
     if report.failed and procs is not None and getattr(procs, "procs", None):
         report.sections.append(("process logs", procs.logs()))
     return report
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless chromium (Debian's, driven by Playwright) for the whole run, shared by
+    every browser test module: a second Playwright in the same thread would refuse to
+    start inside the first one's event loop."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS
+    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: apt-get install -y chromium"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()

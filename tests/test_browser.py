@@ -36,18 +36,6 @@ ARTIFACTS = ROOT / "test-artifacts"
 PASSWORD = "browser test password"
 
 
-@pytest.fixture(scope="session")
-def browser():
-    """One headless chromium for the whole run."""
-    from playwright.sync_api import sync_playwright
-    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: apt-get install -y chromium"
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
 @pytest.fixture
 def hub_url(backend, app, tmp_path, session):
     """A hub on loopback (web, worker, beat) with an admin and a viewer."""

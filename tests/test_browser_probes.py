@@ -11,7 +11,7 @@ from tests import test_browser as kit
 from tests.test_probes import Peer
 
 pytestmark = pytest.mark.processes
-browser, hub_url, page_for, shot = kit.browser, kit.hub_url, kit.page_for, kit.shot
+hub_url, page_for, shot = kit.hub_url, kit.page_for, kit.shot
 
 
 def test_an_admin_sees_a_target_go_offline_and_come_back(browser, hub_url):

@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 
 from b2bhub import payloads
-from b2bhub.payloads import PayloadCorrupt, PayloadMissing, PayloadStore, StoredPayload
+from b2bhub.payloads import (
+    LOCK_FILE,
+    PayloadCorrupt,
+    PayloadMissing,
+    PayloadStore,
+    StoredPayload,
+)
 from tests.payload_child import PatternStream
 from tests.s3kit import age_object
 
@@ -63,7 +69,8 @@ class FileBackend:
         """Every file stored outside ``tmp``, relative to the root."""
         root = self.store.root
         return sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                      if p.is_file() and p.relative_to(root).parts[0] != "tmp")
+                      if p.is_file() and p.relative_to(root).parts[0] != "tmp"
+                      and p.name != LOCK_FILE)  # the store's lock, no payload
 
     def age(self, digest: str, seconds: float) -> None:
         age(self.store.path(digest), seconds)
