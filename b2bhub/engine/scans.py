@@ -33,6 +33,9 @@ from b2bhub.plugin_api import Plugin, PluginStartError
 log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 10.0
 LEASE_SECONDS = 30.0
+#: how far beyond its interval an idle source's next scan may lie before it is taken as
+#: written by a clock ahead of ours (:func:`_publish`)
+CLOCK_SKEW_SLACK = timedelta(seconds=5)
 
 
 class LeaseLost(Exception):
@@ -87,8 +90,16 @@ def _scheduled(session: Session, registry) -> dict[str, float]:
 
 
 def _publish(session: Session, name: str, interval: float, now: datetime) -> bool:
-    """Idle and due, or held by a lease that ran out: due one interval later."""
-    idle_due = and_(Lock.owner.is_(None), or_(Lock.until.is_(None), Lock.until <= now))
+    """Idle and due, or held by a lease that ran out: due one interval later.
+
+    An idle row whose next scan lies more than its interval (and
+    :data:`CLOCK_SKEW_SLACK`) ahead of ``now`` was set by a clock ahead of this one
+    (another host's, or this one's before it was stepped back): it is due now. Without
+    this, one process whose clock ran 10 minutes ahead stopped every scan of the source
+    for 10 minutes. A false alarm costs one scan early; the scan lease still guards it."""
+    skewed = Lock.until > now + timedelta(seconds=interval) + CLOCK_SKEW_SLACK
+    idle_due = and_(Lock.owner.is_(None),
+                    or_(Lock.until.is_(None), Lock.until <= now, skewed))
     expired = and_(Lock.owner.is_not(None), Lock.until < now)
     return session.execute(update(Lock).where(
         Lock.name == lease_name(name), or_(idle_due, expired),
