@@ -427,9 +427,9 @@ def disk_full(run: Run) -> None:
         run.load()
         time.sleep(run.sizes.fault)
         left = len(hub.left_in_inbox())
+        refused = sum(len(d.refusals) for d in run.ledger.docs.values())
         run.result.notes.append(f"store full: {left} files waiting in the inbox, "
-                                f"{sum(1 for d in run.ledger.docs.values() if d.refusals)} "
-                                "AS2 posts refused meanwhile")
+                                f"{refused} AS2 posts refused meanwhile")
         filler.unlink()
     run.wait_load()
 
@@ -439,20 +439,15 @@ def hub_payload_mount(run: Run) -> Path:
 
 
 def _fill(path: Path) -> None:
-    with open(path, "wb") as fh:
-        try:
-            while True:
-                fh.write(b"\0" * (1 << 20))
-                fh.flush()
-        except OSError:
-            pass
-    with open(path, "ab") as fh:  # the last bytes the file system can give
-        try:
-            while True:
-                fh.write(b"\0" * 4096)
-                fh.flush()
-        except OSError:
-            pass
+    """Write zeros until the file system has no byte left (unbuffered: nothing is held
+    back for a close to fail on)."""
+    with open(path, "wb", buffering=0) as fh:
+        for chunk in (1 << 20, 4096, 1):
+            try:
+                while True:
+                    fh.write(b"\0" * chunk)
+            except OSError:
+                pass
 
 
 def clock_step(run: Run) -> None:
@@ -653,7 +648,8 @@ def main() -> int:
           r.stuck, _secs(r.recovery).rstrip(" s"), _secs(r.gap).rstrip(" s")]
          for r in results])
     if all(r.ok for r in results):
-        shutil.rmtree(root, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
         return 0
     print(f"FAILED: {sum(not r.ok for r in results)} scenario(s); logs kept in {root}")
     return 1
