@@ -217,6 +217,7 @@ class Hub:
         self.engine = benchlib.Backend(backend.name, backend.database_url,
                                        backend.broker_url, backend.data_dir).engine()
         self.partner: As2Partner | None = None
+        self.http_sink = HttpSink()
         self.web = None
         self.lease_seconds = lease_seconds
         self._migrate()
@@ -282,6 +283,7 @@ class Hub:
         self.procs.stop_all()
         if self.partner is not None:
             self.partner.stop()
+        self.http_sink.stop()
         self.engine.dispose()
 
     # putting documents in
@@ -330,7 +332,7 @@ class Hub:
                 except ValueError:  # a line cut by kill -9
                     continue
                 attempts[rec["sha256"]].append((rec["message"], rec["delivery"]))
-        return {"files": files, "attempts": attempts}
+        return {"files": files, "attempts": attempts, "posts": self.http_sink.posts}
 
     def hub_view(self) -> dict[str, list[tuple[str, list[str]]]]:
         """By body digest: (message status, its delivery states) of each message."""
@@ -348,6 +350,40 @@ class Hub:
 
     def left_in_inbox(self) -> set[str]:
         return {p.name for p in (self.inbox / "acme").iterdir() if p.is_file()}
+
+
+class HttpSink:
+    """A loopback HTTP receiver that counts every POST by the SHA-256 of its body and
+    its ``Idempotency-Key``: the far side of an ``http_poster`` target. To put the HTTP
+    target under the suite, route ``poller`` and ``as2in`` to an ``http_poster``
+    instance whose URL is :attr:`url`; :meth:`Hub.outcome` counts its posts already (a
+    second post of one document with the same key is a repeat, with another key a
+    duplicate)."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        posts = self.posts = defaultdict(list)
+        lock = threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with lock:
+                    posts[sha256(body)].append(self.headers.get("Idempotency-Key"))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/inbound"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class As2Partner:
