@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.install-stamp
 
-.PHONY: run test install lint
+.PHONY: run test install lint faults
 
 run: $(STAMP)
 	$(BIN)/b2bhub run
@@ -16,6 +16,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 install: $(STAMP)
+
+# The fault-injection suite (bench/faults.py; README "Reliability"): real processes,
+# kill -9, outages, on both backends; its PostgreSQL and Redis are servers it starts
+# itself. FAULTS_ARGS=--short is the CI form.
+faults: $(STAMP)
+	$(BIN)/python bench/faults.py $(FAULTS_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check b2bhub plugins tests bench

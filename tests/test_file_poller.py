@@ -434,6 +434,20 @@ def test_the_scheduler_publishes_each_interval(poller, hub, registry, clock, ses
     assert due_scans(session, registry, clock() + timedelta(seconds=10)) == [("poller", 10.0)]
 
 
+def test_a_next_scan_set_by_a_clock_ten_minutes_ahead_is_due_at_once(
+        poller, registry, clock, session):
+    """A process whose clock runs ahead schedules the next scan in its future; the
+    others publish it anyway instead of waiting out the skew."""
+    poller(polling_interval=10)
+    ahead = clock() + timedelta(minutes=10)
+    assert due_scans(session, registry, ahead) == [("poller", 10.0)]
+    assert due_scans(session, registry, clock()) == [("poller", 10.0)]
+    assert due_scans(session, registry, clock() + timedelta(seconds=9)) == []
+    late = clock() + timedelta(seconds=10)  # within the slack: an ordinary interval
+    assert due_scans(session, registry, late - timedelta(seconds=4)) == []
+    assert due_scans(session, registry, late) == [("poller", 10.0)]
+
+
 def test_the_scheduler_hands_on_a_lease_left_by_a_dead_scanner(poller, registry, clock,
                                                                session, lease):
     poller(polling_interval=10)

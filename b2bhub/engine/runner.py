@@ -23,6 +23,7 @@ from typing import IO, Any
 from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
+from b2bhub import faults
 from b2bhub.domain import business_rules
 from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -238,6 +239,7 @@ class TargetRunner:
         still pending at the end stay on the batch, for the next claim's transaction."""
         infos = _delivery_infos(session, batch.claims, self.store)
         claims, policy, pending = batch.claims, batch.policy, batch.pending
+        faults.pause("claimed")
         for index, claim in enumerate(claims):
             if self.stop.requested.is_set():
                 self._settle(session, pending.take(), policy, report)
@@ -257,6 +259,7 @@ class TargetRunner:
                                   "worker stopping before the attempt")
                     return
             # an attempt that returned has an outcome, and it settles in full
+            faults.pause("attempted")
             pending.add(claim, context.outcome)
             if _blocks_instance(context.outcome):
                 # the rest of the batch waits with the instance's other deliveries

@@ -33,6 +33,9 @@ from b2bhub.plugin_api import Plugin, PluginStartError
 log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 10.0
 LEASE_SECONDS = 30.0
+#: how far beyond its interval an idle source's next scan may lie before it is taken as
+#: written by a clock ahead of ours (:func:`_publish`)
+CLOCK_SKEW_SLACK = timedelta(seconds=5)
 
 
 class LeaseLost(Exception):
@@ -90,13 +93,18 @@ def publish_due(session: Session, lock: str, interval: float, now: datetime,
                 slack: float | None = None) -> bool:
     """True when the ``locks`` row ``lock`` is idle and due, or held by a lease that ran
     out; it is then due one interval later (a conditional UPDATE: of any number of
-    schedulers running at once, one gets True). With ``slack`` (seconds), an idle row
-    due later than one interval plus the slack from now is due too: the interval was
-    shortened since it was published."""
-    due = or_(Lock.until.is_(None), Lock.until <= now)
-    if slack is not None:
-        due = or_(due, Lock.until > now + timedelta(seconds=interval + slack))
-    idle_due = and_(Lock.owner.is_(None), due)
+    schedulers running at once, one gets True).
+
+    An idle row due later than one interval plus a slack from ``now`` is due too: its
+    time was set by a clock ahead of this one (another host's, or this one's before it
+    was stepped back), or the interval was shortened since. Without this, one process
+    whose clock ran 10 minutes ahead stopped every scan of the source for 10 minutes. A
+    false alarm costs one run early; the scan lease still guards it. ``slack`` (seconds)
+    defaults to :data:`CLOCK_SKEW_SLACK`."""
+    margin = CLOCK_SKEW_SLACK if slack is None else timedelta(seconds=slack)
+    skewed = Lock.until > now + timedelta(seconds=interval) + margin
+    idle_due = and_(Lock.owner.is_(None),
+                    or_(Lock.until.is_(None), Lock.until <= now, skewed))
     expired = and_(Lock.owner.is_not(None), Lock.until < now)
     return session.execute(update(Lock).where(
         Lock.name == lock, or_(idle_due, expired),

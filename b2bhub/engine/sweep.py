@@ -20,6 +20,7 @@ from sqlalchemy import insert, or_, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from b2bhub import faults
 from b2bhub.engine import machine, presence
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.wakeups import after_commit
@@ -51,6 +52,7 @@ def run_sweep(session: Session, now: datetime, owner: str,
         if not held:
             return report
         report.ran = True
+        faults.pause("sweeping")
         settings = settings or load_settings(session)
         report.leases_expired = _loop(session, lambda: machine.expire_leases(
             session, now, batch))

@@ -4,6 +4,7 @@ with this folder on PYTHONPATH, exactly as a third-party package would be found.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -33,8 +34,9 @@ class ExternalEcho:
 
 
 class Recorder:
-    """A target that records every attempt (pid, start, end) as a JSON line in a file
-    of its process, so tests can count who attempted what and how many ran at once."""
+    """A target that records every attempt (pid, start, end, the body's SHA-256) as a
+    JSON line in a file of its process, so tests can count who attempted what, how many
+    ran at once, and how often one document reached the far side."""
 
     type_name = "recorder"
     roles = frozenset({"target"})
@@ -58,8 +60,10 @@ class Recorder:
         start = time.time()
         context.wire_started()
         time.sleep(float(self.config.get("sleep") or 0))
-        body = payload.open(payload.stages()[0]).read()
+        stages = payload.stages()
+        body = payload.open("unpacked" if "unpacked" in stages else stages[0]).read()
         record = {"delivery": delivery.delivery_id, "attempt": delivery.attempt,
+                  "message": delivery.message_id, "sha256": hashlib.sha256(body).hexdigest(),
                   "pid": os.getpid(), "start": start, "end": time.time(), "size": len(body)}
         path = os.path.join(self.config["record_dir"], f"attempts-{os.getpid()}.jsonl")
         with open(path, "a", encoding="utf-8") as fh:
