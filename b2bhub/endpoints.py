@@ -103,6 +103,12 @@ def _receive(cls: type, instance: str) -> EndpointReply:
             headers=[(k, v) for k, v in request.headers.items() if k.lower() != "host"],
             body=body, content_length=length, now=utcnow(), session=db.session,
             store=hub.store(), max_size=max_size))
+    except OSError as exc:  # the payload store: disk full, read-only, gone
+        db.session.rollback()
+        log.error("%s %s could not store the message (%s); answered 503", cls.type_name,
+                  instance, exc.strerror or exc)
+        return plain(503, f"the hub could not store the message ({exc.strerror or exc}); "
+                          "nothing was taken; try again later")
     except Exception:
         db.session.rollback()
         log.exception("%s %s failed; answered 503", cls.type_name, instance)

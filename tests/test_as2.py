@@ -795,3 +795,23 @@ def test_an_owed_async_mdn_is_sent_by_a_worker_the_receipt_woke(as2, procs):
     [message] = as2.messages()
     # the worker records the sending once the partner answered
     assert wait_for(lambda: as2.session.rollback() or as2.lines(message.id, "mdn_sent"))
+
+
+def test_a_payload_store_that_cannot_write_is_a_503_that_names_why(as2, app, tmp_path):
+    """Disk full, read-only or gone: the partner is told the hub could not store the
+    message and why (and retries); nothing is taken, and it goes through once the store
+    can write again."""
+    from b2bhub.payloads import PayloadStore
+    good = app.extensions["b2bhub.store"]
+    blocked = tmp_path / "a-file-where-the-store-should-be"
+    blocked.write_text("not a directory")
+    app.extensions["b2bhub.store"] = PayloadStore(str(blocked / "payloads"))
+    try:
+        answer = send_signed(as2)
+    finally:
+        app.extensions["b2bhub.store"] = good
+    assert answer["http_status"] == 503
+    assert "could not store the message (Not a directory)" in answer["text"]
+    assert "nothing was taken" in answer["text"] and as2.messages() == []
+    assert send_signed(as2)["http_status"] == 200
+    assert [m.status for m in as2.messages()] == ["received"]

@@ -40,3 +40,45 @@ def test_fan_out_two_targets_each_delivered_once(hub, session, registry, app, wa
     assert lines.count("delivery_changed") == 6  # queued, started, delivered x 2
     assert lines[-1] == "status_changed"
 
+
+
+def test_a_batch_whose_messages_cannot_be_read_goes_back_at_once(hub, session, registry,
+                                                                 monkeypatch):
+    """The database went away right after a claim committed (a PostgreSQL restart cut
+    the connection while the batch's messages were read): the claimed deliveries go
+    back to the queue now, with a line saying why, instead of staying leased to this
+    live worker until the lease runs out."""
+    import pytest
+    from sqlalchemy.exc import OperationalError
+
+    from b2bhub.engine import runner as runner_module
+    hub.parties()
+    hub.instance("inbox", "manual_source")
+    hub.instance("out", "noop")
+    hub.route("inbox", "*", "*", "out")
+    first, second = hub.message(), hub.message()
+    real = runner_module._delivery_infos
+    calls = []
+
+    def cut_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("SELECT ...", {}, Exception("server closed the connection"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "_delivery_infos", cut_once)
+    runner = TargetRunner(new_session, registry, hub.store, "test-owner")
+    with pytest.raises(OperationalError):
+        runner.drain("out", 10)
+    session.expire_all()
+    rows = session.scalars(select(Delivery).order_by(Delivery.id)).all()
+    assert [(d.state, d.attempt, d.lease_owner) for d in rows] == [
+        ("queued", 1, None), ("queued", 1, None)]
+    assert session.scalars(select(HistoryLine.text).where(
+        HistoryLine.text.contains("could not read the batch: OperationalError"))).all()
+    runner.drain("out", 10)  # the next wake-up delivers them, fenced by a new attempt
+    session.expire_all()
+    assert [(d.state, d.attempt) for d in session.scalars(
+        select(Delivery).order_by(Delivery.id))] == [("delivered", 2), ("delivered", 2)]
+    assert {m.status for m in (session.get(Message, first.id),
+                               session.get(Message, second.id))} == {"delivered"}

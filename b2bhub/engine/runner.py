@@ -237,7 +237,11 @@ class TargetRunner:
     def _run_claims(self, session: Session, batch: _Batch, report: DrainReport) -> None:
         """Attempt each claim in turn; settle the outcomes by group commit. The outcomes
         still pending at the end stay on the batch, for the next claim's transaction."""
-        infos = _delivery_infos(session, batch.claims, self.store)
+        try:
+            infos = _delivery_infos(session, batch.claims, self.store)
+        except Exception as exc:
+            self._give_back(session, batch.claims, exc)
+            raise
         claims, policy, pending = batch.claims, batch.policy, batch.pending
         faults.pause("claimed")
         for index, claim in enumerate(claims):
@@ -308,6 +312,20 @@ class TargetRunner:
         with self.stop.settling():
             machine.interrupt(session, claim, self.clock(), wire, "worker stopping", policy)
             session.commit()
+
+    def _give_back(self, session: Session, claims: list[Claim], exc: Exception) -> None:
+        """A batch claimed but not attempted, whose messages could not be read (the
+        database restarted right after the claim, say): put it back to the queue now,
+        fenced like any interruption, rather than leave it leased to this live process
+        until the lease runs out. If the database is still away the lease remains the
+        bound."""
+        session.rollback()
+        try:
+            self._release(session, claims, f"could not read the batch: {type(exc).__name__}")
+        except Exception:
+            session.rollback()
+            log.warning("could not give back %d claimed deliveries; their lease will",
+                        len(claims), exc_info=True)
 
     def _release(self, session: Session, claims: list[Claim], reason: str) -> None:
         with self.stop.settling():
