@@ -197,7 +197,7 @@ def bulk_deliveries(conn: Connection, first_message: int, state: str, now: datet
 def _timed(sql: str):
     """``text()`` with every time parameter bound as a DateTime, so SQLite stores it in
     the same text form as the ORM (string comparisons of times stay correct)."""
-    names = ("now", "due", "wake", "settled", "past", "until")
+    names = ("now", "due", "wake", "settled", "past", "until", "queued_due")
     clause = text(sql)
     present = [name for name in names if f":{name}" in sql]
     return clause.bindparams(*(bindparam(name, type_=DateTime) for name in present))

@@ -147,6 +147,7 @@ def _settle_batch(conn, rows, owner: str) -> int:
 
 def floor_loop(conn, claim_sql, owner: str) -> int:
     """The floor's loop on one connection; returns how many it settled."""
+    from b2bhub.engine import machine
     settled, rows = 0, []
     while True:
         if rows:
@@ -157,7 +158,8 @@ def floor_loop(conn, claim_sql, owner: str) -> int:
         now = utcnow()
         rows = conn.execute(claim_sql, {
             "target": TARGET, "now": now, "owner": owner, "n": BATCH,
-            "until": now + timedelta(seconds=300)}).all()
+            "until": now + timedelta(seconds=300),
+            "queued_due": now + machine.QUEUED_SKEW}).all()
         conn.commit()  # the batch settled and the next one claimed: one commit
         if not rows:
             return settled

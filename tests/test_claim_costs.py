@@ -82,7 +82,7 @@ def test_a_claim_reads_the_rows_it_takes_not_the_whole_backlog(hub, session):
     postgres = session.get_bind().dialect.name == "postgresql"
     statement = machine._claim_statement(postgres, False)
     params = {"target": "writer_a", "now": at(60), "owner": "w", "n": 16,
-              "until": at(360), "max_concurrent": 16}
+              "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 16}
     explain = "EXPLAIN " if postgres else "EXPLAIN QUERY PLAN "
     plan = " ".join(str(row[-1]) for row in session.execute(
         text(explain + statement.text).bindparams(*statement._bindparams.values()), params))
@@ -130,7 +130,7 @@ def test_claim_and_delivered_update_find_their_rows_by_key_with_or_without_stati
     session.commit()
     claim = machine._claim_statement(True, False)
     claim_params = {"target": "writer_a", "now": at(60), "owner": "w2", "n": 16,
-                    "until": at(360), "max_concurrent": 64}
+                    "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 64}
     delivered = machine._delivered_statement(16)
     delivered_params = {"owner": "w", "now": at(60)}
     for k in range(16):

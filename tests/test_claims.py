@@ -190,3 +190,25 @@ def test_a_delivery_is_claimable_at_the_exact_moment_it_falls_due(hub, session):
     assert run_sweep(session, at(300), "sweeper").leases_expired == 0
     assert run_sweep(session, at(300, microseconds=1), "sweeper").leases_expired == 1
     assert lines(session, message_id)[-1].type == "status_changed"
+
+
+def test_a_queued_delivery_from_a_clock_ahead_is_claimed_a_retry_waits(hub, session):
+    """A worker whose clock runs 10 minutes ahead took a message in: its delivery is
+    queued 'due' 10 minutes in the others' future, and they claim it at once; a retry is
+    a promise of its time and waits for the claimer's clock."""
+    standard_hub(hub)
+    hub.route("inbox", "*", "*", "writer_a")
+    ahead = _messages(hub, 1, now=at(minutes=10))
+    [claim] = machine.claim(session, "writer_a", "w1", at(), 16, 300)
+    session.commit()
+    assert claim.message_id == ahead[0]
+    machine.settle(session, claim, Outcome.retry("busy", at=at(minutes=10)), RetryPolicy(),
+                   at())
+    session.commit()
+    assert machine.claim(session, "writer_a", "w1", at(minutes=9), 16, 300) == []
+    assert len(machine.claim(session, "writer_a", "w1", at(minutes=10), 16, 300)) == 1
+    session.commit()
+    far = _messages(hub, 1, now=at(minutes=30))  # beyond any skew: not claimed before
+    assert machine.claim(session, "writer_a", "w2", at(minutes=10), 16, 300) == []
+    assert machine.claim(session, "writer_a", "w2", at(minutes=15, seconds=1), 16,
+                         300)[0].message_id == far[0]

@@ -59,6 +59,13 @@ from b2bhub.models import Alert, Delivery, InstanceState, PluginInstance
 
 S = DeliveryState
 DEFAULT_RECEIPT_TIMEOUT = timedelta(hours=24)
+#: A queued delivery is due at once: its ``due_at`` is only the clock of the process that
+#: queued it (the intake's, an operator's, the sweep's). Another host's clock may lag
+#: that one, so a claimer takes a queued delivery whose ``due_at`` is up to this much
+#: ahead of its own clock; without it, a worker whose clock ran 10 minutes ahead made
+#: every message it took in wait 10 minutes for the others. A retry's ``due_at`` is a
+#: promise (not before then), so retrying and stalled ones wait for the claimer's clock.
+QUEUED_SKEW = timedelta(minutes=15)
 
 
 @dataclass(frozen=True)
@@ -114,7 +121,7 @@ _PG_CLAIM = """
 WITH c AS MATERIALIZED (
   SELECT d.id, d.state FROM deliveries d
    WHERE d.target = :target AND d.state IN ('queued', 'retrying', 'stalled')
-     AND d.due_at <= :now {ordered}
+     AND d.due_at <= :queued_due AND (d.state = 'queued' OR d.due_at <= :now) {ordered}
    ORDER BY d.due_at, d.id
    FOR UPDATE SKIP LOCKED
    LIMIT {limit})
@@ -131,7 +138,7 @@ UPDATE deliveries
  WHERE id IN (
    SELECT d.id FROM deliveries d
     WHERE d.target = :target AND d.state IN ('queued', 'retrying', 'stalled')
-      AND d.due_at <= :now {ordered}
+      AND d.due_at <= :queued_due AND (d.state = 'queued' OR d.due_at <= :now) {ordered}
     ORDER BY d.due_at, d.id
     LIMIT {limit})
 RETURNING id, message_id, attempt, failures{stalled}"""
@@ -226,6 +233,7 @@ def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
         return [], []
     params = {"target": target, "now": now, "owner": owner, "n": limit,
               "until": now + timedelta(seconds=lease_seconds),
+              "queued_due": now + QUEUED_SKEW,
               "max_concurrent": instance.max_concurrent_deliveries}
     statement = _claim_statement(_is_postgres(session), bool(instance.ordered))
     rows = connection(session).execute(statement, params).all()
@@ -258,7 +266,8 @@ def _claim_statement(postgres: bool, ordered: bool):
         limit=_PG_LIMIT if postgres else _SQLITE_LIMIT, ordered=_ORDERED if ordered else "",
         stalled=_PG_STALLED if postgres else _SQLITE_STALLED)
     return text(sql).bindparams(bindparam("now", type_=DateTime()),
-                                bindparam("until", type_=DateTime()))
+                                bindparam("until", type_=DateTime()),
+                                bindparam("queued_due", type_=DateTime()))
 
 
 _RESOLVE_STALLED = (update(Alert.__table__)
