@@ -204,7 +204,8 @@ class Hub:
     """A migrated database with the suite's fixtures, real processes (``tests/procs.py``)
     and, on request, the AS2 partner. Instances: ``poller`` (file_poller on ``inbox``),
     ``as2in`` (as2_receiver), routed each to ``writer`` (file_writer, Max Concurrent
-    Deliveries 4, ``{to}/{message_id}.edi``) and ``sink`` (recorder)."""
+    Deliveries 4, ``{to}/{message_id}.edi``), ``sink`` (recorder) and ``poster``
+    (http_poster, Max Concurrent Deliveries 4, posting to :class:`HttpSink`)."""
 
     def __init__(self, backend: Backend, tmp: Path, lease_seconds: int,
                  payload_dir: Path | None = None):
@@ -235,7 +236,8 @@ class Hub:
             "profiles": [
                 {"party": "mycompany", "protocol": "as2", "as2_id": "HUB",
                  "certificate": {"pem": self.certs["hub"][0] + self.certs["hub"][1]}},
-                {"party": "acme", "as2_id": "ACME", "url": "http://127.0.0.1:9/as2",
+                {"party": "acme", "protocol": "as2", "as2_id": "ACME",
+                 "url": "http://127.0.0.1:9/as2",
                  "certificate": {"pem": self.certs["acme"][0]}}],
             "plugins": [
                 {"name": "poller", "type": "file_poller", "config": {
@@ -247,9 +249,12 @@ class Hub:
                      "base_directory": str(self.out),
                      "filename_pattern": "{to}/{message_id}.edi"}},
                 {"name": "sink", "type": "recorder", "retry_policy": retry,
-                 "config": {"record_dir": str(self.records)}}],
-            "routes": [{"source": s, "target": t}
-                       for s in ("poller", "as2in") for t in ("writer", "sink")]}
+                 "config": {"record_dir": str(self.records)}},
+                {"name": "poster", "type": "http_poster", "max_concurrent_deliveries": 4,
+                 "retry_policy": retry, "config": {"url": self.http_sink.url,
+                                                   "timeout": 10}}],
+            "routes": [{"source": s, "target": t} for s in ("poller", "as2in")
+                       for t in ("writer", "sink", "poster")]}
         path = self.tmp / "fixtures.json"
         path.write_text(json.dumps(data))
         done = self.procs.cli("fixtures", "load", str(path), timeout=120)
@@ -354,11 +359,9 @@ class Hub:
 
 class HttpSink:
     """A loopback HTTP receiver that counts every POST by the SHA-256 of its body and
-    its ``Idempotency-Key``: the far side of an ``http_poster`` target. To put the HTTP
-    target under the suite, route ``poller`` and ``as2in`` to an ``http_poster``
-    instance whose URL is :attr:`url`; :meth:`Hub.outcome` counts its posts already (a
-    second post of one document with the same key is a repeat, with another key a
-    duplicate)."""
+    its ``Idempotency-Key``: the far side of the ``poster`` target (an ``http_poster``);
+    :meth:`Hub.outcome` counts its posts (a second post of one document with the same
+    key is a repeat, with another key a duplicate)."""
 
     def __init__(self):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer

@@ -149,7 +149,7 @@ class Run:
             return False
         out = self.hub.outcome(self.ledger)
         return all(out["files"][d.digest] and out["attempts"].get(d.digest)
-                   for d in self.ledger.accepted())
+                   and out["posts"].get(d.digest) for d in self.ledger.accepted())
 
     def _check(self) -> None:
         out, view = self.hub.outcome(self.ledger), self.hub.hub_view()
@@ -161,7 +161,7 @@ class Run:
         for doc in self.ledger.docs.values():  # a refused one must not come out twice
             files, attempts = out["files"][doc.digest], out["attempts"].get(doc.digest, [])
             messages = view.get(doc.digest, [])
-            posts = out["posts"].get(doc.digest, [])  # an http_poster target's, if routed
+            posts = out["posts"].get(doc.digest, [])  # the http_poster target's
             if (files > 1 or len({m for m, _ in attempts}) > 1 or len(messages) > 1
                     or len(set(posts)) > 1):
                 r.duplicated += 1
@@ -169,7 +169,7 @@ class Run:
                                f"{len(messages)} messages, sink saw {attempts}, "
                                f"posts with keys {posts}")
             r.repeats += len(attempts) - len(set(attempts)) + len(posts) - len(set(posts))
-            if doc.accepted_at is None or files and attempts:
+            if doc.accepted_at is None or files and attempts and posts:
                 continue
             in_flight = doc.name in inbox or any(
                 status not in TERMINAL_MESSAGE or any(s not in FINAL for s in states)
@@ -180,7 +180,7 @@ class Run:
             else:
                 r.lost += 1
                 r.notes.append(f"lost {doc.key}: {files} files, sink {attempts}, "
-                               f"hub {messages}")
+                               f"posts {posts}, hub {messages}")
         r.gap = self._longest_gap()
         refusals = sorted({why for d in self.ledger.docs.values() for why in d.refusals})
         if refusals:
