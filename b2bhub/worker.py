@@ -2,5 +2,5 @@
 
 from b2bhub import create_app
 
-flask_app = create_app()
+flask_app = create_app(serve_http=False)  # serves no request: no API, UI or endpoints
 celery_app = flask_app.extensions["celery"]

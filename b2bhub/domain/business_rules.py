@@ -39,9 +39,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import jsonpath
-import regex
-
 from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome
 
 log = logging.getLogger(__name__)
@@ -168,6 +165,8 @@ def _status(value: Any) -> int | str | None:
 
 
 def _regex(value: Any):
+    # imported when a rule needs it: every worker loads this module, few have rules
+    import regex
     if value in (None, ""):
         return None
     if not isinstance(value, str):
@@ -179,6 +178,7 @@ def _regex(value: Any):
 
 
 def _json_path(value: Any):
+    import jsonpath
     if value in (None, ""):
         return None
     if not isinstance(value, str):
@@ -281,6 +281,7 @@ class _Body:
                 self._json = _NOT_JSON
         if self._json is _NOT_JSON:
             return None
+        import jsonpath
         try:
             values = path.findall(self._json)
         except jsonpath.JSONPathError:
