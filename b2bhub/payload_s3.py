@@ -238,11 +238,11 @@ class S3PayloadStore:
     # cleanup -----------------------------------------------------------------
     def iter_digests(self) -> Iterator[str]:
         """Every digest stored, in no particular order (for the orphan cleanup)."""
-        for digest, _modified in self._iter_objects():
+        for digest, _modified, _size in self._iter_objects():
             yield digest
 
-    def _iter_objects(self) -> Iterator[tuple[str, float]]:
-        """(digest, LastModified as a timestamp) of every stored payload."""
+    def _iter_objects(self) -> Iterator[tuple[str, float, int]]:
+        """(digest, LastModified as a timestamp, size) of every stored payload."""
         start = self._under("")
         pages = self.client.get_paginator("list_objects_v2").paginate(
             Bucket=self.bucket, Prefix=start, Delimiter="/")
@@ -250,20 +250,15 @@ class S3PayloadStore:
             for item in page.get("Contents", []):
                 name = item["Key"][len(start):]
                 if DIGEST_RE.fullmatch(name):
-                    yield name, item["LastModified"].timestamp()
+                    yield name, item["LastModified"].timestamp(), int(item["Size"])
 
     def walk(self) -> Iterator[tuple[str, int, float]]:
         """(digest, size, age in seconds) of every stored payload, in no particular order
         (the nightly cleanup's walk; the age counts from the object's last write, which
         a put of the same content renews)."""
-        start, now = self._under(""), self.clock()
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=start, Delimiter="/")
-        for page in pages:
-            for item in page.get("Contents", []):
-                name = item["Key"][len(start):]
-                if DIGEST_RE.fullmatch(name):
-                    yield name, int(item["Size"]), now - item["LastModified"].timestamp()
+        now = self.clock()
+        for digest, modified, size in self._iter_objects():
+            yield digest, size, now - modified
 
     def older_than(self, digest: str, seconds: float) -> bool:
         """Whether the payload of ``digest`` was last written longer ago than ``seconds``
@@ -296,7 +291,7 @@ class S3PayloadStore:
         is_referenced = referenced if callable(referenced) else referenced.__contains__
         cutoff = self.clock() - older_than_seconds
         removed = 0
-        for digest, modified in list(self._iter_objects()):
+        for digest, modified, _size in list(self._iter_objects()):
             if modified >= cutoff or is_referenced(digest):
                 continue
             # Age is checked again after the lookup: a put of the same content in

@@ -323,15 +323,21 @@ def sigterm_storm(run: Run) -> None:
     run.wait_load()
 
 
-def redis_stop(run: Run) -> None:
-    """Redis stopped for ``fault`` seconds under load, then started again (empty)."""
-    hub, redis = run.hub, run.servers["redis"]
+def _whole_hub_under_load(run: Run) -> None:
+    """The AS2 partner, web, beat and two workers, and the documents starting to flow."""
+    hub = run.hub
     hub.start_partner()
     hub.start_web()
     hub.procs.beat()
     hub.worker()
     hub.worker()
     run.load()
+
+
+def redis_stop(run: Run) -> None:
+    """Redis stopped for ``fault`` seconds under load, then started again (empty)."""
+    redis = run.servers["redis"]
+    _whole_hub_under_load(run)
     time.sleep(run.sizes.seconds / 4)
     with run.fault():
         redis.stop()
@@ -342,13 +348,8 @@ def redis_stop(run: Run) -> None:
 
 def pg_restart(run: Run) -> None:
     """PostgreSQL restarted (``pg_ctl restart -m fast``) twice under load."""
-    hub, pg = run.hub, run.servers["pg"]
-    hub.start_partner()
-    hub.start_web()
-    hub.procs.beat()
-    hub.worker()
-    hub.worker()
-    run.load()
+    pg = run.servers["pg"]
+    _whole_hub_under_load(run)
     with run.fault():
         for _ in range(2):
             time.sleep(run.sizes.seconds / 3)
