@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.install-stamp
 
-.PHONY: run test install lint faults
+.PHONY: run test install lint faults docs
 
 run: $(STAMP)
 	$(BIN)/b2bhub run
@@ -22,6 +22,10 @@ install: $(STAMP)
 # itself. FAULTS_ARGS=--short is the CI form.
 faults: $(STAMP)
 	$(BIN)/python bench/faults.py $(FAULTS_ARGS)
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict
 
 lint: $(STAMP)
 	$(BIN)/ruff check b2bhub plugins tests bench

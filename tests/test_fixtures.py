@@ -100,3 +100,12 @@ def test_a_fixture_file_that_is_not_json_is_refused_clearly(app, tmp_path):
     assert result.exit_code != 0
     assert "not valid JSON" in result.output
     assert _counts() == (0, 0, 0)
+
+
+def test_a_refused_entry_is_named_by_its_place_and_name(app, tmp_path):
+    data = {"plugins": [{"name": "inbox", "type": "manual_source"},
+                        {"name": "outbox", "type": "as5_sender"}]}
+    result = _load(app, tmp_path, data)
+    assert result.exit_code != 0
+    assert "plugin 2 (outbox): unknown plugin type 'as5_sender'" in result.output
+    assert "nothing was loaded" in result.output

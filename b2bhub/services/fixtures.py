@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -23,16 +24,19 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
     sections = _sections(data)
     for kind, key in ((ORGANIZATION, "organizations"), (PARTNER, "partners")):
         for n, party in enumerate(sections[key], 1):
-            svc.create_party(session, kind, _field(party, "name", key, n),
-                             party.get("display_name", ""))
+            name = _field(party, "name", key, n)
+            with _naming(f"{key[:-1]} {n} ({name})"):
+                svc.create_party(session, kind, name, party.get("display_name", ""))
     for n, profile in enumerate(sections["profiles"], 1):
         _load_profile(session, profile, n, registry)
-    for instance in sections["plugins"]:
-        svc.save_instance(session, registry, instance)
+    for n, instance in enumerate(sections["plugins"], 1):
+        with _naming(f"plugin {n} ({instance.get('name', 'no name')})"):
+            svc.save_instance(session, registry, instance)
     for n, route in enumerate(sections["routes"], 1):
         source, target = (_field(route, k, "routes", n) for k in ("source", "target"))
-        svc.create_route(session, registry, source, route.get("from", "*"),
-                         route.get("to", "*"), target, actor)
+        with _naming(f"route {n}"):
+            svc.create_route(session, registry, source, route.get("from", "*"),
+                             route.get("to", "*"), target, actor)
     # profiles are reported when the file has them (older files name four sections)
     return {key: len(sections[key]) for key in SECTIONS
             if key != "profiles" or sections[key]}
@@ -56,6 +60,18 @@ def _load_profile(session: Session, item: dict, n: int, registry) -> None:
         kinds[protocol].save(session, party.kind, name, body)
     except ServiceError as exc:
         raise ServiceError(f"profile {n} ({name}): {exc.message}", exc.details) from None
+
+
+@contextmanager
+def _naming(entry: str):
+    """A refusal of the entry's service call names the entry first, so that a user
+    finds it in the file (``plugin 2 (inbox): base_directory: required``)."""
+    try:
+        yield
+    except ServiceError as exc:
+        exc.message = f"{entry}: {exc.message}"  # its kind (not found, conflict) stays
+        exc.args = (exc.message,)
+        raise
 
 
 def _sections(data: Any) -> dict[str, list[dict]]:
