@@ -15,3 +15,25 @@ worker_class = "gthread"
 workers = 1
 threads = int(_os.environ.get("B2BHUB_WEB_THREADS") or 64)
 graceful_timeout = 10
+
+
+def post_worker_init(worker):
+    """On SIGTERM the worker first ends its open event streams, then stops as gunicorn
+    does: without this a stop waited ``graceful_timeout`` for streams, which never end
+    on their own, and gunicorn then killed the worker with SIGKILL."""
+    import signal
+
+    from b2bhub.services.streams import close_streams
+
+    stop = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        close_streams()
+        if callable(stop):
+            stop(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_term)
+    # the app is loaded: its objects live as long as the worker, out of the collector's
+    # sight (see b2bhub.tasks._freeze_startup_objects)
+    import gc
+    gc.freeze()

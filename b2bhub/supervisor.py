@@ -13,6 +13,7 @@ Its output names the child, its pid and how it ended.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -33,10 +34,11 @@ class Supervisor:
     @classmethod
     def for_config(cls, cfg, workers: int) -> Supervisor:
         bindir = Path(sys.executable).parent
-        commands = {"web": [str(bindir / "gunicorn"), "--worker-class", "gthread",
-                            "--workers", "1", "--threads",
-                            str(cfg["WEB_THREADS"]), "--bind", f"{cfg['HOST']}:{cfg['PORT']}",
-                            "--graceful-timeout", "10", "wsgi:app"]}
+        # the Procfile's settings (b2bhub.gunicorn_conf: its SIGTERM ends event streams
+        # first), with the address and threads of this configuration
+        commands = {"web": [str(bindir / "gunicorn"), "--config", "python:b2bhub.gunicorn_conf",
+                            "--threads", str(cfg["WEB_THREADS"]),
+                            "--bind", f"{cfg['HOST']}:{cfg['PORT']}", "wsgi:app"]}
         celery = [str(bindir / "celery"), "-A", "b2bhub.worker"]
         for i in range(1, workers + 1):
             commands[f"worker{i}"] = celery + ["worker", "--pool", "solo", "-n",
@@ -47,6 +49,9 @@ class Supervisor:
         return cls(commands)
 
     def run(self) -> int:
+        # this process loaded the app to migrate: out of the collector's sight, its exit
+        # does not walk those objects again (see b2bhub.tasks._freeze_startup_objects)
+        gc.freeze()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         for name, cmd in self.commands.items():

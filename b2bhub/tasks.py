@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 from celery import shared_task
@@ -189,6 +190,16 @@ def _stop_worker_agent(sender=None, **kwargs) -> None:
 def _start_beat_agent(sender=None, **kwargs) -> None:
     from b2bhub.worker import flask_app
     start_agent(flask_app, "beat")
+    gc.freeze()  # as a worker's (above)
+
+
+@worker_ready.connect
+def _freeze_startup_objects(sender=None, **kwargs) -> None:
+    """What the worker made while starting lives as long as it does: out of the garbage
+    collector's sight (``gc.freeze``), neither the collections while it runs nor the
+    ones of its exit walk it again (an idle worker's stop took 2.5 s, 1.5 s of them in
+    the collections of the interpreter's exit)."""
+    gc.freeze()
 
 
 @worker_ready.connect

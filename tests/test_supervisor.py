@@ -7,20 +7,25 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
+import time
 
 import pytest
+import requests
 
 from tests.procs import BIN, free_port, wait_until
 
 pytestmark = pytest.mark.processes
 
 
-def _hub(procs):
+def _hub(procs, port: int | None = None):
     """``b2bhub run`` with one worker, up with every child ready; its children's pids."""
     hub = procs.start("hub", [str(BIN / "b2bhub"), "run"],
-                      {"B2BHUB_PORT": str(free_port()), "B2BHUB_WORKERS": "1"})
+                      {"B2BHUB_PORT": str(port or free_port()), "B2BHUB_WORKERS": "1"})
     hub.wait_in_log("started beat", timeout=60)
     hub.wait_in_log(" ready.", timeout=90)  # the worker's own line
+    # beat's own line: a SIGTERM before beat installs its handlers kills it outright
+    hub.wait_in_log("beat: Starting...", timeout=90)
     children = {name: int(pid) for name, pid in
                 re.findall(r"b2bhub: started (\w+) \(pid (\d+)\)", hub.output())}
     assert set(children) == {"web", "worker1", "beat"}
@@ -68,4 +73,42 @@ def test_a_stop_that_was_asked_for_exits_0(procs, sig):
 
     assert hub.wait_exit(60) == 0, hub.output()[-3000:]
     assert "stopping the others" not in hub.output()
+    assert all(_gone(pid) for pid in children.values())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_ends_open_event_streams_first_and_kills_nothing(procs, sig):
+    """An open event stream never ends on its own: the web worker ends it first, so the
+    stop neither waits out gunicorn's graceful timeout (10 s) nor ends in a SIGKILL.
+    How long a stop takes is measured by bench/stop_time.py (goal: under 3 s)."""
+    port = free_port()
+    hub, children = _hub(procs, port)
+    token = procs.cli("token", "create", "stream-reader", "--role", "viewer")
+    assert token.returncode == 0, token.stderr
+    url = f"http://127.0.0.1:{port}/api/v1/events"
+    headers = {"Authorization": f"Bearer {token.stdout.strip()}"}
+    ended = []
+
+    def listen():
+        with requests.get(url, headers=headers, stream=True, timeout=30) as answer:
+            assert answer.status_code == 200
+            for _ in answer.iter_content(chunk_size=None):
+                pass
+        ended.append(time.monotonic())
+
+    streams = [threading.Thread(target=listen, daemon=True) for _ in range(3)]
+    for stream in streams:
+        stream.start()
+    time.sleep(1.0)  # the streams are open and connected
+
+    started = time.monotonic()
+    hub.signal(sig)
+    assert hub.wait_exit(30) == 0, hub.output()[-3000:]
+    took = time.monotonic() - started
+
+    assert took < 9.0, f"the stop took {took:.1f} s: it waited for the open streams"
+    assert "SIGKILL" not in hub.output(), hub.output()[-3000:]
+    for stream in streams:
+        stream.join(5)
+    assert len(ended) == 3  # every stream ended cleanly, not cut off
     assert all(_gone(pid) for pid in children.values())

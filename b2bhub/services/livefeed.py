@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from sqlalchemy.engine import Engine
 
 from b2bhub.engine.events import FeedFilter, IdFeed, history_feed, latest_id
-from b2bhub.services.streams import sse_event
+from b2bhub.services.streams import CLOSING, sse_event, wake_on_close
 
 log = logging.getLogger(__name__)
 KEEP = 20_000
@@ -40,6 +40,11 @@ class SharedFeed:
         self._feed: IdFeed | None = None
         self._last_read = 0.0
         self.idle = max(5.0, 20 * every)  # the reader stops after this long unread
+        wake_on_close(self._wake)
+
+    def _wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
 
     def start(self) -> SharedFeed:
         """Start reading (again, after the reader stopped for want of streams)."""
@@ -106,7 +111,7 @@ def history_stream(shared: SharedFeed, engine: Engine, after: int, filters: Feed
     yield ": connected\n\n"
     own: IdFeed | None = None
     last_write = time.monotonic()
-    while True:
+    while not CLOSING.is_set():
         entries = shared.read(after, wait=min(every * 4, keepalive))
         if entries is None:
             own = own or history_feed(after, filters)
@@ -114,7 +119,7 @@ def history_stream(shared: SharedFeed, engine: Engine, after: int, filters: Feed
                 chunks = [sse_event(r["id"], r["type"], r) for r in own.poll(conn)]
             after = own.after
             if not chunks:
-                time.sleep(every)
+                CLOSING.wait(every)
         else:
             own = None
             chunks = [text for _, row, text in entries if filters.matches(row)]

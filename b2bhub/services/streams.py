@@ -19,6 +19,24 @@ from sqlalchemy.engine import Connection, Engine
 #: threads of the web process kept for requests other than streams
 THREADS_KEPT_FREE = 4
 
+#: set when the web process stops: every stream ends at once (its client reconnects,
+#: with ``Last-Event-ID``, to the process that serves next), so that a stop need not
+#: wait out gunicorn's graceful timeout for requests that never end on their own
+CLOSING = threading.Event()
+_wake_on_close: list[Callable[[], None]] = []
+
+
+def close_streams() -> None:
+    """End every open stream of this process (called from the web worker's SIGTERM)."""
+    CLOSING.set()
+    for wake in list(_wake_on_close):
+        wake()
+
+
+def wake_on_close(wake: Callable[[], None]) -> None:
+    """``wake`` is called by :func:`close_streams`: a stream waiting in it returns."""
+    _wake_on_close.append(wake)
+
 
 def sse_event(event_id: int | str | None, event: str | None, data: dict) -> str:
     """One event in the text/event-stream format (the JSON has no newlines)."""
@@ -56,7 +74,7 @@ def poll_stream(engine: Engine, poll: Callable[[Connection], list[str]], *,
     the connection; a client that went away is noticed at the next write)."""
     yield ": connected\n\n"
     last_write = clock()
-    while True:
+    while not CLOSING.is_set():
         with engine.connect() as conn:
             chunks = poll(conn)
         if chunks:
@@ -65,4 +83,4 @@ def poll_stream(engine: Engine, poll: Callable[[Connection], list[str]], *,
         elif clock() - last_write >= keepalive:
             yield ": keep-alive\n\n"
             last_write = clock()
-        time.sleep(every)
+        CLOSING.wait(every)

@@ -1,0 +1,108 @@
+"""How long ``b2bhub run`` takes to stop (issue 20: under 3 s, no SIGKILL), with event
+streams open, from the SIGTERM to the exit of the whole hub (web, workers, beat).
+
+    python bench/stop_time.py --backend embedded postgres --rounds 3 --streams 3
+
+Each round starts the hub on a fresh database (migrated by ``b2bhub run`` itself), waits
+until every child is ready, opens ``--streams`` event streams, sends SIGTERM and times
+the exit; a round whose output names SIGKILL, or whose streams did not end, fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+from benchlib import ROOT, environment, fresh_backend, print_table
+
+BIN = Path(sys.executable).parent  # the venv the bench runs in
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_in(path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in path.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"not seen in {timeout:.0f} s: {text!r}\n{path.read_text()[-3000:]}")
+
+
+def one_round(backend, streams: int) -> float:
+    port = free_port()
+    log = os.path.join(backend.data_dir, f"hub-{port}.log")
+    env = {**backend.env(), "B2BHUB_PORT": str(port), "B2BHUB_WORKERS": "1",
+           "B2BHUB_LOG_LEVEL": "info"}
+    logpath = Path(log)
+    with open(log, "wb") as out:
+        hub = subprocess.Popen([str(BIN / "b2bhub"), "run"], cwd=ROOT, env=env,
+                               stdout=out, stderr=subprocess.STDOUT)
+    for text in ("started beat", " ready.", "beat: Starting..."):
+        wait_in(logpath, text, 120)
+    made = subprocess.run([str(BIN / "b2bhub"), "token", "create", "bench",
+                           "--role", "viewer"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, check=True)
+    headers = {"Authorization": f"Bearer {made.stdout.strip()}"}
+    ended: list[float] = []
+
+    def listen():
+        with requests.get(f"http://127.0.0.1:{port}/api/v1/events", headers=headers,
+                          stream=True, timeout=60) as answer:
+            for _ in answer.iter_content(chunk_size=None):
+                pass
+        ended.append(time.monotonic())
+
+    readers = [threading.Thread(target=listen, daemon=True) for _ in range(streams)]
+    for reader in readers:
+        reader.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    hub.send_signal(signal.SIGTERM)
+    status = hub.wait(60)
+    took = time.monotonic() - started
+    for reader in readers:
+        reader.join(5)
+    output = logpath.read_text(errors="replace")
+    if status != 0 or "SIGKILL" in output or len(ended) != streams:
+        raise SystemExit(f"round failed: exit {status}, {len(ended)}/{streams} streams "
+                         f"ended\n{output[-3000:]}")
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backend", nargs="+", default=["embedded"],
+                        choices=["embedded", "postgres"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=3)
+    args = parser.parse_args()
+    print_table("environment", ["what", "value"], [list(r) for r in environment(args.backend)])
+    rows = []
+    for name in args.backend:
+        times = []
+        for _ in range(args.rounds):
+            with fresh_backend(name) as backend:
+                times.append(one_round(backend, args.streams))
+        rows.append([name, args.streams, ", ".join(f"{t:.2f}" for t in times),
+                     f"{statistics.median(times):.2f}", "yes" if max(times) < 3 else "no"])
+    print_table("stop of b2bhub run with open event streams (SIGTERM to exit, seconds)",
+                ["backend", "streams", "rounds", "median", "every round under 3 s"], rows)
+    print("load average after:", ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()
