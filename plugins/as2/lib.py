@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, load_der_private_key, pkcs7
 from pyas2lib import Mdn, Message, Organization, Partner
 
+from plugins.as2 import keywrap
 from plugins.as2.profiles import As2Profile
 
 
@@ -179,14 +180,49 @@ if metadata.version("pyas2lib") == _PATCHED_VERSION:
 
 
 @contextmanager
-def signing():
-    """Around pyas2lib building what the hub signs: signatures through OpenSSL."""
-    previous = getattr(_signing, "on", False)
-    _signing.on = True
+def signing(key_encryption: str | None = None):
+    """Around pyas2lib building what the hub signs: signatures through OpenSSL; the
+    content key of what it encrypts wrapped with ``key_encryption`` (a profile's
+    choice, see :mod:`.keywrap`)."""
+    previous = getattr(_signing, "on", False), getattr(_signing, "wrap", None)
+    _signing.on, _signing.wrap = True, keywrap.KEY_ENCRYPTIONS.get(key_encryption or "")
     try:
         yield
     finally:
-        _signing.on = previous
+        _signing.on, _signing.wrap = previous
+
+
+# --- key wrapping through OpenSSL (:mod:`.keywrap`) -------------------------------------
+# On a thread within :func:`signing` (the receiver's parse, the sender's build) pyas2lib's
+# envelope functions, looked up by their module-level names, are these: decryption
+# unwraps PKCS#1 v1.5 and RSAES-OAEP with SHA-1/2 and tries each of our keys; encryption
+# wraps with RSAES-OAEP when the partner's profile asks for it. Elsewhere they are
+# pyas2lib's own.
+_real_decrypt_message = _as2.decrypt_message
+_real_encrypt_message = _as2.encrypt_message
+
+
+def decrypt_message(encrypted_data, decryption_key):
+    """:func:`pyas2lib.cms.decrypt_message`; ``decryption_key`` is pyas2lib's (key,
+    certificate) pair, or a list of them (:class:`LoadedOrganization`)."""
+    if not getattr(_signing, "on", False):
+        return _real_decrypt_message(encrypted_data, decryption_key)
+    pairs = decryption_key if isinstance(decryption_key, list) else [decryption_key]
+    keys = [found for found in map(_signer, pairs) if found is not None]
+    return keywrap.decrypt(encrypted_data, keys)
+
+
+def encrypt_message(data_to_encrypt, enc_alg, encryption_cert, key_enc_alg="rsaes_pkcs1v15"):
+    digest = getattr(_signing, "wrap", None) if getattr(_signing, "on", False) else None
+    if digest is None:
+        return _real_encrypt_message(data_to_encrypt, enc_alg, encryption_cert, key_enc_alg)
+    cert = x509.load_der_x509_certificate(encryption_cert.asn1.dump())
+    return keywrap.encrypt(data_to_encrypt, enc_alg, cert, digest)
+
+
+if metadata.version("pyas2lib") == _PATCHED_VERSION:
+    _as2.decrypt_message = decrypt_message
+    _as2.encrypt_message = encrypt_message
 
 
 def mdn_content(mdn) -> bytes:

@@ -40,6 +40,8 @@ MDN_MODES = ("none", "sync", "async")
 DIGESTS = ("sha1", "sha224", "sha256", "sha384", "sha512")
 CIPHERS = ("tripledes_192_cbc", "rc2_128_cbc", "rc4_128_cbc", "aes_128_cbc",
            "aes_192_cbc", "aes_256_cbc")
+#: how the content key of what we encrypt is wrapped for the partner (plugins.as2.keywrap)
+KEY_ENCRYPTIONS = ("rsa_pkcs1v15", "rsaes_oaep_sha1", "rsaes_oaep_sha256", "rsaes_oaep_sha512")
 EXPIRY_WARNING = timedelta(days=30)
 DEFAULT_RECEIPT_TIMEOUT = 24 * 3600
 
@@ -75,6 +77,7 @@ CHOICES: dict[str, tuple[Any, Any]] = {
     "digest_alg": ("sha256", _one_of(DIGESTS)),
     "encrypt": (True, _bool),
     "encryption_alg": ("aes_256_cbc", _one_of(CIPHERS)),
+    "key_encryption": ("rsa_pkcs1v15", _one_of(KEY_ENCRYPTIONS)),
     "compress": (False, _bool),
     "mdn_mode": ("sync", _one_of(MDN_MODES)),
     "mdn_signed": (True, _bool),

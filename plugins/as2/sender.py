@@ -50,7 +50,7 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         left, domain = (previous.as2_message_id.rsplit("@", 1) if previous
                         and "@" in previous.as2_message_id else (None, None))
         message = lib.Message(lib.organization(org, domain=domain), lib.partner(partner))
-        with lib.signing():
+        with lib.signing(partner.get("key_encryption")):
             message.build(data, filename=delivery.original_filename,
                           content_type=partner.get("content_type"),
                           subject=partner.get("subject"), message_id=left)
