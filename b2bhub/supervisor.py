@@ -34,7 +34,7 @@ class Supervisor:
     def for_config(cls, cfg, workers: int) -> Supervisor:
         bindir = Path(sys.executable).parent
         commands = {"web": [str(bindir / "gunicorn"), "--worker-class", "gthread",
-                            "--workers", "1", "--threads",
+                            "--workers", str(cfg["WEB_CONCURRENCY"]), "--threads",
                             str(cfg["WEB_THREADS"]), "--bind", f"{cfg['HOST']}:{cfg['PORT']}",
                             "--graceful-timeout", "10", "wsgi:app"]}
         celery = [str(bindir / "celery"), "-A", "b2bhub.worker"]
