@@ -70,7 +70,10 @@ def _names(recipient: cms.KeyTransRecipientInfo, cert: x509.Certificate) -> bool
                 cert.public_bytes(Encoding.DER)).issuer)
 
 
-def _content_key(envelope: cms.EnvelopedData, keys) -> bytes:
+def _content_keys(envelope: cms.EnvelopedData, keys):
+    """Each content key our keys unwrap from the envelope's recipients, best guess
+    first (PKCS#1 v1.5 with a wrong key may give random bytes instead of an error, as
+    OpenSSL's implicit rejection does: the content decryption then tells)."""
     recipients = [r.chosen for r in envelope["recipient_infos"]
                   if r.name == "ktri"]
     if not recipients:
@@ -88,7 +91,7 @@ def _content_key(envelope: cms.EnvelopedData, keys) -> bytes:
             problem = pad
             continue
         try:
-            return key.decrypt(recipient["encrypted_key"].native, pad)
+            yield key.decrypt(recipient["encrypted_key"].native, pad)
         except ValueError:
             problem = "the content key does not decrypt with our key"
     raise DecryptionError(f"{_NO_KEY}: {problem}.")
@@ -102,7 +105,7 @@ def decrypt(encrypted_data: bytes, keys) -> tuple[str | None, bytes]:
         if info["content_type"].native != "enveloped_data":
             raise DecryptionError("Encrypted data not found in ASN.1 ")
         envelope = info["content"]
-        key = _content_key(envelope, keys)
+        candidates = _content_keys(envelope, keys)
         content_info = envelope["encrypted_content_info"]
         alg = content_info["content_encryption_algorithm"]
         data = content_info["encrypted_content"].native
@@ -110,25 +113,36 @@ def decrypt(encrypted_data: bytes, keys) -> tuple[str | None, bytes]:
         raise
     except Exception as exc:  # not DER, not CMS: what the partner sent is broken
         raise DecryptionError(f"Failed to decrypt the payload: {exc}") from exc
+    failure = None
     try:
-        name = alg["algorithm"].native
-        if name == "rc4":
-            return "rc4_128_cbc", symmetric.rc4_decrypt(key, data)
-        cipher = alg.encryption_cipher
-        if cipher == "tripledes":
-            return "tripledes_192_cbc", symmetric.tripledes_cbc_pkcs5_decrypt(
-                key, data, alg.encryption_iv)
-        if cipher == "aes":
-            return f"aes_{len(key) * 8}_cbc", symmetric.aes_cbc_pkcs7_decrypt(
-                key, data, alg.encryption_iv)
-        if cipher == "rc2":
-            return "rc2_128_cbc", symmetric.rc2_cbc_pkcs5_decrypt(
-                key, data, alg["parameters"]["iv"].native)
-        if cipher == "des":
-            return "des_64_cbc", symmetric.des_cbc_pkcs5_decrypt(key, data, alg.encryption_iv)
-        raise AS2Exception(f"Unsupported Encryption Algorithm {name}")
-    except Exception as exc:
-        raise DecryptionError(f"Failed to decrypt the payload: {exc}") from exc
+        for key in candidates:
+            try:
+                return _decrypt_content(alg, key, data)
+            except Exception as exc:  # the next candidate, if any
+                failure = exc
+    except DecryptionError:
+        if failure is None:
+            raise
+    raise DecryptionError(f"Failed to decrypt the payload: {failure}") from failure
+
+
+def _decrypt_content(alg, key: bytes, data: bytes) -> tuple[str, bytes]:
+    name = alg["algorithm"].native
+    if name == "rc4":
+        return "rc4_128_cbc", symmetric.rc4_decrypt(key, data)
+    cipher = alg.encryption_cipher
+    if cipher == "tripledes":
+        return "tripledes_192_cbc", symmetric.tripledes_cbc_pkcs5_decrypt(
+            key, data, alg.encryption_iv)
+    if cipher == "aes":
+        return f"aes_{len(key) * 8}_cbc", symmetric.aes_cbc_pkcs7_decrypt(
+            key, data, alg.encryption_iv)
+    if cipher == "rc2":
+        return "rc2_128_cbc", symmetric.rc2_cbc_pkcs5_decrypt(
+            key, data, alg["parameters"]["iv"].native)
+    if cipher == "des":
+        return "des_64_cbc", symmetric.des_cbc_pkcs5_decrypt(key, data, alg.encryption_iv)
+    raise AS2Exception(f"Unsupported Encryption Algorithm {name}")
 
 
 def _encrypt_content(enc_alg: str, data: bytes) -> tuple[bytes, dict, bytes]:

@@ -30,7 +30,8 @@ TEMPLATE = str(Path(__file__).with_name("templates") / "as2_profile.html")
 
 #: the profile's choices by the kind of field that edits them (the form's names are the API's)
 _AS2_TEXT = ("as2_id", "url", "mdn_url", "content_type", "subject")
-_AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked")
+_AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked",
+             "accept_expired_certificates")
 _AS2_SELECT = ("digest_alg", "encryption_alg", "key_encryption", "mdn_mode", "mdn_digest_alg")
 
 
@@ -49,6 +50,10 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
             "Key encryption", choices=KEY_ENCRYPTIONS,
             description="how the content key is wrapped for the partner (we accept all)")
         compress = BooleanField("Compress")
+        accept_expired_certificates = BooleanField(
+            "Accept expired certificates",
+            description="use a certificate outside its validity window (a warning line "
+                        "each time) instead of refusing")
         mdn_mode = SelectField("MDN mode", choices=MDN_MODES)
         mdn_signed = BooleanField("Signed MDN")
         mdn_digest_alg = SelectField("MDN digest", choices=DIGESTS)
