@@ -29,8 +29,11 @@ VARIABLES: list[tuple[str, str | None, str]] = [
      "callback URLs of receipts; default http://<B2BHUB_HOST>:<B2BHUB_PORT> (set it "
      "behind a proxy or on a platform)"),
     ("B2BHUB_WORKERS", "2", "worker processes `b2bhub run` starts"),
-    ("B2BHUB_WEB_THREADS", "64", "threads of the web process; each open event stream "
-     "holds one, 4 are kept for other requests"),
+    ("B2BHUB_WEB_CONCURRENCY", None, "web worker processes (gunicorn's workers, each "
+     "with B2BHUB_WEB_THREADS threads); default the CPU cores this process may use, 2 to "
+     "8"),
+    ("B2BHUB_WEB_THREADS", "64", "threads of each web worker process; each open event "
+     "stream holds one, 4 are kept for other requests"),
     ("B2BHUB_SECRET_KEY", None, "session and CSRF signing key; default a random key kept in "
      "the data directory"),
     ("B2BHUB_LOG_LEVEL", "info", "log level of every process"),
@@ -58,6 +61,8 @@ PLATFORM_VARIABLES: list[tuple[str, str, str]] = [
     ("REDIS_URL", "B2BHUB_BROKER_URL", "the platform's Redis, as the Celery broker"),
     ("PORT", "B2BHUB_PORT", "the port the platform routes to; the web process then "
      "listens on 0.0.0.0"),
+    ("WEB_CONCURRENCY", "B2BHUB_WEB_CONCURRENCY", "the web worker processes a platform "
+     "sizes for its machine"),
 ]
 
 
@@ -83,6 +88,26 @@ def listen_address() -> tuple[str, int]:
     port = int(_env("B2BHUB_PORT") or platform_port or "8000")
     host = _env("B2BHUB_HOST") or ("0.0.0.0" if platform_port else "127.0.0.1")
     return host, port
+
+
+def web_concurrency() -> int:
+    """How many web worker processes: ``B2BHUB_WEB_CONCURRENCY``, else
+    ``WEB_CONCURRENCY`` (the name platforms and gunicorn use), else the CPU cores this
+    process may run on, at least 2 (a request that waits on the database or a disk
+    leaves the core to the other) and at most 8 (each holds its own connection pool
+    and threads)."""
+    value = _env("B2BHUB_WEB_CONCURRENCY") or _env("WEB_CONCURRENCY")
+    if value is not None:
+        workers = int(value) if value.isdigit() else 0
+        if workers < 1:
+            raise ValueError(f"WEB_CONCURRENCY must be a whole number of 1 or more, not "
+                             f"{value!r}")
+        return workers
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return min(8, max(2, cores))
 
 
 def load(overrides: dict | None = None) -> dict:
@@ -111,6 +136,7 @@ def load(overrides: dict | None = None) -> dict:
         "PUBLIC_URL": _env("B2BHUB_PUBLIC_URL"),
         "WORKERS": int(_env("B2BHUB_WORKERS", "2")),
         "WEB_THREADS": int(_env("B2BHUB_WEB_THREADS", "64")),
+        "WEB_CONCURRENCY": web_concurrency(),
         "WORKER_QUEUES": _env("B2BHUB_WORKER_QUEUES", "deliveries,default"),
         "SQLALCHEMY_ENGINE_OPTIONS": {},
         "WTF_CSRF_TIME_LIMIT": None,

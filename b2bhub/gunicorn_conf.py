@@ -1,7 +1,12 @@
 """gunicorn's settings for the ``web`` process (``gunicorn -c python:b2bhub.gunicorn_conf
 wsgi:app``, as the Procfile runs it): the listening address and threads from the same
 variables as the rest of b2bhub (:func:`b2bhub.config.listen_address`), so a platform's
-``PORT`` is honoured without a shell in the Procfile line."""
+``PORT`` is honoured without a shell in the Procfile line. Several worker processes
+(``WEB_CONCURRENCY``, :func:`b2bhub.config.web_concurrency`): parsing, decrypting and
+signing AS2 messages is CPU work that one interpreter lock would serialise. Each worker
+is a process of its own (its heartbeat, its logs, its caches checked against the
+database's versions, its event streams polling the database), so nothing is shared
+between them but the database, the broker and the payload store."""
 
 import os as _os
 
@@ -12,7 +17,7 @@ from b2bhub import config as _config
 _host, _port = _config.listen_address()
 bind = [f"{_host}:{_port}"]
 worker_class = "gthread"
-workers = 1
+workers = _config.web_concurrency()
 threads = int(_os.environ.get("B2BHUB_WEB_THREADS") or 64)
 graceful_timeout = 10
 

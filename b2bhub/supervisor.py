@@ -35,8 +35,9 @@ class Supervisor:
     def for_config(cls, cfg, workers: int) -> Supervisor:
         bindir = Path(sys.executable).parent
         # the Procfile's settings (b2bhub.gunicorn_conf: its SIGTERM ends event streams
-        # first), with the address and threads of this configuration
+        # first), with the address, processes and threads of this configuration
         commands = {"web": [str(bindir / "gunicorn"), "--config", "python:b2bhub.gunicorn_conf",
+                            "--workers", str(cfg["WEB_CONCURRENCY"]),
                             "--threads", str(cfg["WEB_THREADS"]),
                             "--bind", f"{cfg['HOST']}:{cfg['PORT']}", "wsgi:app"]}
         celery = [str(bindir / "celery"), "-A", "b2bhub.worker"]

@@ -7,14 +7,19 @@ peak RSS of receiving and of sending a large message.
 
 Messages are signed (sha256) and encrypted (AES-256) by a pyas2lib client built before
 the clock starts; each asks for a signed sync MDN. "hub" is the time from the request to
-the whole MDN received (gunicorn, 1 worker, 8 threads, ``B2BHUB_WEB_THREADS``); "bare" is
+the whole MDN received (gunicorn with ``--web-workers`` worker processes, default as
+``b2bhub run`` starts them (B2BHUB_WEB_CONCURRENCY: the cores, 2 to 8), 8 threads each,
+``B2BHUB_WEB_THREADS``); "bare" is
 ``pyas2lib.Message.parse`` + MDN build of the same message in this process. Bare and hub
 alternate message by message (which goes first alternates too), so both see the same
 load from whatever else runs on the machine. CPU per message: bare in this process; hub
-the gunicorn worker's user + system time over the sequential run; client this process's
+the gunicorn workers' user + system time over the sequential run; client this process's
 CPU per post (building the request and reading the MDN, which the hub figure includes
 and the bare one does not). 4 concurrent clients post the same number of messages from 4
-threads.
+threads; "4 clients / seq" is their messages/s over the sequential messages/s of the
+same run (both measured as messages over the wall time of posting them). Every message
+is checked afterwards: stored once with the bytes sent and dispatched to exactly one
+delivery.
 """
 
 from __future__ import annotations
@@ -240,10 +245,11 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_gunicorn(backend, port: int) -> subprocess.Popen:
+def start_gunicorn(backend, port: int, workers: int = 1) -> subprocess.Popen:
     env = {**backend.env(), "B2BHUB_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "--workers", "1",
-                             "--threads", "8", "--bind", f"127.0.0.1:{port}", "wsgi:app"],
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "--workers",
+                             str(workers), "--worker-class", "gthread", "--threads", "8",
+                             "--bind", f"127.0.0.1:{port}", "wsgi:app"],
                             cwd=Path(__file__).resolve().parent.parent, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -257,8 +263,17 @@ def start_gunicorn(backend, port: int) -> subprocess.Popen:
 
 
 def worker_pid(master: int) -> int:
-    out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True)
-    return int(out.stdout.split()[0])
+    return worker_pids(master)[0]
+
+
+def worker_pids(master: int, expected: int = 1) -> list[int]:
+    """The gunicorn master's worker processes, once ``expected`` of them run."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True)
+        pids = [int(p) for p in out.stdout.split()]
+        if len(pids) >= expected or time.monotonic() > deadline:
+            return pids
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -273,32 +288,35 @@ def run_latency(args, certs) -> None:
     with fresh_backend(args.backend) as backend:
         configure(backend, certs)
         port = free_port()
-        server = start_gunicorn(backend, port)
+        server = start_gunicorn(backend, port, args.web_workers)
         url = f"http://127.0.0.1:{port}/as2/as2in"
         bare_one, hub_way = Bare(certs), Bare(certs, hub_way=True)
         checks = Checks()
         try:
-            worker = worker_pid(server.pid)
+            workers = worker_pids(server.pid, args.web_workers)
             for size in args.sizes:
                 count = args.count if size < 500_000 else max(4, args.count // 4)
-                for message in build(certs, size, 2):  # warm up
+                for message in build(certs, size, 2 * args.web_workers):  # warm up
                     post(url, message)
                     bare_one(message)
                     hub_way(message)
                 seq = build(certs, size, count)
                 conc = build(certs, size, count)
                 bare, hub, own = [], [], []
-                worker_cpu = process_cpu(worker)
+                worker_cpu = sum(map(process_cpu, workers))
+                seq_busy = 0.0  # the sequential posts' wall time (bare runs between them)
                 for i, message in enumerate(seq):  # alternating, the same messages
                     if i % 2:
                         bare.append(bare_one(message))
                         own.append(hub_way(message))
+                    posted = time.perf_counter()
                     hub.append(timed_post(url, message, checks))
+                    seq_busy += time.perf_counter() - posted
                     if not i % 2:
                         bare.append(bare_one(message))
                         own.append(hub_way(message))
                 time.sleep(0.2)  # the work after the last response is the hub's too
-                worker_cpu = process_cpu(worker) - worker_cpu
+                worker_cpu = sum(map(process_cpu, workers)) - worker_cpu
                 start = time.perf_counter()
                 with ThreadPoolExecutor(4) as pool:
                     many = list(pool.map(lambda m: post(url, m, checks), conc))
@@ -311,18 +329,20 @@ def run_latency(args, certs) -> None:
                 rows.append([f"{size // 1024} KB", count, f"{b:.1f}", f"{h:.1f}",
                              f"{h / b:.2f}x", f"{o:.1f}", f"{h - o:.1f}", f"{bare_cpu:.1f}",
                              f"{worker_cpu / count * 1000:.1f}", f"{client_cpu:.1f}",
-                             f"{1000 / h:.1f}", f"{c:.1f}", f"{count / wall:.1f}"])
+                             f"{1000 / h:.1f}", f"{count / seq_busy:.1f}", f"{c:.1f}",
+                             f"{count / wall:.1f}", f"{seq_busy / wall:.2f}x"])
         finally:
             server.terminate()
             server.wait(30)
         verified = checks.verify(backend)
     print(f"verified after the run: {verified} MDNs (signature, MIC, disposition) and the "
           "stored bytes and delivery of every message they acknowledged")
-    print_table("AS2 receive, signed + encrypted, signed sync MDN (median latency)",
+    print_table(f"AS2 receive, signed + encrypted, signed sync MDN (median latency), "
+                f"{args.web_workers} web worker processes",
                 ["size", "messages", "bare ms", "hub ms", "hub/bare", "hub-way ms",
                  "hub - hub-way ms", "bare CPU ms",
-                 "hub CPU ms", "client CPU ms", "seq msg/s", "4 clients ms",
-                 "4 clients msg/s"], rows)
+                 "hub CPU ms", "client CPU ms", "1000/median", "seq msg/s", "4 clients ms",
+                 "4 clients msg/s", "4 clients / seq"], rows)
 
 
 class Sink(BaseHTTPRequestHandler):
@@ -422,9 +442,14 @@ def main() -> None:
     parser.add_argument("--backend", default="embedded", choices=("embedded", "postgres"))
     parser.add_argument("--sizes", type=int, nargs="+", default=[10240, 1048576])
     parser.add_argument("--count", type=int, default=40)
+    parser.add_argument("--web-workers", type=int, default=None,
+                        help="gunicorn worker processes (default: as b2bhub run starts)")
     parser.add_argument("--rss-mb", type=int, default=0,
                         help="measure peak RSS with a message this large instead")
     args = parser.parse_args()
+    if args.web_workers is None:
+        from b2bhub.config import web_concurrency
+        args.web_workers = web_concurrency()
     certs = {"hub": make_pair("hub.bench"), "acme": make_pair("acme.bench")}
     for name, value in environment([args.backend]):
         print(f"{name}: {value}")

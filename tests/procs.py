@@ -148,11 +148,13 @@ class Processes:
         proc.wait_in_log("beat: Starting...", timeout=60)
         return proc
 
-    def web(self, threads: int = 16, extra_env: dict[str, str] | None = None) -> Proc:
+    def web(self, threads: int = 16, extra_env: dict[str, str] | None = None,
+            workers: int = 1) -> Proc:
         """gunicorn serving ``wsgi:app`` on a free loopback port (``proc.url``), with the
-        worker class and threads of the Procfile; ``threads - 4`` event streams at once."""
+        worker class and threads of the Procfile; ``threads - 4`` event streams at once
+        per worker process."""
         port = free_port()
-        cmd = [str(BIN / "gunicorn"), "--worker-class", "gthread", "--workers", "1",
+        cmd = [str(BIN / "gunicorn"), "--worker-class", "gthread", "--workers", str(workers),
                "--threads", str(threads), "--bind", f"127.0.0.1:{port}",
                "--graceful-timeout", "5", "wsgi:app"]
         proc = self.start("web", cmd, {"B2BHUB_WEB_THREADS": str(threads), **(extra_env or {})})

@@ -7,10 +7,13 @@ one protocol (a receiver and a sender) may name the same kind: it is served once
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub.models import ProtocolProfile
+from b2bhub.models import Certificate, Party, ProtocolProfile
 from b2bhub.services.errors import NotFound
 
 
@@ -41,3 +44,32 @@ def addresses(session: Session, kinds) -> dict[str, dict[int, str]]:
         for protocol, party_id, address in rows:
             shown[protocol][party_id] = address
     return shown
+
+
+#: how soon a certificate's end is flagged on the Parties page and the dashboard
+CERTIFICATE_WARNING = timedelta(days=30)
+
+
+@dataclass(frozen=True)
+class EndingCertificate:
+    party_id: int
+    party: str
+    kind: str
+    protocol: str
+    subject: str
+    not_after: datetime
+    expired: bool
+
+
+def ending_certificates(session: Session, now: datetime) -> list[EndingCertificate]:
+    """The certificates of every profile that have ended or end within 30 days, soonest
+    first (a profile may hold several: a renewed one is still listed until removed)."""
+    rows = session.execute(
+        select(Party.id, Party.name, Party.kind, ProtocolProfile.protocol,
+               Certificate.subject, Certificate.not_after)
+        .join(ProtocolProfile, Certificate.profile_id == ProtocolProfile.id)
+        .join(Party, ProtocolProfile.party_id == Party.id)
+        .where(Certificate.not_after.is_not(None),
+               Certificate.not_after <= now + CERTIFICATE_WARNING)
+        .order_by(Certificate.not_after))
+    return [EndingCertificate(*row, expired=row.not_after <= now) for row in rows]

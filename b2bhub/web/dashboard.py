@@ -13,6 +13,7 @@ from b2bhub.models import utcnow
 from b2bhub.services import alerts as alert_svc
 from b2bhub.services import config as config_svc
 from b2bhub.services import overview
+from b2bhub.services import profiles as profile_svc
 from b2bhub.web import bp
 from b2bhub.web.charts import line_chart
 
@@ -41,4 +42,5 @@ def dashboard():
                            blocked=blocking.blocked_instances(db.session),
                            alerts=alert_svc.open_alerts(db.session, 10),
                            open_alerts=overview.open_alert_count(db.session),
-                           charts=charts, span=span_name)
+                           charts=charts, span=span_name,
+                           ending=profile_svc.ending_certificates(db.session, now))

@@ -7,10 +7,10 @@ from flask import abort, redirect, render_template, url_for
 
 from b2bhub import hub
 from b2bhub.extensions import db
-from b2bhub.models import ORGANIZATION, PARTNER
+from b2bhub.models import ORGANIZATION, PARTNER, utcnow
 from b2bhub.services import config as svc
 from b2bhub.services.errors import NotFound, ServiceError
-from b2bhub.services.profiles import addresses, profile_kind, profile_kinds
+from b2bhub.services.profiles import addresses, ending_certificates, profile_kind, profile_kinds
 from b2bhub.web import bp, button, form_status, submit
 from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form
 
@@ -26,8 +26,12 @@ def _forms(posted: str | None = None) -> dict[str, PartyForm]:
 def _page(forms: dict, status: int = 200):
     lists = {kind: svc.list_parties(db.session, kind, 1000).items for kind in KINDS}
     kinds = profile_kinds(hub.registry())
+    ending: dict = {}
+    for cert in ending_certificates(db.session, utcnow()):
+        ending.setdefault((cert.party_id, cert.protocol), []).append(cert)
     return render_template("ui/parties.html", lists=lists, forms=forms, kinds=kinds,
-                           shown=addresses(db.session, kinds), action=ActionForm()), status
+                           shown=addresses(db.session, kinds), action=ActionForm(),
+                           ending=ending), status
 
 
 @bp.get("/parties")

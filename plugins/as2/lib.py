@@ -16,30 +16,121 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, load_der_private_key, pkcs7
+from oscrypto import asymmetric as _asymmetric
 from pyas2lib import Mdn, Message, Organization, Partner
+from pyas2lib.exceptions import DecryptionError, InsufficientSecurityError, IntegrityError
 
+from b2bhub.plugin_api import utcnow
+from plugins.as2 import keywrap, profiles
 from plugins.as2.profiles import As2Profile
+
+# --- certificates chosen by their validity window (profiles: "Certificate lifecycle") --
+# The choice depends on the clock, so the pyas2lib objects kept with a profile are kept
+# per choice: a rollover's new certificate is taken up on its day without any save.
+# Warnings (a certificate used outside its window because the profile accepts it) are
+# collected per thread for the caller to write as history lines (:func:`take_warnings`).
+_warned = threading.local()
+
+
+def _choose(profile: As2Profile, role: str):
+    """The profile's CertChoice for ``role`` now, or the CertificateRefused."""
+    try:
+        return profiles.choose_certs(profile.certs, role, utcnow(),
+                                     bool(profile.get("accept_expired_certificates")),
+                                     profile.party)
+    except profiles.CertificateRefused as refused:
+        return refused
+
+
+def _ids(choice) -> tuple:
+    return tuple(c.id for c in choice.use) if isinstance(choice, profiles.CertChoice) \
+        else ("refused", str(choice))
+
+
+def _note(*choices) -> None:
+    for choice in choices:
+        if isinstance(choice, profiles.CertChoice) and choice.warning:
+            warnings = getattr(_warned, "lines", None)
+            if warnings is not None and choice.warning not in warnings:
+                warnings.append(choice.warning)
+
+
+@contextmanager
+def collecting_warnings():
+    """Within the block, the certificate warnings of the profiles used on this thread
+    are collected; :func:`take_warnings` returns them."""
+    previous = getattr(_warned, "lines", None)
+    _warned.lines = []
+    try:
+        yield _warned.lines
+    finally:
+        _warned.lines = previous
+
+
+def refusal(profile: As2Profile, *roles: str) -> str | None:
+    """Why a profile's certificates cannot be used for ``roles`` now, or None."""
+    for role in roles:
+        choice = _choose(profile, role)
+        if isinstance(choice, profiles.CertificateRefused):
+            return str(choice)
+    return None
+
+
+def warnings_of(profile: As2Profile, *roles: str) -> list[str]:
+    """The warnings of using the profile's certificates for ``roles`` now."""
+    return [c.warning for c in map(lambda r: _choose(profile, r), roles)
+            if isinstance(c, profiles.CertChoice) and c.warning]
+
+
+class _Refused:
+    """What stands for a key or certificate that is refused: the reason."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
 
 
 def organization(profile: As2Profile, domain: str | None = None) -> Organization:
     """Our side, its key loaded once per profile version (loading a key costs more than
     parsing a small message); pyas2lib only reads these objects. Kept with the profile
-    too, which the receiver's profile cache keeps."""
-    org = profile.loaded.get(("organization", domain))
+    too, which the receiver's profile cache keeps. Signs with the newest valid signing
+    certificate, decrypts with every valid encryption one."""
+    sign, decrypt = _choose(profile, "signing"), _choose(profile, "encryption")
+    _note(sign, decrypt)
+    key = ("organization", domain, _ids(sign), _ids(decrypt))
+    org = profile.loaded.get(key)
     if org is None:
-        org = profile.loaded[("organization", domain)] = _organization(profile, domain)
+        org = profile.loaded[key] = _organization(profile, domain, sign, decrypt)
     return org
 
 
-def _organization(profile: As2Profile, domain: str | None) -> Organization:
-    key = (profile.party, profile.updated_at, profile.as2_id, profile.key_pem,
-           profile.get("mdn_url"), domain)
+def _pem(cert) -> bytes | None:
+    return (cert.key_pem + cert.pem).encode() if cert.key_pem else None
+
+
+def _organization(profile: As2Profile, domain: str | None, sign, decrypt) -> Organization:
+    key = (profile.party, profile.updated_at, profile.as2_id, profile.get("mdn_url"),
+           domain, _ids(sign), _ids(decrypt))
     with _lock:
         org = _orgs.get(key)
     if org is None:
-        pem = (profile.key_pem + profile.cert_pem).encode() if profile.key_pem else None
-        org = Organization(as2_name=profile.as2_id, sign_key=pem, decrypt_key=pem,
-                           mdn_url=profile.get("mdn_url"), domain=domain)
+        signer = sign.use[0] if isinstance(sign, profiles.CertChoice) and sign.use else None
+        if signer is None:  # refused: sending is refused before (sender), but an MDN
+            # asked for signed is still signed, with the newest key (the refusal of the
+            # message it answers names the certificate)
+            signer = next((c for c in sorted(profile.certs, key=lambda c: c.id,
+                                             reverse=True)
+                           if c.serves("signing") and c.key_pem), None)
+        if signer is None and not profile.certs and profile.key_pem:  # no lookup rows
+            signer = profiles.CertInfo(0, profile.cert_pem, profile.key_pem, "both", "",
+                                       None, None)
+        org = Organization(as2_name=profile.as2_id, sign_key=_pem(signer) if signer else None,
+                           decrypt_key=None, mdn_url=profile.get("mdn_url"), domain=domain)
+        if isinstance(decrypt, profiles.CertChoice):
+            pems = [_pem(c) for c in decrypt.use if c.key_pem] or (
+                [_pem(signer)] if signer and not profile.certs else [])
+            org.decrypt_key = [Organization.load_key(pem, None) for pem in pems]
+        else:
+            org.decrypt_key = _Refused(str(decrypt))
         with _lock:
             if len(_orgs) > 256:
                 _orgs.clear()
@@ -53,15 +144,25 @@ _lock = threading.Lock()
 
 class LoadedPartner(Partner):
     """A pyas2lib Partner whose certificates are loaded on first use and kept (pyas2lib
-    loads them again at every message it verifies or encrypts)."""
+    loads them again at every message it verifies or encrypts). Verification tries
+    every valid signing certificate (a list, which :func:`verify_message` takes); a
+    refused role raises pyas2lib's error with the reason."""
 
     def load_verify_cert(self):
+        refused = self.__dict__.get("_verify_refused")
+        if refused:
+            raise IntegrityError(refused)
         cert = self.__dict__.get("_verify_loaded")
         if cert is None:
-            cert = self.__dict__["_verify_loaded"] = super().load_verify_cert()
+            pems = self.__dict__.get("_verify_pems") or [self.verify_cert]
+            cert = self.__dict__["_verify_loaded"] = [
+                _asymmetric.load_certificate(pem) for pem in pems]
         return cert
 
     def load_encrypt_cert(self):
+        refused = self.__dict__.get("_encrypt_refused")
+        if refused:
+            raise InsufficientSecurityError(refused)
         cert = self.__dict__.get("_encrypt_loaded")
         if cert is None:
             cert = self.__dict__["_encrypt_loaded"] = super().load_encrypt_cert()
@@ -70,17 +171,25 @@ class LoadedPartner(Partner):
 
 def partner(profile: As2Profile, binary: bool | None = None) -> Partner:
     """The partner's side, kept with the profile (pyas2lib only reads it)."""
-    found = profile.loaded.get(("partner", binary))
+    verify, encrypt = _choose(profile, "signing"), _choose(profile, "encryption")
+    _note(verify, encrypt)
+    key = ("partner", binary, _ids(verify), _ids(encrypt))
+    found = profile.loaded.get(key)
     if found is None:
-        found = profile.loaded[("partner", binary)] = _partner(profile, binary)
+        found = profile.loaded[key] = _partner(profile, binary, verify, encrypt)
     return found
 
 
-def _partner(profile: As2Profile, binary: bool | None) -> Partner:
-    cert = profile.cert_pem.encode() if profile.cert_pem else None
+def _partner(profile: As2Profile, binary: bool | None, verify, encrypt) -> Partner:
+    def first(choice):
+        if isinstance(choice, profiles.CertChoice) and choice.use:
+            return choice.use[0].pem.encode()
+        return profile.cert_pem.encode() if profile.cert_pem else None
+
     mode = profile.get("mdn_mode")
-    return LoadedPartner(
-        as2_name=profile.as2_id, verify_cert=cert, encrypt_cert=cert, validate_certs=False,
+    made = LoadedPartner(
+        as2_name=profile.as2_id, verify_cert=first(verify), encrypt_cert=first(encrypt),
+        validate_certs=False,
         compress=profile.get("compress"), sign=profile.get("sign"),
         digest_alg=profile.get("digest_alg"), encrypt=profile.get("encrypt"),
         enc_alg=profile.get("encryption_alg"),
@@ -88,6 +197,30 @@ def _partner(profile: As2Profile, binary: bool | None) -> Partner:
         mdn_digest_alg=profile.get("mdn_digest_alg") if profile.get("mdn_signed") else None,
         canonicalize_as_binary=(profile.get("canonicalize_as_binary")
                                 if binary is None else binary))
+    if isinstance(verify, profiles.CertChoice):
+        made.__dict__["_verify_pems"] = [c.pem.encode() for c in verify.use]
+    else:
+        made.__dict__["_verify_refused"] = str(verify)
+    if not isinstance(encrypt, profiles.CertChoice):
+        made.__dict__["_encrypt_refused"] = str(encrypt)
+    return made
+
+
+_real_verify_message = _as2.verify_message
+
+
+def verify_message(data_to_verify, signature, verify_cert):
+    """:func:`pyas2lib.cms.verify_message` with each of several certificates (the list
+    :class:`LoadedPartner` gives): the first that verifies wins."""
+    if not isinstance(verify_cert, list):
+        return _real_verify_message(data_to_verify, signature, verify_cert)
+    error = IntegrityError("no certificate to verify the signature with")
+    for cert in verify_cert:
+        try:
+            return _real_verify_message(data_to_verify, signature, cert)
+        except IntegrityError as exc:
+            error = exc
+    raise error
 
 
 # --- no debug copies while parsing ------------------------------------------------------
@@ -179,14 +312,52 @@ if metadata.version("pyas2lib") == _PATCHED_VERSION:
 
 
 @contextmanager
-def signing():
-    """Around pyas2lib building what the hub signs: signatures through OpenSSL."""
-    previous = getattr(_signing, "on", False)
-    _signing.on = True
+def signing(key_encryption: str | None = None):
+    """Around pyas2lib building what the hub signs: signatures through OpenSSL; the
+    content key of what it encrypts wrapped with ``key_encryption`` (a profile's
+    choice, see :mod:`.keywrap`)."""
+    previous = getattr(_signing, "on", False), getattr(_signing, "wrap", None)
+    _signing.on, _signing.wrap = True, keywrap.KEY_ENCRYPTIONS.get(key_encryption or "")
     try:
         yield
     finally:
-        _signing.on = previous
+        _signing.on, _signing.wrap = previous
+
+
+# --- key wrapping through OpenSSL (:mod:`.keywrap`) -------------------------------------
+# On a thread within :func:`signing` (the receiver's parse, the sender's build) pyas2lib's
+# envelope functions, looked up by their module-level names, are these: decryption
+# unwraps PKCS#1 v1.5 and RSAES-OAEP with SHA-1/2 and tries each of our keys; encryption
+# wraps with RSAES-OAEP when the partner's profile asks for it. Elsewhere they are
+# pyas2lib's own.
+_real_decrypt_message = _as2.decrypt_message
+_real_encrypt_message = _as2.encrypt_message
+
+
+def decrypt_message(encrypted_data, decryption_key):
+    """:func:`pyas2lib.cms.decrypt_message`; ``decryption_key`` is pyas2lib's (key,
+    certificate) pair, or a list of them (:class:`LoadedOrganization`)."""
+    if not getattr(_signing, "on", False):
+        return _real_decrypt_message(encrypted_data, decryption_key)
+    if isinstance(decryption_key, _Refused):
+        raise DecryptionError(decryption_key.reason)
+    pairs = decryption_key if isinstance(decryption_key, list) else [decryption_key]
+    keys = [found for found in map(_signer, pairs) if found is not None]
+    return keywrap.decrypt(encrypted_data, keys)
+
+
+def encrypt_message(data_to_encrypt, enc_alg, encryption_cert, key_enc_alg="rsaes_pkcs1v15"):
+    digest = getattr(_signing, "wrap", None) if getattr(_signing, "on", False) else None
+    if digest is None:
+        return _real_encrypt_message(data_to_encrypt, enc_alg, encryption_cert, key_enc_alg)
+    cert = x509.load_der_x509_certificate(encryption_cert.asn1.dump())
+    return keywrap.encrypt(data_to_encrypt, enc_alg, cert, digest)
+
+
+if metadata.version("pyas2lib") == _PATCHED_VERSION:
+    _as2.verify_message = verify_message
+    _as2.decrypt_message = decrypt_message
+    _as2.encrypt_message = encrypt_message
 
 
 def mdn_content(mdn) -> bytes:

@@ -6,6 +6,20 @@ comes with its private key (signing what we send and our MDNs, decrypting what w
 a partner's certificate verifies its signatures and encrypts what we send it. AS2 IDs are
 unique across all AS2 profiles. Choices left out of a PUT keep their stored values; a
 certificate left out keeps the stored one.
+
+Certificate lifecycle: a profile holds several certificates, each with its validity
+window (from the certificate) and a role (``usage``: ``both``, ``signing`` or
+``encryption``; whose it is follows from the profile: an organization's are ours, a
+partner's are the partner's; the older values ``own`` and ``partner`` mean both). PUT
+``certificate`` replaces them all with one (as before), ``certificates`` replaces them
+all with a list, ``add_certificate`` adds one (a rollover: the new certificate uploaded
+before its ``not_before``, nothing to change on the day). Inbound, every certificate of
+the role valid now is tried (signatures of the partner, decryption with our keys);
+outbound, the newest valid one is used (latest ``not_before``). When no certificate of
+a role is valid now, the message is refused with a reason naming the certificate and
+its window, unless the partner's ``accept_expired_certificates`` is on: then the newest
+one is used, with a warning line. Saving a certificate that has expired or ends within
+30 days raises ``certificate_expiring`` at once.
 """
 
 from __future__ import annotations
@@ -40,6 +54,8 @@ MDN_MODES = ("none", "sync", "async")
 DIGESTS = ("sha1", "sha224", "sha256", "sha384", "sha512")
 CIPHERS = ("tripledes_192_cbc", "rc2_128_cbc", "rc4_128_cbc", "aes_128_cbc",
            "aes_192_cbc", "aes_256_cbc")
+#: how the content key of what we encrypt is wrapped for the partner (plugins.as2.keywrap)
+KEY_ENCRYPTIONS = ("rsa_pkcs1v15", "rsaes_oaep_sha1", "rsaes_oaep_sha256", "rsaes_oaep_sha512")
 EXPIRY_WARNING = timedelta(days=30)
 DEFAULT_RECEIPT_TIMEOUT = 24 * 3600
 
@@ -75,6 +91,7 @@ CHOICES: dict[str, tuple[Any, Any]] = {
     "digest_alg": ("sha256", _one_of(DIGESTS)),
     "encrypt": (True, _bool),
     "encryption_alg": ("aes_256_cbc", _one_of(CIPHERS)),
+    "key_encryption": ("rsa_pkcs1v15", _one_of(KEY_ENCRYPTIONS)),
     "compress": (False, _bool),
     "mdn_mode": ("sync", _one_of(MDN_MODES)),
     "mdn_signed": (True, _bool),
@@ -82,10 +99,71 @@ CHOICES: dict[str, tuple[Any, Any]] = {
     "receipt_timeout": (DEFAULT_RECEIPT_TIMEOUT, _seconds),
     "canonicalize_as_binary": (False, _bool),
     "chunked": (True, _bool),  # False: send with Content-Length
+    "accept_expired_certificates": (False, _bool),
     "content_type": ("application/edi-consent", _text),
     "subject": ("AS2 Message", _text),
 }
-FIELDS = {"as2_id", "certificate", *CHOICES}
+FIELDS = {"as2_id", "certificate", "certificates", "add_certificate", *CHOICES}
+ROLES = ("both", "signing", "encryption")
+_LEGACY_BOTH = ("own", "partner")
+
+
+@dataclass(frozen=True)
+class CertInfo:
+    """One certificate of a profile, as the AS2 code uses it."""
+
+    id: int
+    pem: str
+    key_pem: str | None
+    role: str
+    subject: str
+    not_before: datetime | None
+    not_after: datetime | None
+
+    def serves(self, role: str) -> bool:
+        return self.role in ("both", role)
+
+    def valid_at(self, now: datetime) -> bool:
+        return (self.not_before is None or self.not_before <= now) and (
+            self.not_after is None or now <= self.not_after)
+
+    def window(self) -> str:
+        def day(moment):
+            return f"{moment:%Y-%m-%d %H:%M} UTC" if moment else "?"
+        return f"{self.subject}, valid {day(self.not_before)} to {day(self.not_after)}"
+
+
+class CertificateRefused(Exception):
+    """No certificate of a role is valid now (and expired ones are not accepted)."""
+
+
+@dataclass(frozen=True)
+class CertChoice:
+    """The certificates of one role to use now: ``use`` newest first; ``warning`` when
+    they are outside their window and accepted all the same."""
+
+    use: tuple[CertInfo, ...]
+    warning: str | None = None
+
+
+def choose_certs(profile_certs, role: str, now: datetime, accept_expired: bool,
+                 whose: str) -> CertChoice:
+    """The certificates of ``role`` valid at ``now``, newest first; when none is, the
+    newest of the others if ``accept_expired`` (with a warning), else
+    :class:`CertificateRefused` naming why."""
+    of_role = sorted((c for c in profile_certs if c.serves(role)),
+                     key=lambda c: (c.not_before or datetime.min, c.id), reverse=True)
+    valid = tuple(c for c in of_role if c.valid_at(now))
+    if valid or not of_role:
+        return CertChoice(valid)
+    newest = of_role[0]
+    when = ("expired" if newest.not_after and newest.not_after < now
+            else "is not valid yet")
+    text = f"the {role} certificate of {whose} {when} ({newest.window()})"
+    if accept_expired:
+        return CertChoice((newest,), f"warning: {text}; used because "
+                                     "accept_expired_certificates is on")
+    raise CertificateRefused(f"{text}; refused (accept_expired_certificates is off)")
 
 
 @dataclass(frozen=True)
@@ -99,6 +177,9 @@ class As2Profile:
     cert_pem: str | None
     key_pem: str | None
     updated_at: datetime
+    #: every certificate of the profile (:class:`CertInfo`); ``cert_pem``/``key_pem`` are
+    #: the newest one's as stored, for callers that need only one
+    certs: tuple = ()
     #: pyas2lib objects built from this profile, kept with it (see :mod:`.lib`)
     loaded: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -156,13 +237,22 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> Protocol
     if problems:
         raise ServiceError("invalid AS2 profile: " + "; ".join(
             f"{k} {v}" for k, v in problems.items()), problems)
-    pair = None
-    if body.get("certificate") is not None:
-        try:
-            pair = read_upload(body["certificate"], need_key=kind == ORGANIZATION)
-        except CertificateError as exc:
-            raise ServiceError(str(exc), {"certificate": str(exc)}) from None
-    elif profile is None or not profile.certificates:
+    own = kind == ORGANIZATION
+    replace, added = None, []
+    try:
+        if body.get("certificates") is not None:
+            if not isinstance(body["certificates"], list) or not body["certificates"]:
+                raise CertificateError("certificates must be a list of one or more")
+            replace = [_read_cert(u, own) for u in body["certificates"]]
+        elif body.get("certificate") is not None:
+            replace = [_read_cert(body["certificate"], own)]
+        if body.get("add_certificate") is not None:
+            added = [_read_cert(body["add_certificate"], own)]
+    except CertificateError as exc:
+        field_name = next(f for f in ("certificates", "certificate", "add_certificate")
+                          if body.get(f) is not None)
+        raise ServiceError(str(exc), {field_name: str(exc)}) from None
+    if not replace and not added and (profile is None or not profile.certificates):
         raise ServiceError("an AS2 profile needs a certificate",
                            {"certificate": "required"})
     if kind != ORGANIZATION and settings.get("url") is None and profile is None:
@@ -172,15 +262,34 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> Protocol
                                   settings=settings)
         session.add(profile)
     profile.address, profile.settings = as2_id, settings
-    if pair is not None:
+    if replace is not None:
         profile.certificates.clear()
-        profile.certificates.append(Certificate(
-            usage="own" if kind == ORGANIZATION else "partner", pem=pair.pem,
-            private_key_pem=pair.private_key_pem, subject=pair.subject[:500],
-            issuer=pair.issuer[:500], not_before=pair.not_before, not_after=pair.not_after))
+    saved = []
+    for pair, role in (replace or []) + added:
+        cert = Certificate(
+            usage=role, pem=pair.pem, private_key_pem=pair.private_key_pem,
+            subject=pair.subject[:500], issuer=pair.issuer[:500],
+            not_before=pair.not_before, not_after=pair.not_after)
+        profile.certificates.append(cert)
+        saved.append(cert)
+    if saved:
+        session.flush()
+        now = utcnow()
+        for cert in saved:
+            _expiry_alert(session, party.name, cert, now)
     bump_profiles_version(session)
     session.flush()
     return profile
+
+
+def _read_cert(upload, own: bool):
+    """(key pair, role) of one uploaded certificate (``role`` optional: both)."""
+    role = upload.get("role", "both") if isinstance(upload, dict) else "both"
+    if role not in ROLES:
+        raise CertificateError(f"a certificate's role must be one of {', '.join(ROLES)}")
+    upload = {k: v for k, v in upload.items() if k != "role"} if isinstance(upload, dict) \
+        else upload
+    return read_upload(upload, need_key=own), role
 
 
 def delete_profile(session: Session, kind: str, name: str) -> None:
@@ -199,11 +308,14 @@ def profile_json(profile: ProtocolProfile, now: datetime) -> dict:
 
 def _cert_json(cert: Certificate, now: datetime) -> dict:
     left = (cert.not_after - now) if cert.not_after else None
-    return {"usage": cert.usage, "subject": cert.subject, "issuer": cert.issuer,
+    return {"id": cert.id, "usage": cert.usage,
+            "role": "both" if cert.usage in _LEGACY_BOTH else cert.usage,
+            "subject": cert.subject, "issuer": cert.issuer,
             "not_before": _iso(cert.not_before), "not_after": _iso(cert.not_after),
             "valid": bool(cert.not_before and cert.not_after
                           and cert.not_before <= now <= cert.not_after),
             "days_left": left.days if left is not None else None,
+            "expiring": left is not None and left <= EXPIRY_WARNING,
             "has_private_key": cert.private_key_pem is not None}
 
 
@@ -244,21 +356,28 @@ AS2_PROFILES = As2Profiles()
 # --- lookup for receiving and sending ----------------------------------------------
 
 _LOOKUP = (select(Party.name, Party.kind, ProtocolProfile.address, ProtocolProfile.settings,
-                  ProtocolProfile.updated_at, Certificate.pem, Certificate.private_key_pem)
+                  ProtocolProfile.updated_at, Certificate.id, Certificate.pem,
+                  Certificate.private_key_pem, Certificate.usage, Certificate.subject,
+                  Certificate.not_before, Certificate.not_after)
            .join(ProtocolProfile, ProtocolProfile.party_id == Party.id)
            .outerjoin(Certificate, Certificate.profile_id == ProtocolProfile.id)
            .where(ProtocolProfile.protocol == PROTOCOL)
-           .order_by(Certificate.id.desc()).limit(1))
+           .order_by(Certificate.id.desc()))
 
 
 def _lookup(session: Session, *where) -> As2Profile | None:
-    """One statement per lookup: each AS2 request looks up two profiles."""
-    row = session.execute(_LOOKUP.where(*where)).first()
-    if row is None:
+    """One statement per lookup (a row per certificate): each AS2 request looks up two
+    profiles."""
+    rows = session.execute(_LOOKUP.where(*where)).all()
+    if not rows:
         return None
+    row = rows[0]
+    certs = tuple(CertInfo(r.id, r.pem, r.private_key_pem,
+                           "both" if r.usage in _LEGACY_BOTH else r.usage, r.subject,
+                           r.not_before, r.not_after) for r in rows if r.id is not None)
     return As2Profile(party=row.name, kind=row.kind, as2_id=row.address,
                       settings=dict(row.settings or {}), cert_pem=row.pem,
-                      key_pem=row.private_key_pem, updated_at=row.updated_at)
+                      key_pem=row.private_key_pem, updated_at=row.updated_at, certs=certs)
 
 
 def by_as2_id(session: Session, as2_id: str, kind: str) -> As2Profile | None:
@@ -334,13 +453,20 @@ def check_certificates(session: Session, now: datetime) -> int:
     rows = session.execute(select(Certificate, Party.name).join(
         ProtocolProfile, Certificate.profile_id == ProtocolProfile.id).join(Party)).all()
     for cert, party in rows:
-        subject = f"certificate:{party}:{cert.id}"
-        if cert.not_after is not None and cert.not_after - now <= EXPIRY_WARNING:
-            expiring += 1
-            when = "expired" if cert.not_after <= now else "expires"
-            raise_alert(session, "certificate_expiring", subject,
-                        f"the AS2 certificate of {party} ({cert.subject}) {when} "
-                        f"{cert.not_after:%Y-%m-%d %H:%M} UTC", now=now)
-        else:
-            resolve_alert(session, "certificate_expiring", subject, now)
+        expiring += _expiry_alert(session, party, cert, now)
     return expiring
+
+
+def _expiry_alert(session: Session, party: str, cert: Certificate, now: datetime) -> bool:
+    """Raise ``certificate_expiring`` for a certificate that has expired or ends within
+    30 days, else resolve it; True when raised. Called by the daily check and when a
+    certificate is saved."""
+    subject = f"certificate:{party}:{cert.id}"
+    if cert.not_after is not None and cert.not_after - now <= EXPIRY_WARNING:
+        when = "expired" if cert.not_after <= now else "expires"
+        raise_alert(session, "certificate_expiring", subject,
+                    f"the AS2 certificate of {party} ({cert.subject}) {when} "
+                    f"{cert.not_after:%Y-%m-%d %H:%M} UTC", now=now)
+        return True
+    resolve_alert(session, "certificate_expiring", subject, now)
+    return False

@@ -326,10 +326,11 @@ class BuiltMdn:
 def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Profile | None,
            binary: bool | None = None):
     message = lib.Message()
-    with lib.parsing():
+    with lib.parsing(), lib.collecting_warnings() as warnings:
         status, (exc, _tb), mdn = message.parse(
             raw, find_org_cb=lambda _id: lib.organization(org) if org else None,
             find_partner_cb=lambda _id: lib.partner(partner, binary) if partner else None)
+    message.certificate_warnings = list(warnings)
     return message, status, exc, BuiltMdn(mdn) if mdn is not None else None
 
 
@@ -372,7 +373,9 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
     stored["unpacked"] = unpacked
     new = NewMessage(source=instance, from_party=from_party, to_party=to_party,
                      stages=stored, external_id=msgid, original_filename=_filename(message),
-                     direction=_direction(org, partner), lines=_mdn_lines(mode, mdn))
+                     direction=_direction(org, partner),
+                     lines=_mdn_lines(mode, mdn) + [
+                         {"type": "warning", "text": w} for w in message.certificate_warnings])
     try:
         [made] = store_and_dispatch_many(session, [new], now, known)
         _insert_inbound(session, instance, from_party, msgid, made, mdn, mode, mdn_stage, now,

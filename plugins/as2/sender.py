@@ -16,7 +16,7 @@ from datetime import timedelta
 import requests
 from sqlalchemy import select
 
-from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader
+from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader, add_line
 from plugins.as2 import lib, mdn_in, profiles
 from plugins.as2.models import As2Outbound
 
@@ -42,6 +42,11 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
                                   "organization, to a partner, both with AS2 profiles)")
         if not partner.get("url"):
             return Outcome.failed(f"the AS2 profile of '{partner.party}' has no url")
+        roles = ((org, "signing", partner.get("sign")),
+                 (partner, "encryption", partner.get("encrypt")))
+        refused = next(filter(None, (lib.refusal(p, r) for p, r, on in roles if on)), None)
+        if refused:
+            return Outcome.failed(refused)
         previous = session.scalar(select(As2Outbound).where(
             As2Outbound.message_id == delivery.message_id,
             As2Outbound.target == delivery.target))
@@ -50,7 +55,7 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         left, domain = (previous.as2_message_id.rsplit("@", 1) if previous
                         and "@" in previous.as2_message_id else (None, None))
         message = lib.Message(lib.organization(org, domain=domain), lib.partner(partner))
-        with lib.signing():
+        with lib.signing(partner.get("key_encryption")):
             message.build(data, filename=delivery.original_filename,
                           content_type=partner.get("content_type"),
                           subject=partner.get("subject"), message_id=left)
@@ -65,6 +70,10 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         previous.mic, previous.digest_alg = mic, message.digest_alg
         previous.mdn_signed = bool(partner.get("mdn_signed"))
         mdn_in.record_stage(session, delivery.message_id, "sent", sent, context.now)
+        for p, r, on in roles:
+            for warning in lib.warnings_of(p, r) if on else ():
+                add_line(session, delivery.message_id, "warning", f"{delivery.target}: "
+                         f"{warning}", delivery_id=delivery.id, now=context.now)
         session.commit()
         mode = partner.get("mdn_mode")
         context.wire_started()

@@ -23,15 +23,16 @@ from b2bhub.plugin_api import (
 )
 from plugins.as2 import profiles
 from plugins.as2.certs import CertificateError, upload_from_files
-from plugins.as2.profiles import CIPHERS, DIGESTS, MDN_MODES
+from plugins.as2.profiles import CIPHERS, DIGESTS, KEY_ENCRYPTIONS, MDN_MODES
 
 TEMPLATE = str(Path(__file__).with_name("templates") / "as2_profile.html")
 
 
 #: the profile's choices by the kind of field that edits them (the form's names are the API's)
 _AS2_TEXT = ("as2_id", "url", "mdn_url", "content_type", "subject")
-_AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked")
-_AS2_SELECT = ("digest_alg", "encryption_alg", "mdn_mode", "mdn_digest_alg")
+_AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked",
+             "accept_expired_certificates")
+_AS2_SELECT = ("digest_alg", "encryption_alg", "key_encryption", "mdn_mode", "mdn_digest_alg")
 
 
 def as2_profile_form(kind: str, data: dict) -> FlaskForm:
@@ -45,7 +46,14 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
         digest_alg = SelectField("Signing digest", choices=DIGESTS)
         encrypt = BooleanField("Encrypt")
         encryption_alg = SelectField("Encryption", choices=CIPHERS)
+        key_encryption = SelectField(
+            "Key encryption", choices=KEY_ENCRYPTIONS,
+            description="how the content key is wrapped for the partner (we accept all)")
         compress = BooleanField("Compress")
+        accept_expired_certificates = BooleanField(
+            "Accept expired certificates",
+            description="use a certificate outside its validity window (a warning line "
+                        "each time) instead of refusing")
         mdn_mode = SelectField("MDN mode", choices=MDN_MODES)
         mdn_signed = BooleanField("Signed MDN")
         mdn_digest_alg = SelectField("MDN digest", choices=DIGESTS)
