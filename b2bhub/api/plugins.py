@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from flask import url_for
+from flask import g, jsonify, url_for
 
 from b2bhub.api import bp
 from b2bhub.api import schemas as s
+from b2bhub.api.auth import requires
+from b2bhub.api.inputs import bad_request, json_object
 from b2bhub.api.shapes import instance_json, plugin_type_json
 from b2bhub.extensions import db
 from b2bhub.hub import registry
@@ -62,3 +64,33 @@ def delete_instance(name: str):
     """Refused (409 ``in_use``) while a route starts or ends at the instance."""
     svc.delete_instance(db.session, name)
     db.session.commit()
+
+
+@bp.get("/plugins/configs/<name>/tokens")
+@requires("admin")
+def list_intake_tokens(name: str):
+    """The named intake tokens of an http_receiver instance (never the tokens)."""
+    from plugins.http_receiver import list_tokens
+    return jsonify({"items": list_tokens(db.session, name), "next_cursor": None})
+
+
+@bp.post("/plugins/configs/<name>/tokens")
+@requires("admin")
+def create_intake_token(name: str):
+    """A new intake token of an http_receiver instance, in the answer this once."""
+    from plugins.http_receiver import create_token
+    body = json_object(("name",), ("name",))
+    if not isinstance(body["name"], str):
+        raise bad_request("name must be a string", "name")
+    token = create_token(db.session, name, body["name"], g.actor)
+    db.session.commit()
+    return jsonify({"instance": name, "name": body["name"], "token": token}), 201
+
+
+@bp.delete("/plugins/configs/<name>/tokens/<token_name>")
+@requires("admin")
+def revoke_intake_token(name: str, token_name: str):
+    from plugins.http_receiver import revoke_token
+    revoke_token(db.session, name, token_name, g.actor)
+    db.session.commit()
+    return "", 204

@@ -25,8 +25,8 @@ What it removes, in order:
    so a payload written before its transaction commits is never taken, and a put of the
    same content racing the removal keeps it (a lock of the store between the two, see
    :meth:`b2bhub.payloads.PayloadStore.remove_unreferenced`).
-3. The steps in :data:`EXTRA_STEPS`: the place for expired idempotency keys once such a
-   table exists (none does yet).
+3. The steps in :data:`EXTRA_STEPS`: the HTTP receiver's Idempotency-Keys past their
+   ``idempotency_hours``.
 
 Plain Python and SQLAlchemy: no Flask, no Celery.
 """
@@ -69,8 +69,14 @@ BATCH = 500
 ORPHAN_GRACE = 3600.0
 
 #: Further steps of a run: ``step(session, now) -> rows removed``, each committing its own
-#: bounded transactions. Expired idempotency keys belong here once a table holds them.
-EXTRA_STEPS: list[Callable[[Session, datetime], int]] = []
+#: bounded transactions.
+def idempotency_keys(session: Session, now: datetime) -> int:
+    """The HTTP receiver's Idempotency-Keys kept longer than its ``idempotency_hours``."""
+    from plugins.http_receiver import remove_expired_keys
+    return remove_expired_keys(session, now)
+
+
+EXTRA_STEPS: list[Callable[[Session, datetime], int]] = [idempotency_keys]
 
 _FINAL = sorted(FINAL_STATUSES)
 _OPEN = sorted(OPEN_STATES)
