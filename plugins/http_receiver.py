@@ -18,7 +18,8 @@ Order of work for one request, each refusal storing nothing:
    a repeat with the same body gets the first answer again and a ``duplicate_received``
    line on its message; another body is 422. Keys are kept ``idempotency_hours`` (the
    nightly cleanup removes older ones). A request that failed before it stored a message
-   forgets its key, so the client may try again.
+   forgets its key, so the client may try again; a key left in progress by a process
+   that died is taken over after :data:`ABANDONED`.
 5. Async mode: stored and dispatched by the routes, 202 with the message id and a
    ``Location`` of its API resource.
 6. Sync mode (seed 003): the message goes to the instance's one ``target`` (routes are
@@ -83,6 +84,8 @@ TYPE = "http_receiver"
 TOKEN_PREFIX = "b2bin_"
 #: seconds between the end of one in-request attempt and the start of the next (seed 003)
 SYNC_INTERVAL = 1.0
+#: a key still in progress after this long was taken by a process that died meanwhile
+ABANDONED = timedelta(minutes=15)
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 _FILENAME = re.compile(r"""filename\*?=(?:UTF-8'')?"?([^";]+)"?""", re.I)
 
@@ -365,6 +368,15 @@ def _claim_key(session, instance: str, key: str, digest: str, config: dict,
             session.rollback()
             return _error(422, "this Idempotency-Key came with another body before; use a "
                                "new key for a new message")
+        if row.state != "done" and row.created_at < now - ABANDONED:
+            # the process that took the key died before it answered
+            if row.message_id is None:  # and before it stored anything: start again
+                session.execute(delete(IdempotencyKey).where(IdempotencyKey.id == row.id))
+                session.commit()
+                continue
+            reply = _answer(202, row.message_id, "received")
+            session.commit()
+            return reply
         if row.state != "done":
             session.rollback()
             return _error(409, "a request with this Idempotency-Key is still being "

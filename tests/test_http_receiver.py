@@ -376,3 +376,27 @@ def test_twenty_concurrent_requests_with_one_key_make_one_message(served, receiv
     [message] = messages(session)
     assert all(a.json()["message_id"] == message.id for a in answers if a.status_code == 202)
     assert session.scalar(select(IdempotencyKey.state)) == "done"
+
+
+def test_a_key_left_in_progress_by_a_dead_process_is_taken_over(served, receiver, session):
+    long_ago = utcnow() - timedelta(minutes=20)
+    session.add(IdempotencyKey(instance="inbox", key="orphan",
+                               body_sha256=hashlib.sha256(BODY).hexdigest(),
+                               state="in_progress", created_at=long_ago,
+                               expires_at=long_ago + timedelta(hours=24)))
+    session.add(IdempotencyKey(instance="inbox", key="fresh",
+                               body_sha256=hashlib.sha256(BODY).hexdigest(),
+                               state="in_progress", created_at=utcnow(),
+                               expires_at=utcnow() + timedelta(hours=24)))
+    session.commit()
+    headers = auth(receiver["inbox"])
+    busy = requests.post(f"{served}/in/inbox", data=BODY, timeout=10,
+                         headers={**headers, "Idempotency-Key": "fresh"})
+    assert busy.status_code == 409 and messages(session) == []
+    taken = requests.post(f"{served}/in/inbox", data=BODY, timeout=10,
+                          headers={**headers, "Idempotency-Key": "orphan"})
+    assert taken.status_code == 202, taken.text
+    [message] = messages(session)
+    again = requests.post(f"{served}/in/inbox", data=BODY, timeout=10,
+                          headers={**headers, "Idempotency-Key": "orphan"})
+    assert again.json()["message_id"] == message.id and len(messages(session)) == 1
