@@ -57,6 +57,7 @@ from sqlalchemy import (
     String,
     UniqueConstraint,
     delete,
+    func,
     insert,
     select,
     update,
@@ -65,6 +66,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from b2bhub.plugin_api import (
+    PREREAD,
     Base,
     BigId,
     EndpointReply,
@@ -250,26 +252,31 @@ def handle(request: EndpointRequest) -> EndpointReply:
     headers = {k.lower(): v for k, v in request.headers}
     auth = _header(headers, "Authorization") or ""
     scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip() or session.scalar(
-            select(IntakeToken.id).where(IntakeToken.instance == name,
-                                         IntakeToken.token_sha256 == _hash(token.strip()))
-    ) is None:
+    from_party = _header(headers, "X-B2BHub-From") or config.get("from_party") or None
+    to_party = _header(headers, "X-B2BHub-To") or config.get("to_party") or None
+    parties = {p for p in (from_party, to_party) if p}
+    # the token and the parties in one statement (the common case: both good)
+    token_id, known = session.execute(select(
+        select(IntakeToken.id).where(IntakeToken.instance == name,
+                                     IntakeToken.token_sha256 == _hash(token.strip()))
+        .scalar_subquery(),
+        select(func.count()).select_from(Party).where(Party.name.in_(parties or {""}))
+        .scalar_subquery())).one()
+    if scheme.lower() != "bearer" or not token.strip() or token_id is None:
         session.rollback()
         return _error(401, "a valid bearer token of this receiver is required",
                       **{"WWW-Authenticate": 'Bearer realm="b2bhub"'})
-    from_party = _header(headers, "X-B2BHub-From") or config.get("from_party") or None
-    to_party = _header(headers, "X-B2BHub-To") or config.get("to_party") or None
     if not from_party or not to_party:
         session.rollback()
         return _error(422, "no sender or recipient: send X-B2BHub-From and X-B2BHub-To "
                            "or configure from_party and to_party")
-    known = set(session.scalars(select(Party.name).where(
-        Party.name.in_({from_party, to_party}))))
-    unknown = [p for p in (from_party, to_party) if p not in known]
-    if unknown:
+    if known < len(parties):
+        found = set(session.scalars(select(Party.name).where(Party.name.in_(parties))))
         session.rollback()
-        return _error(422, f"unknown party: {', '.join(unknown)}")
-    session.commit()  # no connection held while the body arrives
+        unknown = [p for p in (from_party, to_party) if p not in found]
+        return _error(422, f"unknown party: {', '.join(dict.fromkeys(unknown))}")
+    if request.content_length is None or request.content_length > PREREAD:
+        session.commit()  # no connection held while a large body arrives
     batch = request.store.batch()
     try:
         stored = batch.put(_Limited(request.body, request.max_size, request.content_length))
