@@ -400,3 +400,14 @@ def test_a_key_left_in_progress_by_a_dead_process_is_taken_over(served, receiver
     again = requests.post(f"{served}/in/inbox", data=BODY, timeout=10,
                           headers={**headers, "Idempotency-Key": "orphan"})
     assert again.json()["message_id"] == message.id and len(messages(session)) == 1
+
+
+def test_a_sync_repeat_with_its_key_gets_the_first_answer_without_a_new_attempt(
+        served, receiver, session, peer):
+    peer.script("/in", Script(200, body=b"taken"))
+    headers = auth(receiver["direct"], **{"Idempotency-Key": "sync-1"})
+    first = requests.post(f"{served}/in/direct", data=BODY, headers=headers, timeout=30)
+    again = requests.post(f"{served}/in/direct", data=BODY, headers=headers, timeout=30)
+    assert first.status_code == again.status_code == 200
+    assert first.content == again.content
+    assert len(peer.seen) == 1 and len(messages(session)) == 1
