@@ -152,13 +152,28 @@ def token_group() -> None:
               help="the token's role (ignored with --user: a user's token has the user's role)")
 @click.option("--user", "user_name", default=None,
               help="the user the token acts as; history lines name that user")
+@click.option("--instance", default=None,
+              help="make an intake token of this instance (an http_receiver, say) instead")
 @with_appcontext
 @needs_database
-def token_create(name: str, role: str, user_name: str | None) -> None:
+def token_create(name: str, role: str, user_name: str | None,
+                 instance: str | None) -> None:
     """Print a new bearer token (shown once)."""
     from b2bhub.extensions import db
+    from b2bhub.services.errors import ServiceError
     from b2bhub.services.tokens import create_token
     from b2bhub.services.users import find_user
+    if instance is not None:
+        from b2bhub.hub import registry
+        from b2bhub.services.intake_tokens import token_keeper
+        try:
+            keeper = token_keeper(db.session, registry(), instance)
+            token = keeper.create_token(db.session, instance, name, _operator())
+        except ServiceError as exc:
+            raise click.ClickException(str(exc)) from None
+        db.session.commit()
+        click.echo(token)
+        return
     user = None
     if user_name is not None:
         user = find_user(db.session, user_name)
@@ -167,6 +182,32 @@ def token_create(name: str, role: str, user_name: str | None) -> None:
     token = create_token(db.session, name, role, user=user)
     db.session.commit()
     click.echo(token)
+
+
+@token_group.command("revoke")
+@click.argument("name")
+@click.option("--instance", required=True, help="the instance of the token")
+@with_appcontext
+@needs_database
+def token_revoke(name: str, instance: str) -> None:
+    """Revoke an intake token of an instance (an http_receiver, say)."""
+    from b2bhub.extensions import db
+    from b2bhub.hub import registry
+    from b2bhub.services.errors import ServiceError
+    from b2bhub.services.intake_tokens import token_keeper
+    try:
+        token_keeper(db.session, registry(), instance).revoke_token(
+            db.session, instance, name, _operator())
+    except ServiceError as exc:
+        raise click.ClickException(str(exc)) from None
+    db.session.commit()
+    click.echo(f"revoked {name} of {instance}")
+
+
+def _operator() -> str:
+    """The operator a command line action names in its history line."""
+    import getpass
+    return f"cli:{getpass.getuser()}"
 
 
 @main.group("user")

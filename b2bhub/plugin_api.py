@@ -45,6 +45,10 @@ AS2 (``plugins/as2/``) is built from them alone:
   ``at="HH:MM"`` (UTC, daily); beat schedules them, ``run_job_soon(name)`` asks a worker
   to run one now. ``run(session, store, now)`` commits its own work or leaves it to the
   core, which commits after it returns.
+* **intake tokens**: ``takes_tokens = True`` and the classmethods ``create_token``,
+  ``revoke_token`` and ``list_tokens`` (session, instance, ...): the core serves them at
+  ``/api/v1/plugins/configs/<instance>/tokens`` and as ``b2bhub token create|revoke NAME
+  --instance INSTANCE``; the plugin keeps them (hashed) and checks them on its endpoint.
 * **tables of its own**: its models on :data:`Base` and ``migrations = "<directory>"``,
   an Alembic versions directory in its package: a branch of its own (first revision
   ``down_revision = None``, ``branch_labels = ("<name>",)``, ``depends_on`` the core
@@ -320,6 +324,20 @@ class Plugin:
     periodic_jobs: ClassVar[tuple] = ()
     #: an Alembic versions directory holding this type's own tables' migrations
     migrations: ClassVar[str | None] = None
+    #: the type keeps named intake tokens per instance (module docstring)
+    takes_tokens: ClassVar[bool] = False
+
+    @classmethod
+    def create_token(cls, session, instance: str, name: str, actor: str) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def revoke_token(cls, session, instance: str, name: str, actor: str) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def list_tokens(cls, session, instance: str) -> list[dict]:
+        raise NotImplementedError
 
     @classmethod
     def payload_references(cls) -> list[tuple[Any, Any]]:

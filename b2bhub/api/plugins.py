@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from flask import url_for
+from flask import g, jsonify, url_for
 
 from b2bhub.api import bp
 from b2bhub.api import schemas as s
+from b2bhub.api.auth import requires
+from b2bhub.api.inputs import bad_request, json_object
 from b2bhub.api.shapes import instance_json, plugin_type_json
 from b2bhub.extensions import db
 from b2bhub.hub import registry
 from b2bhub.services import config as svc
+from b2bhub.services.intake_tokens import token_keeper
 
 
 @bp.get("/plugins/types")
@@ -62,3 +65,33 @@ def delete_instance(name: str):
     """Refused (409 ``in_use``) while a route starts or ends at the instance."""
     svc.delete_instance(db.session, name)
     db.session.commit()
+
+
+@bp.get("/plugins/configs/<name>/tokens")
+@requires("admin")
+def list_intake_tokens(name: str):
+    """The named intake tokens of an instance whose type keeps them (never the tokens)."""
+    keeper = token_keeper(db.session, registry(), name)
+    return jsonify({"items": keeper.list_tokens(db.session, name), "next_cursor": None})
+
+
+@bp.post("/plugins/configs/<name>/tokens")
+@requires("admin")
+def create_intake_token(name: str):
+    """A new intake token of an instance whose type keeps them, in the answer this once."""
+    keeper = token_keeper(db.session, registry(), name)
+    body = json_object(("name",), ("name",))
+    if not isinstance(body["name"], str):
+        raise bad_request("name must be a string", "name")
+    token = keeper.create_token(db.session, name, body["name"], g.actor)
+    db.session.commit()
+    return jsonify({"instance": name, "name": body["name"], "token": token}), 201
+
+
+@bp.delete("/plugins/configs/<name>/tokens/<token_name>")
+@requires("admin")
+def revoke_intake_token(name: str, token_name: str):
+    token_keeper(db.session, registry(), name).revoke_token(db.session, name, token_name,
+                                                             g.actor)
+    db.session.commit()
+    return "", 204

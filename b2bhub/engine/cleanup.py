@@ -25,8 +25,8 @@ What it removes, in order:
    so a payload written before its transaction commits is never taken, and a put of the
    same content racing the removal keeps it (a lock of the store between the two, see
    :meth:`b2bhub.payloads.PayloadStore.remove_unreferenced`).
-3. The steps in :data:`EXTRA_STEPS`: the place for expired idempotency keys once such a
-   table exists (none does yet).
+3. The steps in :data:`EXTRA_STEPS` (none in the core; a plugin's own expiring rows,
+   such as the HTTP receiver's Idempotency-Keys, go by a periodic job of its own).
 
 Plain Python and SQLAlchemy: no Flask, no Celery.
 """
@@ -69,7 +69,7 @@ BATCH = 500
 ORPHAN_GRACE = 3600.0
 
 #: Further steps of a run: ``step(session, now) -> rows removed``, each committing its own
-#: bounded transactions. Expired idempotency keys belong here once a table holds them.
+#: bounded transactions.
 EXTRA_STEPS: list[Callable[[Session, datetime], int]] = []
 
 _FINAL = sorted(FINAL_STATUSES)

@@ -250,6 +250,47 @@ def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
         for c in claims]
 
 
+_CLAIM_ONE = """
+UPDATE deliveries
+   SET state = 'in_progress', attempt = attempt + 1, lease_owner = :owner,
+       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now
+ WHERE id = :id AND target = :target AND state IN ('queued', 'retrying', 'stalled')
+   AND (SELECT count(*) FROM deliveries x
+         WHERE x.target = :target AND x.state = 'in_progress') < :max_concurrent {ordered}
+RETURNING id, message_id, attempt, failures"""
+
+
+def claim_delivery(session: Session, delivery_id: int, target: str, owner: str,
+                   now: datetime, lease_seconds: int, instance=None) -> Claim | None:
+    """Claim this one delivery now, whatever its ``due_at`` says (the HTTP receiver's
+    synchronous mode attempts inside the request, 1 s apart, SPEC 9). The same rules as
+    :func:`claim` otherwise: none for a target disabled, stopped, blocked or probed
+    offline, none past its Max Concurrent Deliveries, none before an earlier delivery
+    of its sequence on an ordered target, and none once another process took it."""
+    if instance is None:
+        instance = lock_target(session, target)
+    if instance is None or not instance.enabled or instance.online is False \
+            or instance.state == InstanceState.STOPPED \
+            or instance.blocked_by_delivery_id is not None:
+        return None
+    statement = text(_CLAIM_ONE.format(ordered=_ORDERED.replace("d.", "deliveries.")
+                                       if instance.ordered else "")).bindparams(
+        bindparam("now", type_=DateTime()), bindparam("until", type_=DateTime()))
+    row = connection(session).execute(statement, {
+        "id": delivery_id, "target": target, "owner": owner, "now": now,
+        "until": now + timedelta(seconds=lease_seconds),
+        "max_concurrent": instance.max_concurrent_deliveries}).first()
+    if row is None:
+        return None
+    found = Claim(row[0], row[1], target, row[2], row[3], owner, bool(instance.ordered))
+    _record(session, [{"message_id": found.message_id, "delivery_id": found.delivery_id,
+                       "type": "delivery_changed", "actor": owner,
+                       "text": f"{target}: attempt {found.attempt} started",
+                       "data": {"state": S.IN_PROGRESS, "attempt": found.attempt,
+                                "target": target}}], now)
+    return found
+
+
 def _record(session: Session, lines: list[dict], now: datetime) -> None:
     """Derive and store the status of the messages these lines are about, and write the
     lines ahead of the status lines, in one INSERT."""

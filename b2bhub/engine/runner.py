@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import IO, Any
 
@@ -27,7 +27,7 @@ from b2bhub import faults
 from b2bhub.domain import business_rules
 from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
-from b2bhub.domain.retry import RetryPolicy, merge
+from b2bhub.domain.retry import RetryPolicy, Strategy, merge
 from b2bhub.engine import machine
 from b2bhub.engine.machine import Claim
 from b2bhub.engine.settings import DeliverySettings, load_settings
@@ -193,6 +193,57 @@ class TargetRunner:
                 self.leases.drop(batch.held)
             session.close()
         return report
+
+    def attempt_now(self, delivery_id: int, target: str, keep_retrying: bool = False
+                    ) -> tuple[Outcome, str] | None:
+        """Claim this one delivery and attempt it at once on the calling thread: the
+        claim, attempt (business rules included) and settlement of :meth:`drain`, for a
+        given delivery whatever its ``due_at`` (the HTTP receiver's synchronous mode).
+        ``keep_retrying``: a failure the policy would retry stays Retrying even when it
+        used up the maximum attempts, so that the ordinary asynchronous path still gets
+        an attempt of its own. Returns the outcome and the state the delivery was left
+        in; None when it could not be claimed (target offline, stopped, disabled or
+        blocked, at its concurrency limit, or the delivery taken or settled already)."""
+        session = self.session_factory()
+        try:
+            settings = load_settings(session)
+            with serialized_writes(session):
+                instance = machine.lock_target(session, target)
+                plugin = self._plugin(instance) if instance is not None else None
+                found = None if plugin is None else machine.claim_delivery(
+                    session, delivery_id, target, self.owner, self.clock(),
+                    settings.lease_seconds, instance)
+                session.commit()
+            if found is None:
+                return None
+            policy = merge(instance.retry_policy,
+                           getattr(plugin, "default_retry_policy", None) or RetryPolicy())
+            if keep_retrying and policy.strategy is not Strategy.SCHEDULE:
+                policy = replace(policy, max_attempts=max(policy.max_attempts,
+                                                          found.failures + 2))
+            held = self.leases.hold(session, [found], settings.lease_seconds)
+            try:
+                try:
+                    infos = _delivery_infos(session, [found], self.store)
+                except Exception as exc:
+                    self._give_back(session, [found], exc)
+                    raise
+                context = AttemptContext(self.clock(), instance, self.session_factory,
+                                         self.store, found, self.callbacks)
+                self._attempt(plugin, infos[found.delivery_id], context, self._rules(instance))
+                pending = PendingOutcomes(0, getattr(plugin, "before_settle", None))
+                pending.add(found, context.outcome)
+                outcomes = pending.take()
+                with serialized_writes(session):
+                    machine.settle_many(session, outcomes, policy, self.clock())
+                    session.commit()
+            finally:
+                self.leases.drop(held)
+            state = session.scalar(select(Delivery.state).where(Delivery.id == delivery_id))
+            session.commit()
+            return outcomes[0][1], state
+        finally:
+            session.close()
 
     def _next_batch(self, session: Session, target: str, settings: DeliverySettings,
                     report: DrainReport, last: _Batch | None) -> _Batch | None:

@@ -1,0 +1,190 @@
+"""HTTP intake (``http_receiver``): async intake of 2 KB bodies on PostgreSQL + Redis by 4
+concurrent clients against gunicorn, beside a floor in the same run, and sync mode's
+latency over the destination's own.
+
+    python bench/http_intake.py [--count 2000] [--clients 4]
+
+"hub": ``POST /in/inbox`` (bearer token, body streamed into the payload store, message,
+delivery and history committed, 202). "floor": a bare WSGI app under the same gunicorn
+settings (``bench/http_intake_floor.py``) that writes the body to a file, fsyncs and
+inserts a row. Hub and floor run one after the other on the same machine in the same
+run; requests/s over the whole run of each, p50/p99 per request. Sync: ``POST
+/in/direct`` delivered through an ``http_poster`` to a loopback destination inside the
+request, its p50 minus the p50 of posting the same body to the destination directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import requests  # noqa: E402
+from benchlib import environment, fresh_backend, make_app  # noqa: E402
+
+GUNICORN = ["--workers", "2", "--threads", "8"]
+BODY = (b"<order>" + b"x" * 2033 + b"</order>\n")[:2048]
+
+
+class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+
+def configure(backend, sink_url: str) -> dict[str, str]:
+    from b2bhub.extensions import db
+    from b2bhub.services import config as svc
+    from plugins.http_poster import HttpPoster
+    from plugins.http_receiver import HttpReceiver, create_token
+    app = make_app(backend)
+    with app.app_context():
+        registry = app.extensions["b2bhub.registry"]
+        registry.register(HttpReceiver)
+        registry.register(HttpPoster)
+        s = db.session
+        svc.create_party(s, "organization", "mycompany")
+        svc.create_party(s, "partner", "acme")
+        svc.save_instance(s, registry, {"name": "poster", "type": "http_poster",
+                                        "config": {"url": sink_url, "timeout": 5}})
+        for name, mode in (("inbox", "async"), ("direct", "sync")):
+            svc.save_instance(s, registry, {"name": name, "type": "http_receiver",
+                                            "config": {"mode": mode, "target": "poster",
+                                                       "from_party": "acme",
+                                                       "to_party": "mycompany"}})
+        svc.create_route(s, registry, "inbox", "*", "*", "poster", actor="bench")
+        tokens = {n: create_token(s, n, "bench", "bench") for n in ("inbox", "direct")}
+        s.commit()
+        app.extensions["sqlalchemy"].engines[None].dispose()
+    return tokens
+
+
+def gunicorn(env: dict, app: str, port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), *GUNICORN,
+                             "--bind", f"127.0.0.1:{port}", app], cwd=HERE.parent, env=env,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/", timeout=2)
+            return proc
+        except requests.RequestException:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"gunicorn {app} did not start")
+
+
+def load(url: str, headers: dict, count: int, clients: int, expect: int) -> dict:
+    """``count`` posts from ``clients`` threads, each on its own connection."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def client(n: int) -> None:
+        session, mine = requests.Session(), []
+        for _ in range(n):
+            start = time.perf_counter()
+            answer = session.post(url, data=BODY, headers=headers, timeout=30)
+            mine.append(time.perf_counter() - start)
+            if answer.status_code != expect:
+                raise SystemExit(f"{url}: {answer.status_code} {answer.text[:200]}")
+        with lock:
+            latencies.extend(mine)
+
+    for _ in range(20):  # warm: connections, caches
+        requests.post(url, data=BODY, headers=headers, timeout=30)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, [count // clients] * clients))
+    elapsed = time.perf_counter() - started
+    latencies.sort()
+    return {"rps": len(latencies) / elapsed, "p50": statistics.median(latencies) * 1000,
+            "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000, "n": len(latencies)}
+
+
+def sequential(url: str, headers: dict, count: int) -> float:
+    session, times = requests.Session(), []
+    for _ in range(count):
+        start = time.perf_counter()
+        answer = session.post(url, data=BODY, headers=headers, timeout=30)
+        times.append(time.perf_counter() - start)
+        assert answer.status_code == 200, answer.text
+    return statistics.median(times) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--sync-count", type=int, default=200)
+    args = parser.parse_args()
+    for name, value in environment(["postgres"]):
+        print(f"{name}: {value}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent,
+                            capture_output=True, text=True).stdout.strip()
+    print(f"code: {commit or '?'}; gunicorn {' '.join(GUNICORN)}; {len(BODY)} B bodies; "
+          f"{args.clients} clients")
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    sink.daemon_threads = True
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    sink_url = f"http://127.0.0.1:{sink.server_address[1]}/in"
+    with fresh_backend("postgres") as backend:
+        tokens = configure(backend, sink_url)
+        from sqlalchemy import text
+        engine = backend.engine()
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE floor_rows (id bigserial PRIMARY KEY, "
+                              "name text NOT NULL, size int NOT NULL, "
+                              "created_at timestamptz NOT NULL DEFAULT now())"))
+        engine.dispose()
+        env = {**backend.env(), "B2BHUB_LOG_LEVEL": "warning"}
+        hub = gunicorn(env, "wsgi:app", 18431)
+        try:
+            intake = load("http://127.0.0.1:18431/in/inbox",
+                          {"Authorization": f"Bearer {tokens['inbox']}"}, args.count,
+                          args.clients, 202)
+            direct = sequential("http://127.0.0.1:18431/in/direct",
+                                {"Authorization": f"Bearer {tokens['direct']}"},
+                                args.sync_count)
+            destination = sequential(sink_url, {}, args.sync_count)
+        finally:
+            hub.terminate()
+            hub.wait(30)
+        with tempfile.TemporaryDirectory(dir=backend.data_dir) as floor_dir:
+            floor_env = {**env, "FLOOR_DATABASE_URL": backend.database_url,
+                         "FLOOR_DIR": floor_dir, "PYTHONPATH": str(HERE)}
+            floor = gunicorn(floor_env, "http_intake_floor:app", 18432)
+            try:
+                bare = load("http://127.0.0.1:18432/", {}, args.count, args.clients, 202)
+            finally:
+                floor.terminate()
+                floor.wait(30)
+    print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}")
+    for name, row in (("hub", intake), ("floor", bare)):
+        print(f"{name:8} {row['rps']:8.0f} {row['p50']:8.2f} {row['p99']:8.2f} {row['n']:6d}")
+    print(f"hub / floor: {intake['rps'] / bare['rps']:.0%} (goal >= 50%, and >= 400 req/s)")
+    print(f"sync p50 {direct:.2f} ms, destination alone p50 {destination:.2f} ms: "
+          f"over the destination {direct - destination:.2f} ms (goal < 15 ms)")
+    print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

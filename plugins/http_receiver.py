@@ -1,0 +1,534 @@
+"""``http_receiver`` (source, SPEC 9): our own systems hand documents over HTTP at
+``POST /in/<instance>`` (the core's endpoint hook, no UI login).
+
+Order of work for one request, each refusal storing nothing:
+
+1. ``Authorization: Bearer <token>``: one of the instance's named tokens (stored as
+   their sha256, shown once when made; :func:`create_token`, :func:`revoke_token`).
+   Missing or wrong: 401.
+2. From and to: ``X-B2BHub-From`` / ``X-B2BHub-To``, else the configured ``from_party``
+   / ``to_party``; either missing or not a party: 422.
+3. The body is streamed into a payload batch (never whole in memory), at most
+   ``max_size`` bytes (413 past it), and must be complete (a body shorter than its
+   Content-Length or a chunked body cut off: 400). A refused body's temp file is
+   removed; nothing is put in place before the message's transaction.
+4. ``Idempotency-Key`` (Stripe's semantics): the key is recorded (``in_progress``) in a
+   transaction of its own before the message is stored, so of concurrent requests with
+   one key exactly one goes on; the others get 409 while it is handled. Once answered,
+   a repeat with the same body gets the first answer again and a ``duplicate_received``
+   line on its message; another body is 422. Keys are kept ``idempotency_hours`` (the
+   hourly job http_receiver.expire_keys removes older ones). A request that failed before it stored a message
+   forgets its key, so the client may try again; a key left in progress by a process
+   that died is taken over after :data:`ABANDONED`.
+5. Async mode: stored and dispatched by the routes, 202 with the message id and a
+   ``Location`` of its API resource.
+6. Sync mode (seed 003): the message goes to the instance's one ``target`` (routes are
+   not consulted), then is attempted inside the request through the engine's claim,
+   attempt and settlement (:meth:`b2bhub.engine.runner.TargetRunner.attempt_now`),
+   1 s after the previous attempt ended, up to the target's maximum attempts; the loop
+   stops on delivery, a business error, a failure the policy does not retry, or when the
+   target is probed offline (then not even the first attempt goes out). The answer:
+   200 delivered (the destination's status and the start of its body), 202 awaiting a
+   receipt, 422 business error (naming the rule), 504 when the last attempt timed out,
+   502 for another technical failure, 503 when the target is offline or not running.
+   What was not delivered stays Retrying (or Queued, offline) for the asynchronous path:
+   the in-request attempts never use up the target's maximum attempts on their own, so
+   a worker makes at least one more attempt on the target's schedule.
+
+Choices where the SPEC is silent: the stage stored is ``unpacked``; a ``traceparent``
+gives its trace id as the correlation id when there is no ``X-Correlation-Id``; a
+disabled instance answers 404 like a missing one (the core's endpoint hook).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import threading
+import time
+from datetime import datetime, timedelta
+from typing import IO
+
+from sqlalchemy import (
+    ForeignKey,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Mapped, mapped_column
+
+from b2bhub.plugin_api import (
+    PREREAD,
+    Base,
+    BigId,
+    EndpointReply,
+    EndpointRequest,
+    Field,
+    Message,
+    NewMessage,
+    Party,
+    PeriodicJob,
+    Plugin,
+    PluginInstance,
+    add_line,
+    store_and_dispatch_many,
+    utcnow,
+)
+
+TYPE = "http_receiver"
+TOKEN_PREFIX = "b2bin_"
+#: seconds between the end of one in-request attempt and the start of the next (seed 003)
+SYNC_INTERVAL = 1.0
+#: a key still in progress after this long was taken by a process that died meanwhile
+ABANDONED = timedelta(minutes=15)
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+_FILENAME = re.compile(r"""filename\*?=(?:UTF-8'')?"?([^";]+)"?""", re.I)
+
+
+class IntakeToken(Base):
+    """A bearer token of one receiver instance, by name; only its sha256 is kept."""
+
+    __tablename__ = "http_receiver_tokens"
+    __table_args__ = (UniqueConstraint("instance", "name", name="uq_http_receiver_token"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    created_by: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class IdempotencyKey(Base):
+    """One Idempotency-Key of one instance: the body it came with and the first answer."""
+
+    __tablename__ = "http_receiver_idempotency"
+    __table_args__ = (UniqueConstraint("instance", "key", name="uq_http_receiver_idem"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(255))
+    body_sha256: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))  # in_progress | done
+    message_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("messages.id", ondelete="SET NULL"), default=None)
+    status: Mapped[int | None] = mapped_column(default=None)
+    headers: Mapped[str] = mapped_column(String, default="{}")
+    body: Mapped[bytes] = mapped_column(LargeBinary, default=b"")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+
+
+# --- tokens ------------------------------------------------------------------------------
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _receiver(session, instance: str) -> PluginInstance:
+    from b2bhub.plugin_api import NotFound
+    row = session.scalar(select(PluginInstance).where(PluginInstance.name == instance))
+    if row is None or row.type != TYPE:
+        raise NotFound(f"no {TYPE} instance named '{instance}'")
+    return row
+
+
+def create_token(session, instance: str, name: str, actor: str) -> str:
+    """Make a named token for the instance; returns it (shown this once). The caller
+    commits. A history line names the operator."""
+    from b2bhub.plugin_api import Conflict, ServiceError
+    _receiver(session, instance)
+    if not name or len(name) > 64:
+        raise ServiceError("a token needs a name of 1 to 64 characters", {"name": "invalid"})
+    if session.scalar(select(IntakeToken.id).where(IntakeToken.instance == instance,
+                                                   IntakeToken.name == name)):
+        raise Conflict(f"{instance} has a token named '{name}' already; revoke it first")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    session.add(IntakeToken(instance=instance, name=name, token_sha256=_hash(token),
+                            created_by=actor, created_at=utcnow()))
+    add_line(session, None, "config_changed", f"{actor} created intake token '{name}' "
+             f"of {instance}", actor=actor)
+    session.flush()
+    return token
+
+
+def revoke_token(session, instance: str, name: str, actor: str) -> None:
+    from b2bhub.plugin_api import NotFound
+    _receiver(session, instance)
+    gone = session.execute(delete(IntakeToken).where(IntakeToken.instance == instance,
+                                                     IntakeToken.name == name)).rowcount
+    if not gone:
+        raise NotFound(f"{instance} has no token named '{name}'")
+    add_line(session, None, "config_changed", f"{actor} revoked intake token '{name}' "
+             f"of {instance}", actor=actor)
+
+
+def list_tokens(session, instance: str) -> list[dict]:
+    _receiver(session, instance)
+    rows = session.scalars(select(IntakeToken).where(IntakeToken.instance == instance)
+                           .order_by(IntakeToken.name)).all()
+    return [{"name": r.name, "created_by": r.created_by,
+             "created_at": r.created_at.isoformat() + "Z"} for r in rows]
+
+
+def remove_expired_keys(session, now: datetime) -> int:
+    """Idempotency-Keys past their ``idempotency_hours`` (the hourly periodic job)."""
+    return session.execute(delete(IdempotencyKey).where(
+        IdempotencyKey.expires_at < now)).rowcount or 0
+
+
+# --- the request ------------------------------------------------------------------------
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Incomplete(Exception):
+    pass
+
+
+class _Limited:
+    """The request body read in chunks: past ``limit`` bytes raises :class:`_TooLarge`,
+    a read that fails or ends short of ``expected`` raises :class:`_Incomplete`."""
+
+    def __init__(self, stream: IO[bytes], limit: int, expected: int | None):
+        self.stream, self.limit, self.expected, self.total = stream, limit, expected, 0
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            data = self.stream.read(size if size and size > 0 else 1 << 20)
+        except Exception as exc:  # a client gone, a chunked body cut off
+            raise _Incomplete(f"{type(exc).__name__}: {exc}") from exc
+        self.total += len(data)
+        if self.total > self.limit:
+            raise _TooLarge()
+        if not data and self.expected is not None and self.total < self.expected:
+            raise _Incomplete(f"{self.total} of {self.expected} bytes")
+        return data
+
+
+def _reply(status: int, body: dict, headers: dict | None = None) -> EndpointReply:
+    return EndpointReply(status, {"Content-Type": "application/json", **(headers or {})},
+                         json.dumps(body).encode() + b"\n")
+
+
+def _error(status: int, text: str, **headers) -> EndpointReply:
+    return _reply(status, {"error": text}, headers)
+
+
+def _header(headers: dict[str, str], name: str) -> str | None:
+    value = headers.get(name.lower())
+    return value.strip() if value and value.strip() else None
+
+
+def _filename(headers: dict[str, str]) -> str | None:
+    given = _header(headers, "X-B2BHub-Filename")
+    if given is None and (disposition := _header(headers, "Content-Disposition")):
+        found = _FILENAME.search(disposition)
+        given = found.group(1).strip() if found else None
+    if given:
+        given = given.replace("\\", "/").rsplit("/", 1)[-1][:255]
+    return given or None
+
+
+def _correlation(headers: dict[str, str]) -> str | None:
+    given = _header(headers, "X-Correlation-Id")
+    if given:
+        return given[:255]
+    parent = _header(headers, "traceparent")
+    found = _TRACEPARENT.fullmatch(parent.lower()) if parent else None
+    return found.group(1) if found else None
+
+
+def handle(request: EndpointRequest) -> EndpointReply:
+    session, config, name = request.session, request.config or {}, request.instance
+    headers = {k.lower(): v for k, v in request.headers}
+    auth = _header(headers, "Authorization") or ""
+    scheme, _, token = auth.partition(" ")
+    from_party = _header(headers, "X-B2BHub-From") or config.get("from_party") or None
+    to_party = _header(headers, "X-B2BHub-To") or config.get("to_party") or None
+    parties = {p for p in (from_party, to_party) if p}
+    # the token and the parties in one statement (the common case: both good)
+    token_id, known = session.execute(select(
+        select(IntakeToken.id).where(IntakeToken.instance == name,
+                                     IntakeToken.token_sha256 == _hash(token.strip()))
+        .scalar_subquery(),
+        select(func.count()).select_from(Party).where(Party.name.in_(parties or {""}))
+        .scalar_subquery())).one()
+    if scheme.lower() != "bearer" or not token.strip() or token_id is None:
+        session.rollback()
+        return _error(401, "a valid bearer token of this receiver is required",
+                      **{"WWW-Authenticate": 'Bearer realm="b2bhub"'})
+    if not from_party or not to_party:
+        session.rollback()
+        return _error(422, "no sender or recipient: send X-B2BHub-From and X-B2BHub-To "
+                           "or configure from_party and to_party")
+    if known < len(parties):
+        found = set(session.scalars(select(Party.name).where(Party.name.in_(parties))))
+        session.rollback()
+        unknown = [p for p in (from_party, to_party) if p not in found]
+        return _error(422, f"unknown party: {', '.join(dict.fromkeys(unknown))}")
+    if request.content_length is None or request.content_length > PREREAD:
+        session.commit()  # no connection held while a large body arrives
+    batch = request.store.batch()
+    try:
+        stored = batch.put(_Limited(request.body, request.max_size, request.content_length))
+    except _TooLarge:
+        batch.discard()
+        return _error(413, f"the body is over the size limit of {request.max_size} bytes; "
+                           "nothing was stored")
+    except _Incomplete as exc:
+        batch.discard()
+        return _error(400, f"the body ended before it was complete ({exc}); nothing was "
+                           "stored")
+    except BaseException:
+        batch.discard()
+        raise
+    key = _header(headers, "Idempotency-Key")
+    try:
+        if key is not None:
+            earlier = _claim_key(session, name, key[:255], stored.digest, config,
+                                 request.now)
+            if earlier is not None:
+                batch.discard()
+                return earlier
+        batch.commit()
+        new = NewMessage(
+            source=name, from_party=from_party, to_party=to_party,
+            stages={"unpacked": (stored.digest, stored.size)},
+            original_filename=_filename(headers), correlation_id=_correlation(headers),
+            sequence_key=(_header(headers, "X-B2BHub-Sequence-Key") or "")[:200] or None,
+            actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None)
+        [message_id] = store_and_dispatch_many(session, [new], request.now)
+        if key is not None:
+            _key_row(session, name, key[:255], message_id=message_id)
+        session.commit()
+    except BaseException:
+        batch.discard()
+        session.rollback()
+        if key is not None:
+            _forget_key(session, name, key[:255])
+        raise
+    if config.get("mode") == "sync":
+        reply = _deliver_in_request(session, message_id, config["target"])
+    else:
+        reply = _answer(202, message_id, "received")
+    if key is not None:
+        _key_row(session, name, key[:255], state="done", status=reply.status,
+                 headers=json.dumps(reply.headers), body=reply.body)
+        session.commit()
+    return reply
+
+
+def _answer(status: int, message_id: int, outcome: str, **more) -> EndpointReply:
+    location = f"/api/v1/messages/{message_id}"
+    return _reply(status, {"message_id": message_id, "outcome": outcome,
+                           "location": location, **more}, {"Location": location})
+
+
+def _key_row(session, instance: str, key: str, **values) -> None:
+    session.execute(update(IdempotencyKey).where(IdempotencyKey.instance == instance,
+                                                 IdempotencyKey.key == key).values(**values))
+
+
+def _forget_key(session, instance: str, key: str) -> None:
+    try:
+        session.execute(delete(IdempotencyKey).where(
+            IdempotencyKey.instance == instance, IdempotencyKey.key == key,
+            IdempotencyKey.state == "in_progress"))
+        session.commit()
+    except Exception:
+        session.rollback()
+
+
+def _claim_key(session, instance: str, key: str, digest: str, config: dict,
+               now: datetime) -> EndpointReply | None:
+    """Record the key as in progress (None: this request goes on), or the answer a
+    request with a key seen before gets."""
+    hours = float(config.get("idempotency_hours") or 24)
+    for _ in range(2):
+        try:
+            session.execute(insert(IdempotencyKey).values(
+                instance=instance, key=key, body_sha256=digest, state="in_progress",
+                headers="{}", body=b"", created_at=now,
+                expires_at=now + timedelta(hours=hours)))
+            session.commit()
+            return None
+        except IntegrityError:
+            session.rollback()
+        row = session.execute(select(IdempotencyKey).where(
+            IdempotencyKey.instance == instance, IdempotencyKey.key == key)).scalar_one_or_none()
+        if row is None:
+            continue  # forgotten meanwhile: try again
+        if row.expires_at < now:
+            session.execute(delete(IdempotencyKey).where(IdempotencyKey.id == row.id))
+            session.commit()
+            continue
+        if row.body_sha256 != digest:
+            session.rollback()
+            return _error(422, "this Idempotency-Key came with another body before; use a "
+                               "new key for a new message")
+        if row.state != "done" and row.created_at < now - ABANDONED:
+            # the process that took the key died before it answered
+            if row.message_id is None:  # and before it stored anything: start again
+                session.execute(delete(IdempotencyKey).where(IdempotencyKey.id == row.id))
+                session.commit()
+                continue
+            reply = _answer(202, row.message_id, "received")
+            session.commit()
+            return reply
+        if row.state != "done":
+            session.rollback()
+            return _error(409, "a request with this Idempotency-Key is still being "
+                               "handled; try again later", **{"Retry-After": "1"})
+        if row.message_id is not None:
+            add_line(session, row.message_id, "duplicate_received",
+                     f"the same body came again with Idempotency-Key {key}; answered as "
+                     f"the first time ({row.status})", actor=instance)
+        reply = EndpointReply(row.status, json.loads(row.headers), row.body)
+        session.commit()
+        return reply
+    return _error(409, "this Idempotency-Key is changing hands; try again")
+
+
+# --- sync mode ---------------------------------------------------------------------------
+
+_runner_lock = threading.Lock()
+_runner = None
+
+
+def _sync_runner():
+    """The web process's runner for in-request attempts (one per process and app)."""
+    global _runner
+    from b2bhub.engine.runner import TargetRunner
+    from b2bhub.hub import callback_tokens, new_session, process_owner, registry, store
+    made_for = (registry(), store())
+    with _runner_lock:
+        if _runner is None or (_runner.registry, _runner.store) != made_for:
+            _runner = TargetRunner(new_session, *made_for, process_owner(),
+                                   callbacks=callback_tokens())
+        return _runner
+
+
+def _attempts_allowed(session, target: str) -> int:
+    from b2bhub.domain.retry import RetryPolicy, merge
+    from b2bhub.hub import registry
+    row = session.scalar(select(PluginInstance).where(PluginInstance.name == target))
+    cls = registry().types().get(row.type) if row is not None else None
+    policy = merge(row.retry_policy if row is not None else None,
+                   getattr(cls, "default_retry_policy", None) or RetryPolicy())
+    session.commit()
+    return max(1, policy.attempts_allowed)
+
+
+def _deliver_in_request(session, message_id: int, target: str) -> EndpointReply:
+    from b2bhub.plugin_api import Delivery
+    delivery_id = session.scalar(select(Delivery.id).where(Delivery.message_id == message_id,
+                                                           Delivery.target == target))
+    allowed = _attempts_allowed(session, target)
+    runner, result, made = _sync_runner(), None, 0
+    for n in range(allowed):
+        if n:
+            time.sleep(SYNC_INTERVAL)
+        got = runner.attempt_now(delivery_id, target, keep_retrying=True)
+        if got is None:
+            break
+        made, result = made + 1, got
+        if got[1] != "retrying":
+            break
+    return _sync_answer(session, message_id, target, result, made)
+
+
+def _sync_answer(session, message_id: int, target: str, result, made: int) -> EndpointReply:
+    from b2bhub.plugin_api import Delivery
+    state = session.scalar(select(Delivery.state).where(Delivery.message_id == message_id))
+    online = session.scalar(select(PluginInstance.online).where(PluginInstance.name == target))
+    session.commit()
+    if result is None or (state in ("queued", "retrying") and online is False):
+        why = "offline" if online is False else "not taking deliveries now"
+        return _answer(503, message_id, "not_attempted" if result is None else "offline",
+                       attempts=made, state=state,
+                       text=f"{target} is {why}; the message waits for the asynchronous "
+                            "delivery")
+    outcome, state = result
+    answer = outcome.answer
+    destination = None if answer is None else {
+        "status": answer.status, "body": answer.body[:1000].decode("utf-8", "replace")}
+    more = {"attempts": made, "state": state, "text": outcome.text,
+            "destination": destination}
+    kind = outcome.kind.value
+    if state == "delivered":
+        return _answer(200, message_id, "delivered", **more)
+    if state == "awaiting_receipt":
+        return _answer(202, message_id, "awaiting_receipt", **more)
+    if kind == "business_error":
+        return _answer(422, message_id, "business_error", rule=outcome.rule, **more)
+    status = 504 if outcome.error_class == "timeout" else 502
+    return _answer(status, message_id, "failed" if state == "failed" else "retrying", **more)
+
+
+def _sync_problems(config: dict) -> dict[str, str]:
+    if config.get("mode") == "sync" and not config.get("target"):
+        return {"target": "sync mode delivers to exactly one target: name it"}
+    return {}
+
+
+class HttpReceiver(Plugin):
+    type_name = TYPE
+    roles = frozenset({"source"})
+    description = ("Takes documents from our own systems at POST /in/<instance> with a "
+                   "bearer token; async (202) or sync (delivered inside the request).")
+    config_schema = [
+        Field("mode", "choice", default="async", choices=("async", "sync"),
+              help="async: store and answer 202; sync: deliver inside the request"),
+        Field("target", "string", default="",
+              help="sync mode: the one target instance the messages go to"),
+        Field("from_party", "string", default="",
+              help="the sender when a request sends no X-B2BHub-From"),
+        Field("to_party", "string", default="",
+              help="the recipient when a request sends no X-B2BHub-To"),
+        Field("max_size", "integer", default=100 * 1024 * 1024, min=1,
+              help="largest body taken, in bytes; larger ones get 413"),
+        Field("idempotency_hours", "number", default=24, min=0.01, max=24 * 365,
+              help="how long an Idempotency-Key is remembered"),
+    ]
+    endpoint_prefix = "in"
+    endpoint_label = "HTTP receiver"
+    takes_tokens = True
+    # an Idempotency-Key is honoured only until its expiry (the lookup checks it), so
+    # removing expired rows hourly only bounds the table
+    periodic_jobs = (PeriodicJob("http_receiver.expire_keys",
+                                 lambda session, store, now: remove_expired_keys(session, now),
+                                 every=3600, expires=600),)
+
+    @classmethod
+    def create_token(cls, session, instance: str, name: str, actor: str) -> str:
+        return create_token(session, instance, name, actor)
+
+    @classmethod
+    def revoke_token(cls, session, instance: str, name: str, actor: str) -> None:
+        revoke_token(session, instance, name, actor)
+
+    @classmethod
+    def list_tokens(cls, session, instance: str) -> list[dict]:
+        return list_tokens(session, instance)
+
+    @classmethod
+    def config_problems(cls, config: dict) -> dict[str, str]:
+        return _sync_problems(config)
+
+    @classmethod
+    def handle_request(cls, request: EndpointRequest) -> EndpointReply:
+        return handle(request)
+
+
+__all__ = ["HttpReceiver", "IdempotencyKey", "IntakeToken", "Message", "create_token",
+           "list_tokens", "remove_expired_keys", "revoke_token"]
