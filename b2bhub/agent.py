@@ -33,7 +33,6 @@ from sqlalchemy.orm import Session
 from b2bhub.engine import presence
 from b2bhub.engine.writelock import serialized_writes
 from b2bhub.extensions import db
-from b2bhub.hub import PROCESS_ID
 from b2bhub.logstream import QueueingHandler, stream_level
 from b2bhub.models import LogRecord, utcnow
 
@@ -48,7 +47,7 @@ class Agent:
                  heartbeat_seconds: float = presence.HEARTBEAT_SECONDS):
         self.app, self.on_heartbeat = app, on_heartbeat
         self.heartbeat_seconds = heartbeat_seconds
-        self.info = presence.ProcessInfo(PROCESS_ID, kind, socket.gethostname(),
+        self.info = presence.ProcessInfo(presence.PROCESS_ID, kind, socket.gethostname(),
                                          os.getpid(), utcnow())
         self.handler = QueueingHandler(stream_level(app.config))
         self._instances: list[str] = []

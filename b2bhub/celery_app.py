@@ -33,6 +33,7 @@ def celery_init_app(app: Flask) -> Celery:
         celery_app.conf.broker_transport_options = dict(redis_transport_options)
     celery_app.set_default()
     app.extensions["celery"] = celery_app
+    celery_app.flask_app = app  # for the worker's signal handlers (b2bhub.tasks)
     import b2bhub.tasks  # noqa: F401  (registers the shared tasks)
     return celery_app
 

@@ -6,8 +6,9 @@ Two environment variables, read by the process that has them and by no other:
     The NTH time (default 1) a worker passes POINT it logs ``fault pause at POINT`` and
     sleeps SECONDS, so the suite can kill it at exactly that point. Points:
     ``claimed`` (a batch's claim committed, before its first attempt) and ``attempted``
-    (a plugin returned its outcome, the side effect done, before the settlement), and
-    ``sweeping`` (the sweep's guard taken, before its first step).
+    (a plugin returned its outcome, the side effect done, before the settlement),
+    ``settling`` (a settlement's rows written, before its commit) and ``sweeping`` (the
+    sweep's guard taken, before its first step).
 ``B2BHUB_FAKE_CLOCK_FILE=PATH``
     :func:`b2bhub.models.base.utcnow` adds the number of seconds written in PATH (read
     again at most every 0.2 s; missing or empty is 0): the clock of one process stepped

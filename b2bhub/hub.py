@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
 from datetime import timedelta
 
 from flask import Flask, current_app
@@ -15,14 +12,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.callbacks import CallbackTokens
-from b2bhub.engine import wakeups
+from b2bhub.engine import presence, wakeups
 from b2bhub.extensions import db
 from b2bhub.models import Delivery, PluginInstance, utcnow
 from b2bhub.payload_backends import PayloadBackend, open_payload_store
 from b2bhub.registry import get_registry
 
 log = logging.getLogger(__name__)
-PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+DELIVER_TASK = "b2bhub.deliver"  # b2bhub.tasks.deliver
 
 
 def hub_init_app(app: Flask) -> None:
@@ -59,7 +56,7 @@ def new_session() -> Session:
 
 def process_owner() -> str:
     """The lease owner name of this process."""
-    return PROCESS_ID
+    return presence.PROCESS_ID
 
 
 class CeleryPublisher:
@@ -77,12 +74,13 @@ class CeleryPublisher:
     def publish(self, items: list[tuple[int, str]]) -> None:
         if time.monotonic() < self._quiet_until:
             return
-        from b2bhub.tasks import deliver
+        celery = self.app.extensions["celery"]
         try:
             for delivery_id, target in items:
-                deliver.apply_async(args=[target, delivery_id], retry=False,
-                                    routing_key=f"delivery.{target}",
-                                    queue=self._queue(target))
+                # by the task's name: the tasks module builds on this one, not back
+                celery.send_task(DELIVER_TASK, args=[target, delivery_id], retry=False,
+                                 routing_key=f"delivery.{target}",
+                                 queue=self._queue(target))
         except Exception:
             self._quiet_until = time.monotonic() + self.quiet_seconds
             raise

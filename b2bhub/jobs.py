@@ -62,8 +62,10 @@ def run_job_soon(name: str, expires: float = 60) -> None:
     """Ask a worker to run the job ``name`` now (beat runs it on schedule anyway); a
     broker that is down is logged, not raised."""
     try:
-        from b2bhub.tasks import plugin_job
-        plugin_job.apply_async(args=[name], retry=False, expires=expires)
+        from celery import current_app  # the hub's Celery app (set as the default)
+
+        # by the task's name: the tasks module builds on this one, not back
+        current_app.send_task(TASK, args=[name], retry=False, expires=expires)
     except Exception:
         log.info("could not publish a run of %s; beat runs it on schedule", name,
                  exc_info=True)

@@ -228,13 +228,6 @@ class S3PayloadStore:
             raise PayloadMissing(digest)
         return int(head["ContentLength"])
 
-    def delete(self, digest: str) -> bool:
-        """Remove a stored payload; False if there was none."""
-        if self._head(digest) is None:
-            return False
-        self.client.delete_object(Bucket=self.bucket, Key=self.key(digest))
-        return True
-
     # cleanup -----------------------------------------------------------------
     def iter_digests(self) -> Iterator[str]:
         """Every digest stored, in no particular order (for the orphan cleanup)."""

@@ -307,14 +307,6 @@ class PayloadStore:
         except FileNotFoundError:
             raise PayloadMissing(digest) from None
 
-    def delete(self, digest: str) -> bool:
-        """Remove a stored payload; False if there was none."""
-        try:
-            self.path(digest).unlink()
-        except FileNotFoundError:
-            return False
-        return True
-
     # cleanup -----------------------------------------------------------------
     def iter_digests(self) -> Iterator[str]:
         """Every digest stored, in no particular order (for the orphan cleanup)."""

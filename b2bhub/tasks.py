@@ -175,9 +175,17 @@ def worker_heartbeat(session: Session) -> list[str]:
     return sorted(names)
 
 
+def _flask_app():
+    """The Flask app of this worker or beat (the one ``b2bhub.worker`` made), reached
+    through the Celery app it set up, so this module need not import ``b2bhub.worker``
+    (which imports the whole app, and with it this module)."""
+    from celery import current_app
+    return current_app.flask_app
+
+
 @worker_ready.connect
 def _start_worker_agent(sender=None, **kwargs) -> None:
-    from b2bhub.worker import flask_app
+    flask_app = _flask_app()
     start_agent(flask_app, "worker", worker_heartbeat)
 
 
@@ -188,7 +196,7 @@ def _stop_worker_agent(sender=None, **kwargs) -> None:
 
 @beat_init.connect
 def _start_beat_agent(sender=None, **kwargs) -> None:
-    from b2bhub.worker import flask_app
+    flask_app = _flask_app()
     start_agent(flask_app, "beat")
     gc.freeze()  # as a worker's (above)
 
@@ -205,7 +213,7 @@ def _freeze_startup_objects(sender=None, **kwargs) -> None:
 @worker_ready.connect
 def _take_up_due_work(sender=None, **kwargs) -> None:
     """A worker that starts takes up at once the deliveries that are due."""
-    from b2bhub.worker import flask_app
+    flask_app = _flask_app()
     with flask_app.app_context(), hub.new_session() as session:
         wakeups.publish_now(hub.due_targets(session))
 
@@ -213,14 +221,14 @@ def _take_up_due_work(sender=None, **kwargs) -> None:
 @worker_ready.connect
 def _start_sources(sender=None, **kwargs) -> None:
     """A worker that starts starts the scheduled sources (a poller's base_directory)."""
-    from b2bhub.worker import flask_app
+    flask_app = _flask_app()
     with flask_app.app_context():
         sources().start_all()
 
 
 @worker_shutting_down.connect
 def _stop_claiming(sig=None, how=None, **kwargs) -> None:
-    from b2bhub.worker import flask_app
+    flask_app = _flask_app()
     grace = float(flask_app.config["STOP_GRACE"])
     log.info("stopping (%s): no new claims, running attempt has %.0f s", sig, grace)
     stop_control.request(grace)

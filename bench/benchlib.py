@@ -185,9 +185,9 @@ def bulk_deliveries(conn: Connection, first_message: int, state: str, now: datet
                     settled_at: datetime | None = None, attempt: int = 0) -> None:
     """One delivery to the no-op target for every message from ``first_message`` on."""
     conn.execute(_timed("""INSERT INTO deliveries (message_id, target, state, attempt,
-            failures, due_at, next_wake_at, wake_count, sequence_key, sequence_no,
+            failures, due_at, next_wake_at, wake_count, sequence_key,
             last_result, created_at, updated_at, settled_at)
-        SELECT id, :target, :state, :attempt, 0, :due, :wake, 1, 'acme>mycompany', id,
+        SELECT id, :target, :state, :attempt, 0, :due, :wake, 1, 'acme>mycompany',
                '', :now, :now, :settled FROM messages WHERE id >= :first"""),
                  {"target": TARGET, "state": state, "attempt": attempt, "due": due_at,
                   "wake": next_wake_at, "now": now, "settled": settled_at,

@@ -17,9 +17,9 @@ Order of work for one request, each refusal storing nothing:
    one key exactly one goes on; the others get 409 while it is handled. Once answered,
    a repeat with the same body gets the first answer again and a ``duplicate_received``
    line on its message; another body is 422. Keys are kept ``idempotency_hours`` (the
-   hourly job http_receiver.expire_keys removes older ones). A request that failed before it stored a message
-   forgets its key, so the client may try again; a key left in progress by a process
-   that died is taken over after :data:`ABANDONED`.
+   hourly job http_receiver.expire_keys removes older ones). A request that failed
+   before it stored a message forgets its key, so the client may try again; a key left
+   in progress by a process that died is taken over after :data:`ABANDONED`.
 5. Async mode: stored and dispatched by the routes, 202 with the message id and a
    ``Location`` of its API resource.
 6. Sync mode (seed 003): the message goes to the instance's one ``target`` (routes are

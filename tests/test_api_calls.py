@@ -294,9 +294,11 @@ def test_bulk_redeliver_takes_the_failed_ones_matching_and_names_the_operator(
     response = operator.post("/api/v1/deliveries/redeliver",
                              json={"target": "writer_a", "max": 2})
     assert response.status_code == 200, response.get_json()
-    assert response.get_json() == {"redelivered": failed_a[:2], "more": True}
+    assert response.get_json() == {"redelivered": failed_a[:2], "skipped": [],
+                                   "more": True}
     rest = operator.post("/api/v1/deliveries/redeliver", json={"target": "writer_a"})
-    assert rest.get_json() == {"redelivered": failed_a[2:], "more": False}
+    assert rest.get_json() == {"redelivered": failed_a[2:], "skipped": [],
+                                "more": False}
     session.expire_all()
     assert {session.get(Delivery, i).state for i in failed_a} == {"queued"}
     assert session.get(Delivery, failed_b).state == "failed"
@@ -305,7 +307,7 @@ def test_bulk_redeliver_takes_the_failed_ones_matching_and_names_the_operator(
     assert sorted(line.delivery_id for line in lines) == failed_a
     assert {line.actor for line in lines} == {"olga"}
     nothing = operator.post("/api/v1/deliveries/redeliver", json={"state": ["stalled"]})
-    assert nothing.get_json() == {"redelivered": [], "more": False}
+    assert nothing.get_json() == {"redelivered": [], "skipped": [], "more": False}
 
 
 @pytest.mark.parametrize("body", [None, {}, {"max": 10}, {"all": False},
@@ -339,7 +341,7 @@ def test_bulk_redeliver_with_all_true_takes_every_one(app, session, hub, configu
     response = operator.post("/api/v1/deliveries/redeliver", json={"all": True})
 
     assert response.status_code == 200, response.get_json()
-    assert response.get_json() == {"redelivered": failed, "more": False}
+    assert response.get_json() == {"redelivered": failed, "skipped": [], "more": False}
     session.expire_all()
     assert {session.get(Delivery, i).state for i in failed} == {"queued"}
     refused = operator.post("/api/v1/deliveries/redeliver", json={"all": "yes"})

@@ -312,7 +312,7 @@ def test_a_received_message_is_stored_in_few_statements(as2):
         result = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
                                   mdn_signed=True, filename="po.edi")
     assert result["mdn_status"] == "processed", result
-    assert seen["UPDATE"] == 0, seen  # sequence_no goes in with the delivery's INSERT
+    assert seen["UPDATE"] == 0, seen  # every row goes in with its INSERT
     assert sum(seen.values()) <= STATEMENTS_PER_RECEIVE - 1, seen
     assert seen["SELECT"] == 1, seen  # the lookups before the parse are one statement
     if as2.session.get_bind().dialect.name == "postgresql":  # the dispatch is one too

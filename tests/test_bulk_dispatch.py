@@ -60,7 +60,7 @@ def snapshot(session, message_id: int) -> dict:
                                                   Payload.size, Payload.created_at)
                                            .where(Payload.message_id == message_id)).all()),
         "deliveries": [(d.target, d.state, d.attempt, d.due_at, d.next_wake_at,
-                        d.wake_count, d.sequence_key, d.sequence_no == d.id, d.created_at)
+                        d.wake_count, d.sequence_key, d.created_at)
                        for d in deliveries],
         "history": [(h.type, h.actor, h.text, h.data, names.get(h.delivery_id),
                      h.created_at) for h in lines],
@@ -87,18 +87,15 @@ def test_a_batch_stores_what_one_by_one_stores(hub, session, broker):
     assert [len(s["deliveries"]) for s in expected] == [2, 1, 0, 1]
     assert expected[2]["message"][10] == "not_routed" and expected[2]["alerts"]
     assert expected[3]["history"][0][1] == "alice"
-    # delivery ids (and sequence numbers, equal to them) follow the order of the batch
-    made = session.execute(select(Delivery.message_id, Delivery.id, Delivery.sequence_no)
+    # delivery ids follow the order of the batch
+    made = session.execute(select(Delivery.message_id, Delivery.id)
                            .where(Delivery.message_id.in_(bulk)).order_by(Delivery.id)).all()
     assert [r.message_id for r in made] == sorted(r.message_id for r in made)
-    assert [r.sequence_no for r in made] == [r.id for r in made]
 
 
-def test_sequence_numbers_equal_fresh_ids_after_the_newest_delivery_is_gone(
-        hub, session, broker):
-    """Each new delivery's sequence number is its own id, a fresh one above every id
-    in the table, also when the newest delivery was deleted and when the batch is empty
-    of deliveries before it."""
+def test_delivery_ids_are_fresh_after_the_newest_delivery_is_gone(hub, session, broker):
+    """Each new delivery gets a fresh id above every id in the table, also when the
+    newest delivery was deleted."""
     standard_hub(hub, targets=("writer_a", "writer_b"))
     hub.route("inbox", "*", "mycompany", "writer_a")
     hub.route("inbox", "acme", "*", "writer_b")
@@ -110,11 +107,9 @@ def test_sequence_numbers_equal_fresh_ids_after_the_newest_delivery_is_gone(
     second = store_and_dispatch_many(session, batch(hub), T0)
     session.commit()
     old = session.scalars(select(Delivery.id).where(Delivery.message_id.in_(first))).all()
-    made = session.execute(select(Delivery.id, Delivery.sequence_no)
-                           .where(Delivery.message_id.in_(second))
+    made = session.scalars(select(Delivery.id).where(Delivery.message_id.in_(second))
                            .order_by(Delivery.id)).all()
-    assert len(made) == 4 and min(r.id for r in made) > max(old)
-    assert [r.sequence_no for r in made] == [r.id for r in made]
+    assert len(made) == 4 and min(made) > max(old)
     assert session.scalar(select(func.count()).select_from(Delivery)) == len(old) + 4
 
 def mixed_batch(hub) -> list[NewMessage]:
@@ -166,13 +161,12 @@ def test_a_dispatch_is_one_statement_on_postgresql_with_its_rows_in_order(
         "acme", "mycompany", "mycompany", "acme"]
     assert [session.get(Message, i).status for i in ids] == [
         "received", "not_routed", "received", "received"]
-    made = session.execute(select(Delivery.id, Delivery.sequence_no, Delivery.message_id,
+    made = session.execute(select(Delivery.id, Delivery.message_id,
                                   Delivery.target).where(Delivery.message_id.in_(ids))
                            .order_by(Delivery.id)).all()
     assert [(r.message_id, r.target) for r in made] == [
         (a, "writer_a"), (a, "writer_b"), (c, "writer_b"), (c, "writer_a"),
         (d, "writer_a"), (d, "writer_b")]
-    assert [r.sequence_no for r in made] == [r.id for r in made]
     delivery = {r.id: (r.message_id, r.target) for r in made}
     received = {"size": 11, "sha256": hub.store.put(b"UNB+UNOC:3'").digest}
     history = session.execute(select(HistoryLine).where(HistoryLine.message_id.in_(ids))

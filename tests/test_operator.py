@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select, update
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
@@ -125,6 +126,53 @@ def test_redeliver_refuses_a_delivered_delivery_and_changes_nothing(setup, sessi
     session.commit()
     assert session.get(Delivery, claim.delivery_id).state == "queued"
     assert _lines(session, message.id, "send_again_requested")[0].actor == "bob"
+
+
+def test_bulk_redeliver_skips_a_delivery_that_changed_before_its_turn(setup, session):
+    """The one bulk Redeliver of the API and the UI: a delivery a worker claims between
+    the selection and its turn is left exactly as the worker left it (no history line of
+    a redeliver that did not happen); the others still go, and both lists say so."""
+    setup.route("inbox", "*", "*", "writer_a")
+    messages = [setup.message() for _ in range(3)]
+    failed = [_fail(session, m.id) for m in messages]
+    middle = failed[1]
+
+    def claimed_meanwhile(state):
+        # the moment the redeliver of the middle delivery moves it, a worker has just
+        # claimed it: its state is no longer the one the redeliver read
+        if state.is_update and getattr(state.statement, "table", None) is not None \
+                and state.statement.table.name == "deliveries" \
+                and re.search(rf"\bid = {middle}\b", str(state.statement.compile(
+                    compile_kwargs={"literal_binds": True}))):
+            state.session.connection().execute(update(Delivery).where(
+                Delivery.id == middle).values(state="in_progress", lease_owner=OWNER))
+
+    event.listen(session, "do_orm_execute", claimed_meanwhile)
+    try:
+        result = operator.redeliver_many(session, select(Delivery), 100, "bob", utcnow())
+    finally:
+        event.remove(session, "do_orm_execute", claimed_meanwhile)
+    session.commit()
+
+    assert (result.redelivered, result.skipped, result.more) == (
+        [failed[0], failed[2]], [middle], False)
+    session.expire_all()
+    # the stand-in claim ran on the redeliver's own connection, inside its savepoint, so
+    # it went with the rollback: the row is as it was before either touched it
+    assert [session.get(Delivery, i).state for i in failed] == ["queued", "failed", "queued"]
+    assert _lines(session, messages[1].id, "redeliver_requested") == []
+    for message in (messages[0], messages[2]):
+        assert _lines(session, message.id, "redeliver_requested")[0].actor == "bob"
+
+
+def test_bulk_redeliver_takes_at_most_max_oldest_first(setup, session):
+    setup.route("inbox", "*", "*", "writer_a")
+    failed = [_fail(session, setup.message().id) for _ in range(3)]
+    first = operator.redeliver_many(session, select(Delivery), 2, "bob", utcnow())
+    session.commit()
+    assert (first.redelivered, first.skipped, first.more) == (failed[:2], [], True)
+    rest = operator.redeliver_many(session, select(Delivery), 2, "bob", utcnow())
+    assert (rest.redelivered, rest.more) == (failed[2:], False)  # the first two are queued
 
 
 def test_cancel_in_progress_delivery_refuses_the_late_outcome(setup, session):

@@ -253,14 +253,6 @@ def test_missing_payload_raises(store):
     assert info.value.digest == digest
     with pytest.raises(PayloadMissing):
         store.size(digest)
-    assert store.delete(digest) is False
-
-
-def test_delete(store):
-    stored = store.put(DOC)
-    assert store.exists(stored.digest)
-    assert store.delete(stored.digest) is True
-    assert not store.exists(stored.digest)
 
 
 @pytest.mark.parametrize(
@@ -276,7 +268,7 @@ def test_delete(store):
     ],
 )
 def test_bad_digest_is_refused(store, backend_of_store, digest):
-    for call in (backend_of_store.locate, store.open, store.exists, store.size, store.delete):
+    for call in (backend_of_store.locate, store.open, store.exists, store.size):
         with pytest.raises(ValueError):
             call(digest)
 

@@ -213,6 +213,34 @@ def test_sigterm_mid_attempt_fails_nothing_and_a_new_worker_delivers(
     assert not [line for line in every_line if "failed" in line]
 
 
+def test_sigterm_mid_settlement_lets_the_settlement_commit_whole_and_the_worker_exit(
+        procs, hub, session, record_dir, to_broker):
+    """SPEC 5 "Stopping": a SIGTERM whose grace period runs out while the outcome of an
+    attempt is being settled (its rows written, not yet committed) cancels nothing: the
+    settlement commits whole (state and history agree), and the worker exits cleanly."""
+    setup_recorder(hub, record_dir)
+    worker = procs.worker(extra_env={"B2BHUB_STOP_GRACE": "0.5",
+                                     "B2BHUB_FAULT_PAUSE": "settling:4"})
+    message = hub.message()
+    worker.wait_in_log("fault pause at settling", timeout=30)
+    assert delivery_of(message.id).state == "in_progress"  # not committed yet
+
+    worker.signal(signal.SIGTERM)  # the grace (0.5 s) ends inside the 4 s pause
+    assert worker.wait_exit(20) == 0, worker.output()[-4000:]
+
+    delivery = delivery_of(message.id)
+    assert (delivery.state, delivery.attempt, delivery.lease_owner) == ("delivered", 1, None)
+    assert delivery.settled_at is not None
+    lines = history(delivery.id)
+    assert lines[-1].startswith("recorder: attempt 1 delivered"), lines
+    assert not [line for line in lines if "interrupted" in line or "failed" in line], lines
+    assert [line for line in lines if "attempt 1 delivered" in line] == [lines[-1]]
+    assert rows(select(Message.status).where(Message.id == message.id)) == [("delivered",)]
+    assert [r["attempt"] for r in attempts(record_dir)] == [1]
+    output = worker.output()
+    assert "AttemptCancelled" not in output and "Traceback" not in output, output[-4000:]
+
+
 def test_route_saved_in_the_web_process_applies_to_the_next_dispatch_in_a_worker(
         procs, app, hub, session, record_dir, to_broker):
     hub.parties()

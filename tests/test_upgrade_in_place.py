@@ -18,7 +18,8 @@ from sqlalchemy.engine import make_url
 from b2bhub import create_app
 from b2bhub.models import Certificate, Message, ProtocolProfile, utcnow
 from plugins.as2.models import As2Inbound, As2Outbound
-from plugins.as2.profiles import AS2_PROFILES, save_profile
+from plugins.as2.profile_kind import AS2_PROFILES
+from plugins.as2.profiles import save_profile
 from tests.as2kit import make_pair
 from tests.conftest import IS_POSTGRES, PG_URL, _config
 

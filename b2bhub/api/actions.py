@@ -68,12 +68,15 @@ def report_receipt(body: dict, delivery_id: int):
 def redeliver_matching(body: dict):
     """Redeliver every failed, stalled or retrying delivery matching the filters (as
     ``GET /deliveries`` takes them, lists as JSON arrays), oldest first, at most ``max``
-    in one call. Each one gets its own history line naming the operator. At least one
-    filter, or ``"all": true``, is required: a request without either is refused (400)."""
-    ids, more = messages_svc.redeliver_matching(
+    in one call. Each one gets its own history line naming the operator. One that
+    changes between the selection and its turn (a worker claimed it meanwhile) is left
+    as it is and listed in ``skipped``; the others still go. At least one filter, or
+    ``"all": true``, is required: a request without either is refused (400)."""
+    result = messages_svc.redeliver_matching(
         db.session, delivery_filter(body), body["max"], g.actor, utcnow())
     db.session.commit()
-    return {"redelivered": ids, "more": more}
+    return {"redelivered": result.redelivered, "skipped": result.skipped,
+            "more": result.more}
 
 
 @bp.post("/messages")

@@ -399,6 +399,9 @@ class BulkRedeliverArgs(Schema):
 
 class BulkRedeliverResult(Schema):
     redelivered = fields.List(fields.Integer(), required=True)
+    skipped = fields.List(fields.Integer(), required=True, metadata={
+        "description": "matched, but changed before their turn (a worker claimed one "
+                       "meanwhile): left as they were, no history line"})
     more = fields.Boolean(required=True, metadata={
         "description": "true when more deliveries matched than max: call again"})
 

@@ -163,8 +163,6 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
             for t in new]
     session.add_all(rows)
     session.flush()
-    for row in rows:
-        row.sequence_no = row.id
     add_lines(session, [{"message_id": message.id, "delivery_id": r.id,
                          "type": "delivery_changed", "actor": actor,
                          "text": f"{r.target}: queued", "data": {"state": "queued"}}
@@ -237,7 +235,7 @@ def _insert_batch(session: Session, batch: list[NewMessage], targets: list[list[
     rows = _delivery_rows(batch, ids, targets)
     delivery_ids = insert_rows(conn, Delivery.__table__, rows, {
         "due_at": now, "next_wake_at": first_rewake, "created_at": now, "updated_at": now},
-        returning_ids=True, id_also="sequence_no")
+        returning_ids=True)
     made = [(did, row["message_id"], row["target"])
             for did, row in zip(delivery_ids, rows, strict=True)]
     add_lines(session, _with_delivery_ids(_intake_lines(batch, ids, targets), made), now)

@@ -69,7 +69,7 @@ def _statement(message_columns: tuple[str, ...]):
     sorted by their place (a sorted subquery is not merged into the INSERT), and the
     serial default or ``nextval`` above it draws one id per row as the rows come. So
     the messages' ids sorted ascending are those of the batch in order (``mo`` numbers
-    them so), a delivery's id, also its sequence number, follows the batch's order, and
+    them so), a delivery's id follows the batch's order, and
     the history lines' ids follow the order of ``lines``: SSE event ids rely on that."""
     messages, payloads, deliveries = Message.__table__, Payload.__table__, Delivery.__table__
     joined = "JOIN mo ON mo.n = r.message_id"
@@ -84,9 +84,9 @@ INSERT INTO payloads ({", ".join(PAYLOAD_COLUMNS)}, created_at)
 SELECT {_places(PAYLOAD_COLUMNS)}, :now
 FROM {json_recordset("payloads", typed(payloads, PAYLOAD_COLUMNS))} {joined} ORDER BY r.n),
 d AS (
-INSERT INTO deliveries (id, sequence_no, {", ".join(DELIVERY_COLUMNS)},
+INSERT INTO deliveries (id, {", ".join(DELIVERY_COLUMNS)},
 due_at, next_wake_at, created_at, updated_at)
-SELECT s.id, s.id, {", ".join(f"s.{name}" for name in DELIVERY_COLUMNS)},
+SELECT s.id, {", ".join(f"s.{name}" for name in DELIVERY_COLUMNS)},
 :now, :rewake, :now, :now
 FROM (SELECT {next_id(deliveries)} AS id, o.* FROM (
 SELECT {_places(DELIVERY_COLUMNS)}

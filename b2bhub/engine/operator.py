@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
@@ -74,6 +74,41 @@ def redeliver(session: Session, delivery_id: int, actor: str, now: datetime) -> 
     """Send a failed, stalled or retrying delivery again from the start."""
     return _requeue(session, delivery_id, actor, now, REDELIVERABLE, "redeliver_requested",
                     "redeliver")
+
+
+@dataclass
+class BulkResult:
+    redelivered: list[int]
+    skipped: list[int]  # selected, but changed before their turn: left as they were
+    more: bool  # more matched than were taken: run it again
+
+
+def redeliver_many(session: Session, selection: Select, max_count: int, actor: str,
+                   now: datetime) -> BulkResult:
+    """The bulk Redeliver of the API and the UI: the failed, stalled or retrying
+    deliveries ``selection`` (a query of deliveries) matches, oldest first, at most
+    ``max_count``, each redelivered as the single action does (its own history line
+    naming ``actor``).
+
+    A delivery that changes between the selection and its turn (a worker claimed a
+    retrying one, another operator redelivered it) is skipped and left exactly as it
+    was: its redeliver runs in a savepoint that is rolled back, so it leaves no history
+    line. The others still go; the caller commits and reports both lists. One changed
+    row never costs the operator the whole batch."""
+    ids = list(session.scalars(
+        selection.with_only_columns(Delivery.id)
+        .where(Delivery.state.in_(sorted(REDELIVERABLE)))
+        .order_by(Delivery.id).limit(max_count + 1)))
+    done, skipped = [], []
+    for delivery_id in ids[:max_count]:
+        try:
+            with session.begin_nested():
+                redeliver(session, delivery_id, actor, now)
+        except ActionRefused:
+            skipped.append(delivery_id)
+        else:
+            done.append(delivery_id)
+    return BulkResult(done, skipped, len(ids) > max_count)
 
 
 def resubmit(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:

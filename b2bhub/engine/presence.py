@@ -34,6 +34,9 @@ worker its leases are put back within ``DEAD_AFTER`` + one heartbeat + one sweep
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -44,6 +47,8 @@ from b2bhub.models import LogRecord, Process
 from b2bhub.services.pages import Page, keyset_page
 
 HEARTBEAT_SECONDS = 5.0
+# this process's name in the processes table and as a lease owner (b2bhub.hub.process_owner)
+PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 GONE_AFTER = timedelta(seconds=3 * HEARTBEAT_SECONDS)
 #: a process whose heartbeat is this old (by the database's clock) is known dead
 DEAD_AFTER = GONE_AFTER

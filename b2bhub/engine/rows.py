@@ -10,8 +10,7 @@ same for any number of rows, so psycopg parses it once and the server prepares i
 Ids come back as SQLAlchemy's own bulk insert takes them: the rows are inserted in the
 order given, the serial id of each is drawn in that order, so the ids sorted ascending
 are those of the rows in order. On SQLite the rows go through SQLAlchemy's own bulk
-insert (ids in the order of the rows), but rows with a column that takes the row's own id
-go in as one ``INSERT ... SELECT`` over ``json_each`` that sets both, with no UPDATE after.
+insert (ids in the order of the rows).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import functools
 import json
 from typing import Any
 
-from sqlalchemy import DateTime, Table, bindparam, insert, text, update
+from sqlalchemy import DateTime, Table, bindparam, insert, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
@@ -28,42 +27,31 @@ _DIALECT = postgresql.dialect()
 
 
 def insert_rows(conn: Connection, table: Table, rows: list[dict[str, Any]],
-                times: dict[str, Any] | None = None, *, returning_ids: bool = False,
-                id_also: str | None = None) -> list[int]:
+                times: dict[str, Any] | None = None, *, returning_ids: bool = False
+                ) -> list[int]:
     """Insert ``rows`` (dicts of the same JSON-safe keys) into ``table``, each with the
     columns of ``times`` (datetimes the same for every row) too. Returns the new ids in
-    the order of ``rows`` when ``returning_ids``; ``id_also`` names a column that gets
-    the row's own id (drawn from the id sequence in the same statement)."""
+    the order of ``rows`` when ``returning_ids``."""
     if not rows:
         return []
     times = times or {}
-    if conn.dialect.name == "sqlite" and id_also is not None:
-        statement = _sqlite_statement(table, tuple(rows[0]), tuple(times), id_also)
-        result = conn.execute(statement, {"rows": json.dumps(rows, separators=(",", ":")),
-                                          **times})
-        return sorted(result.scalars())
     if conn.dialect.name != "postgresql":
-        return _insert_rows_core(conn, table, rows, times, returning_ids or bool(id_also),
-                                 id_also)
-    statement = _statement(table, tuple(rows[0]), tuple(times), returning_ids, id_also)
+        return _insert_rows_core(conn, table, rows, times, returning_ids)
+    statement = _statement(table, tuple(rows[0]), tuple(times), returning_ids)
     result = conn.execute(statement, {"rows": json.dumps(rows, separators=(",", ":")),
                                       **times})
     return sorted(result.scalars()) if returning_ids else []
 
 
 def _insert_rows_core(conn: Connection, table: Table, rows: list[dict[str, Any]],
-                      times: dict[str, Any], returning_ids: bool,
-                      id_also: str | None) -> list[int]:
+                      times: dict[str, Any], returning_ids: bool) -> list[int]:
     values = [{**row, **times} for row in rows]
     if not returning_ids:
         conn.execute(insert(table), values)
         return []
-    ids = list(conn.execute(insert(table).returning(table.c.id, sort_by_parameter_order=True),
-                            values).scalars())
-    if id_also is not None:
-        conn.execute(update(table).where(table.c.id.in_(ids))
-                     .values({id_also: table.c.id}))
-    return ids
+    return list(conn.execute(insert(table).returning(table.c.id,
+                                                     sort_by_parameter_order=True),
+                             values).scalars())
 
 
 def typed(table: Table, columns: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -88,37 +76,13 @@ def next_id(table: Table) -> str:
 
 @functools.cache
 def _statement(table: Table, columns: tuple[str, ...], times: tuple[str, ...],
-               returning_ids: bool, id_also: str | None):
+               returning_ids: bool):
     """The INSERT for these columns, built once per shape."""
     ordered = f"SELECT r.* FROM {json_recordset('rows', typed(table, columns))} ORDER BY r.n"
     targets = [*columns, *times]
     values = [f"s.{name}" for name in columns] + [f":{name}" for name in times]
     source = f"({ordered}) AS s"
-    if id_also is not None:
-        # the volatile nextval keeps this subquery from being merged into the outer
-        # query, so each row draws one id, used twice
-        source = f"(SELECT {next_id(table)} AS id, o.* FROM ({ordered}) AS o) AS s"
-        targets = ["id", id_also, *targets]
-        values = ["s.id", "s.id", *values]
     sql = (f"INSERT INTO {table.name} ({', '.join(targets)}) "
            f"SELECT {', '.join(values)} FROM {source}"
            + (" RETURNING id" if returning_ids else ""))
-    return text(sql).bindparams(*(bindparam(name, type_=DateTime()) for name in times))
-
-
-@functools.cache
-def _sqlite_statement(table: Table, columns: tuple[str, ...], times: tuple[str, ...],
-                      id_also: str):
-    """SQLite's INSERT of rows that take their own id in ``id_also`` too, in one
-    statement: each row gets the id SQLite would draw itself for a table without
-    AUTOINCREMENT (the largest id + 1, in the order of the rows), set explicitly in
-    both columns; the statement reads the largest id under the write lock it holds."""
-    extracted = [f"json_extract(j.value, '$.{name}')" for name in columns]
-    targets = ["id", id_also, *columns, *times]
-    values = ["b.m + j.key + 1", "b.m + j.key + 1", *extracted,
-              *(f":{name}" for name in times)]
-    sql = (f"INSERT INTO {table.name} ({', '.join(targets)}) "
-           f"SELECT {', '.join(values)} "
-           f"FROM (SELECT COALESCE(MAX(id), 0) AS m FROM {table.name}) AS b, "
-           f"json_each(:rows) AS j ORDER BY j.key RETURNING id")
     return text(sql).bindparams(*(bindparam(name, type_=DateTime()) for name in times))

@@ -261,6 +261,8 @@ class TargetRunner:
             written, claims, instance = machine.settle_and_claim(
                 session, outcomes, last.policy if last is not None else None, target,
                 self.owner, self.clock(), settings.lease_seconds, batch_size)
+            if outcomes:
+                faults.pause("settling")
             session.commit()
             if claims is None:  # another worker was claiming: settled alone, now claim
                 instance = machine.lock_target(session, target)
@@ -353,6 +355,7 @@ class TargetRunner:
             return
         with self.stop.settling(), serialized_writes(session):
             written = machine.settle_many(session, outcomes, policy, self.clock())
+            faults.pause("settling")
             session.commit()
         report.settled += sum(written)
         report.stale += len(written) - sum(written)

@@ -25,7 +25,6 @@ class StopControl:
         self.requested = threading.Event()
         self._attempt_running = False
         self._settling = False
-        self._cancel_pending = False
 
     def request(self, grace: float) -> None:
         """Stop claiming now; cancel a running attempt after ``grace`` seconds."""
@@ -42,9 +41,9 @@ class StopControl:
         self._cancel()
 
     def _cancel(self) -> None:
-        if self._settling:
-            self._cancel_pending = True
-        elif self._attempt_running:
+        # during a settlement nothing is raised: the settlement commits whole, and the
+        # runner, seeing ``requested``, claims nothing after it
+        if self._attempt_running and not self._settling:
             raise AttemptCancelled("stop grace period over")
 
     @contextmanager
@@ -63,7 +62,6 @@ class StopControl:
             yield
         finally:
             self._settling = False
-            self._cancel_pending = False
 
 
 

@@ -73,7 +73,7 @@ class Delivery(Base):
         Index("ix_deliveries_state_lease", "state", "lease_until"),
         Index("ix_deliveries_state_receipt", "state", "receipt_deadline"),
         Index("ix_deliveries_target_state", "target", "state", "due_at"),
-        Index("ix_deliveries_sequence", "target", "sequence_key", "sequence_no"),
+        Index("ix_deliveries_sequence", "target", "sequence_key", "id"),
         Index("ix_deliveries_receipt_ref", "receipt_ref"),
         # the claim's order over the claimable rows only (migration 0007)
         Index("ix_deliveries_claimable", "target", "due_at", "id",
@@ -96,7 +96,6 @@ class Delivery(Base):
     receipt_ref: Mapped[str | None] = mapped_column(String(255), default=None)
     receipt_deadline: Mapped[datetime | None] = mapped_column(default=None)
     sequence_key: Mapped[str | None] = mapped_column(String(200), default=None)
-    sequence_no: Mapped[int | None] = mapped_column(BigId, default=None)
     last_result: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

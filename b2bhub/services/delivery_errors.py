@@ -69,18 +69,11 @@ def count_errors(session: Session, f: ErrorFilter) -> int:
 
 
 def redeliver_errors(session: Session, f: ErrorFilter, ids: list[int] | None, actor: str,
-                     now: datetime) -> list[int]:
-    """Redeliver the deliveries with ``ids`` that the filter matches, or every matching
-    one when ``ids`` is None; each gets its own history line naming ``actor``. Returns
-    the ids redelivered; one that changed meanwhile is left as it is."""
-    stmt = _query(f).with_only_columns(Delivery.id).order_by(Delivery.id).limit(BULK_LIMIT)
+                     now: datetime) -> operator.BulkResult:
+    """The bulk Redeliver (:func:`b2bhub.engine.operator.redeliver_many`) of the
+    deliveries with ``ids`` that the filter matches, or of every matching one when
+    ``ids`` is None, at most :data:`BULK_LIMIT`."""
+    stmt = _query(f)
     if ids is not None:
         stmt = stmt.where(Delivery.id.in_(ids))
-    done = []
-    for delivery_id in session.scalars(stmt).all():
-        try:
-            operator.redeliver(session, delivery_id, actor, now)
-        except operator.ActionRefused:
-            continue
-        done.append(delivery_id)
-    return done
+    return operator.redeliver_many(session, stmt, BULK_LIMIT, actor, now)

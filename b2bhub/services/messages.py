@@ -158,17 +158,12 @@ def list_deliveries(session: Session, filters: DeliveryFilter, limit: int,
 
 
 def redeliver_matching(session: Session, filters: DeliveryFilter, max_count: int,
-                       actor: str, now: datetime) -> tuple[list[int], bool]:
-    """Redeliver (as the single action does, a history line each naming ``actor``) the
-    failed, stalled or retrying deliveries matching ``filters``, oldest first, at most
-    ``max_count``; True as second value when more matched. All or nothing: if one of
-    them changes meanwhile the whole call is refused and the caller rolls back."""
+                       actor: str, now: datetime) -> operator.BulkResult:
+    """The bulk Redeliver (:func:`b2bhub.engine.operator.redeliver_many`) of the
+    failed, stalled or retrying deliveries matching ``filters``."""
     allowed = sorted(operator.REDELIVERABLE)
     states = [state for state in (filters.state or allowed) if state in allowed]
     if not states:
-        return [], False
-    query = delivery_query(replace(filters, state=states), (Delivery.id,))
-    ids = list(session.scalars(query.order_by(Delivery.id).limit(max_count + 1)))
-    for delivery_id in ids[:max_count]:
-        operator.redeliver(session, delivery_id, actor, now)
-    return ids[:max_count], len(ids) > max_count
+        return operator.BulkResult([], [], False)
+    return operator.redeliver_many(
+        session, delivery_query(replace(filters, state=states)), max_count, actor, now)

@@ -59,14 +59,17 @@ def redeliver_errors():
               "matching.", "error")
     else:
         try:
-            done = svc.redeliver_errors(db.session, f, ids, g.actor, utcnow())
+            result = svc.redeliver_errors(db.session, f, ids, g.actor, utcnow())
         except ServiceError as exc:
             db.session.rollback()
             flash(exc.message, "error")
         else:
             db.session.commit()
-            flash(f"{len(done)} deliver{'y' if len(done) == 1 else 'ies'} queued again"
+            done, skipped = len(result.redelivered), len(result.skipped)
+            flash(f"{done} deliver{'y' if done == 1 else 'ies'} queued again"
+                  + (f"; {skipped} had changed meanwhile and were left as they are"
+                     if skipped else "")
                   + (f" (at most {svc.BULK_LIMIT} at once; run it again for the rest)"
-                     if len(done) == svc.BULK_LIMIT else ""))
+                     if result.more else ""))
     args = {k: request.form.getlist(k) for k in FILTER_ARGS if request.form.get(k)}
     return redirect(url_for("ui.delivery_errors", **args))

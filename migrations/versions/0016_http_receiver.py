@@ -1,7 +1,7 @@
 """http_receiver: per-instance bearer tokens (hashed) and remembered Idempotency-Keys
 
 Revision ID: 0016_http_receiver
-Revises: 0014_notifications
+Revises: 0015_tidy
 Create Date: 2026-12-01 23:10:00.000000
 
 """
@@ -11,7 +11,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision = '0016_http_receiver'
-down_revision = '0014_notifications'
+down_revision = '0015_tidy'
 branch_labels = None
 depends_on = None
 

@@ -28,6 +28,7 @@ from b2bhub.plugin_api import (
 )
 from plugins.as2 import lib, profiles
 from plugins.as2.models import As2Outbound
+from plugins.as2.replies import text_reply
 
 log = logging.getLogger(__name__)
 #: an asynchronous MDN may overtake the settlement of the attempt that sent the message
@@ -88,7 +89,6 @@ def record_stage(session: Session, message_id: int, stage: str, stored: StoredPa
 
 def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, found: dict,
                 now: datetime):
-    from plugins.as2.receiver import _text
     context: dict = {}
 
     def find(orig_id, _recipient):
@@ -109,7 +109,7 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
         log.warning("unattributable MDN for Message-ID %s: no message of ours; %s %s",
                     orig_id, status, detail)
         session.rollback()
-        return _text(400, f"MDN refused: no message of ours has Message-ID {orig_id}")
+        return text_reply(400, f"MDN refused: no message of ours has Message-ID {orig_id}")
     ok, text = outcome_text(status, detail)
     delivery = _wait_settled(session, row)
     record_receipt(session, row.message_id, stored_raw, now)
@@ -121,13 +121,13 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
                  delivery_id=delivery.id if delivery else None, now=now)
         session.commit()
         log.warning("unattributable MDN for %s: delivery is %s", row.as2_message_id, state)
-        return _text(200, f"MDN refused: the delivery is {state}")
+        return text_reply(200, f"MDN refused: the delivery is {state}")
     settled = settle_receipt(session, delivery.id, row.as2_message_id, ok, text, now,
                                      actor=row.partner)
     session.commit()
     if not settled:
         log.warning("unattributable MDN for %s", row.as2_message_id)
-    return _text(200, "MDN received" if settled else "MDN refused: already settled")
+    return text_reply(200, "MDN received" if settled else "MDN refused: already settled")
 
 
 def _org_of(session: Session, row: As2Outbound) -> str:

@@ -27,7 +27,7 @@ from b2bhub.plugin_api import (
     Strategy,
     TargetContext,
 )
-from plugins.as2.profiles import AS2_PROFILES
+from plugins.as2.profile_kind import AS2_PROFILES
 
 MDN_JOB = "as2_send_mdns"
 

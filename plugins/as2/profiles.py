@@ -39,7 +39,6 @@ from b2bhub.plugin_api import (
     Conflict,
     NotFound,
     Party,
-    ProfileKind,
     ProtocolProfile,
     ServiceError,
     bump_version,
@@ -321,36 +320,6 @@ def _cert_json(cert: Certificate, now: datetime) -> dict:
 
 def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() + "Z" if moment else None
-
-
-class As2Profiles(ProfileKind):
-    """The ``as2`` profile kind: ``/{organizations,partners}/<name>/profiles/as2`` and
-    its UI page (:mod:`.ui`: certificates are uploaded as files there)."""
-
-    kind = PROTOCOL
-    label = "AS2"
-
-    def fields(self) -> tuple[str, ...]:
-        return tuple(FIELDS)
-
-    def get(self, session: Session, party_kind: str, name: str) -> dict:
-        return profile_json(get_profile(session, party_kind, name), utcnow())
-
-    def save(self, session: Session, party_kind: str, name: str, body: dict) -> dict:
-        return profile_json(save_profile(session, party_kind, name, body), utcnow())
-
-    def delete(self, session: Session, party_kind: str, name: str) -> None:
-        delete_profile(session, party_kind, name)
-
-    def describe(self, profile: dict) -> str:
-        return f"AS2 ID {profile['as2_id']}"
-
-    def ui_page(self, party, shown: dict | None):
-        from plugins.as2.ui import profile_page
-        return profile_page(self, party, shown)
-
-
-AS2_PROFILES = As2Profiles()
 
 
 # --- lookup for receiving and sending ----------------------------------------------

@@ -30,7 +30,7 @@ import os
 import re
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import IO
 
@@ -55,6 +55,8 @@ from b2bhub.plugin_api import (
 )
 from plugins.as2 import lib, mdn_in, profiles
 from plugins.as2.models import As2Inbound
+from plugins.as2.replies import Reply
+from plugins.as2.replies import text_reply as _text
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SIZE = 100 * 1024 * 1024
@@ -128,20 +130,6 @@ class _Stages:
                 futures.wait([started])  # not while the writer thread still writes
         self._small = []
         self._batch.discard()
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytes = b""
-    message_id: int | None = None
-    mdn_owed: bool = False  # an asynchronous MDN row is due: wake the sender
-
-
-def _text(status: int, text: str, **kw) -> Reply:
-    return Reply(status, {"Content-Type": "text/plain; charset=utf-8"},
-                 (text + "\n").encode(), **kw)
 
 
 def _party_name(as2_id: str | None) -> str:

@@ -1,0 +1,41 @@
+"""The ``as2`` profile kind the AS2 types register: the profile functions of
+:mod:`.profiles` behind the plugin API's :class:`ProfileKind`, and the page of :mod:`.ui`.
+Neither of those imports this module, so the three make no circle."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from b2bhub.plugin_api import ProfileKind, utcnow
+from plugins.as2 import profiles
+
+
+class As2Profiles(ProfileKind):
+    """The ``as2`` profile kind: ``/{organizations,partners}/<name>/profiles/as2`` and
+    its UI page (:mod:`.ui`: certificates are uploaded as files there)."""
+
+    kind = profiles.PROTOCOL
+    label = "AS2"
+
+    def fields(self) -> tuple[str, ...]:
+        return tuple(profiles.FIELDS)
+
+    def get(self, session: Session, party_kind: str, name: str) -> dict:
+        return profiles.profile_json(profiles.get_profile(session, party_kind, name), utcnow())
+
+    def save(self, session: Session, party_kind: str, name: str, body: dict) -> dict:
+        saved = profiles.save_profile(session, party_kind, name, body)
+        return profiles.profile_json(saved, utcnow())
+
+    def delete(self, session: Session, party_kind: str, name: str) -> None:
+        profiles.delete_profile(session, party_kind, name)
+
+    def describe(self, profile: dict) -> str:
+        return f"AS2 ID {profile['as2_id']}"
+
+    def ui_page(self, party, shown: dict | None):
+        from plugins.as2.ui import profile_page  # the UI's libraries: in the web only
+        return profile_page(self, party, shown)
+
+
+AS2_PROFILES = As2Profiles()

@@ -1,0 +1,21 @@
+"""The receiving endpoint's replies: shared by the message path (:mod:`.receiver`) and
+the MDN path (:mod:`.mdn_in`), which therefore need not import each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    message_id: int | None = None
+    mdn_owed: bool = False  # an asynchronous MDN row is due: wake the sender
+
+
+def text_reply(status: int, text: str, **kw) -> Reply:
+    """A plain-text reply of one line."""
+    return Reply(status, {"Content-Type": "text/plain; charset=utf-8"},
+                 (text + "\n").encode(), **kw)
