@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
@@ -53,19 +54,75 @@ def original_message(row: As2Outbound, org: profiles.As2Profile,
     return message
 
 
-def read_mdn(raw: bytes, find) -> tuple[str | None, str | None, str | None]:
-    """(status, detail, original Message-ID) of an MDN; never raises."""
+@dataclass
+class Receipt:
+    """An MDN as read: pyas2lib's status and detail, and what the judgement needs."""
+
+    status: str | None
+    detail: str | None
+    orig_id: str | None
+    signed: bool = False
+    mic: str | None = None  # the Received-Content-MIC, as sent
+    signature_error: str | None = None  # our check of its signature failed
+
+
+def read_mdn(raw: bytes, find) -> Receipt:
+    """The MDN's receipt; never raises."""
     mdn = lib.Mdn()
-    status, detail = mdn.parse(raw, find)
-    return status, detail, mdn.orig_message_id
+    with lib.mdn_verifying() as check:
+        status, detail = mdn.parse(raw, find)
+    head = lib.read_headers(raw.partition(b"\r\n\r\n")[0])
+    receipt = Receipt(status, detail, mdn.orig_message_id,
+                      signed=head.get("content-type", "").lower().startswith(
+                          "multipart/signed"))
+    if check.error is not None:
+        receipt.signature_error = str(check.error) or type(check.error).__name__
+    try:
+        for part in mdn.payload.walk() if mdn.payload is not None else ():
+            if part.get_content_type() == "message/disposition-notification":
+                fields = part.get_payload()[-1]
+                receipt.mic = (fields.get("Received-Content-MIC") or "").strip() or None
+    except Exception:  # a report pyas2lib could not read either: no MIC
+        pass
+    return receipt
 
 
-def outcome_text(status: str | None, detail: str | None) -> tuple[bool, str]:
+#: pyas2lib's details of an MDN it could not read itself (not the partner's disposition)
+_UNREADABLE = ("Failed to parse received MDN", "mdn-not-found")
+_UNSIGNED = "Expected signed MDN but unsigned MDN returned"
+
+
+def judge(receipt: Receipt, accept_without_mic: bool = False) -> tuple[bool, str]:
+    """(delivered, history text) of a receipt; each case its own words (README "AS2
+    receipts"): the partner's negative disposition, a signature failing our check, a MIC
+    that differs, a signed MDN without MIC (a failure unless the partner's profile has
+    ``accept_mdn_without_mic``, then delivered with a warning), an unsigned MDN where a
+    signed one was asked for, an MDN we could not read."""
+    status, detail = receipt.status, receipt.detail
+    if receipt.signature_error is not None:
+        return False, (f"MDN signature failed our verification: {receipt.signature_error}; "
+                       "the partner's disposition is not trusted")
+    if status == "failed/Failure" and detail == _UNSIGNED:
+        return False, "unsigned MDN, although a signed one was asked for"
+    if status == "failed/Failure" and detail and detail.startswith(_UNREADABLE):
+        return False, f"MDN could not be read: {detail}"
+    if status == "processed/warning" and detail == "Message Integrity check failed.":
+        return False, (f"MIC mismatch: the MDN confirms {receipt.mic or '?'}, which is not "
+                       "the MIC of what we sent")
     if status == "processed":
-        return True, "MDN processed; MIC verified"
+        if receipt.signed and not receipt.mic:
+            if accept_without_mic:
+                return True, ("MDN processed; warning: signed MDN without "
+                              "Received-Content-MIC, accepted (accept_mdn_without_mic): "
+                              "MIC not verified")
+            return False, ("signed MDN without Received-Content-MIC: nothing to compare, "
+                           "the MIC is not verified (RFC 4130 7.4.3)")
+        if receipt.mic:
+            return True, "MDN processed; MIC verified"
+        return True, "MDN processed (unsigned, without MIC: nothing verified)"
     if status == "processed/warning":
-        return False, f"MDN with a warning: {detail}"
-    return False, f"negative MDN: {status}: {detail}"
+        return False, f"MDN with a warning from the partner: {detail}"
+    return False, f"negative MDN from the partner: {status}: {detail}"
 
 
 def record_receipt(session: Session, message_id: int, stored: StoredPayload,
@@ -100,17 +157,18 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
         partner = profiles.by_party(session, row.partner)
         if org is None or partner is None:
             return None
-        context["row"] = row
+        context["row"], context["partner"] = row, partner
         return original_message(row, org, partner)
 
-    status, detail, orig_id = read_mdn(raw, find)
+    receipt = read_mdn(raw, find)
+    status, detail, orig_id = receipt.status, receipt.detail, receipt.orig_id
     row = context.get("row")
     if row is None:
         log.warning("unattributable MDN for Message-ID %s: no message of ours; %s %s",
                     orig_id, status, detail)
         session.rollback()
         return _text(400, f"MDN refused: no message of ours has Message-ID {orig_id}")
-    ok, text = outcome_text(status, detail)
+    ok, text = judge(receipt, bool(context["partner"].get("accept_mdn_without_mic")))
     delivery = _wait_settled(session, row)
     record_receipt(session, row.message_id, stored_raw, now)
     if delivery is None or delivery.state != DeliveryState.AWAITING_RECEIPT:

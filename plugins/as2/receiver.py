@@ -60,6 +60,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_SIZE = 100 * 1024 * 1024
 TYPE = "as2_receiver"
 CHUNK = 1 << 20
+#: the Server header of our answers
+SERVER = lib.PRODUCT
 
 
 #: a large raw stage is written here while the request parses, the stages made durable
@@ -453,6 +455,7 @@ def _negative_mdn(found: dict, msgid: str | None, reason: str):
         stub.payload[key] = value
     stub.payload.set_type("application/octet-stream")
     stub.message_id = msgid or "unknown"
+    stub.receiver = lib.organization_stub(lib.unquote(found.get("as2-to")), None)
     mdn = lib.Mdn(mdn_mode="ASYNC" if found.get("receipt-delivery-option") else "SYNC",
                   mdn_url=found.get("receipt-delivery-option"))
     mdn.build(message=stub, status="processed/Error",
