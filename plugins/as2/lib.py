@@ -10,10 +10,11 @@ import ipaddress
 import logging
 import socket
 import threading
-from email import encoders as _encoders
 from contextlib import contextmanager
+from email import encoders as _encoders
 from email import policy
 from importlib import metadata
+from urllib.parse import urlsplit
 
 import pyas2lib.as2 as _as2
 import pyas2lib.cms as _cms
@@ -23,7 +24,6 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, load_der_private_key, pkcs7
 from pyas2lib import Mdn as _PyMdn
 from pyas2lib import Message, Organization, Partner
-from urllib.parse import urlsplit
 
 from plugins.as2.profiles import As2Profile
 
@@ -422,10 +422,14 @@ def content_mic(entity, alg: str) -> bytes:
     """The MIC of an unsigned message (RFC 4130 7.3.1: over the MIME content, headers
     included): here its MIME headers (``Content-*``: type, transfer encoding, disposition;
     not Content-Length nor the transport's AS2 and HTTP headers, which differ between the
-    two ends) and its
+    two ends; each name once, its first value) and its
     body's bytes, so sender and receiver compute the same."""
-    head = "".join(f"{k}: {v}\r\n" for k, v in entity.items()
-                   if k.lower().startswith("content-") and k.lower() != "content-length")
+    seen: dict[str, str] = {}
+    for k, v in entity.items():  # each once: a parsed message may repeat them
+        name = k.lower()
+        if name.startswith("content-") and name != "content-length" and name not in seen:
+            seen[name] = f"{k}: {v}\r\n"
+    head = "".join(seen.values())
     body = entity.get_payload(decode=True) or b""
     digest = hashlib.new(alg, head.encode("utf-8") + b"\r\n" + body).digest()
     return binascii.b2a_base64(digest).strip()
