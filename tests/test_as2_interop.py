@@ -14,6 +14,7 @@ import re
 from email import policy
 
 import pytest
+import requests
 
 from plugins.as2 import lib, profiles
 from tests.test_as2 import (  # noqa: F401  (fixtures)
@@ -277,3 +278,51 @@ def test_the_partner_receives_each_document_byte_for_byte(as2, sign, encrypt, co
         if not (sign or encrypt or compress):  # the document is the body itself
             assert sent.endswith(b"\r\n\r\n" + body)
             assert b"content-transfer-encoding: binary" in sent.lower()
+
+
+# --- 6 (part). an MDN no message of ours matches -------------------------------------
+
+def test_an_unmatched_mdn_is_kept_as_an_unattributable_receipt_and_cleaned_with_the_rest(
+        as2):
+    from datetime import timedelta
+
+    from sqlalchemy import select
+
+    from b2bhub.engine.cleanup import plugin_references, run_cleanup
+    from b2bhub.models import Alert, Message, Payload, utcnow
+    from b2bhub.payloads import PayloadMissing
+    from plugins.as2.mdn_in import UNMATCHED_ALERT
+
+    body = (b"--b1\r\nContent-Type: text/plain\r\n\r\nreceipt\r\n--b1\r\n"
+            b"Content-Type: message/disposition-notification\r\n\r\n"
+            b"Reporting-UA: acme\r\nOriginal-Recipient: rfc822; HUB\r\n"
+            b"Final-Recipient: rfc822; HUB\r\nOriginal-Message-ID: <never-sent@hub.example>\r\n"
+            b"Disposition: automatic-action/MDN-sent-automatically; processed\r\n\r\n"
+            b"--b1--\r\n")
+    answer = requests.post(as2.url, data=body, timeout=30, headers={
+        "Content-Type": 'multipart/report; report-type=disposition-notification; '
+                        'boundary="b1"',
+        "AS2-From": "ACME", "AS2-To": "HUB", "AS2-Version": "1.2",
+        "Message-ID": "<mdn-1@acme.example>"})
+    assert answer.status_code == 200, answer.text  # not refused: nothing to post again
+    assert "never-sent@hub.example" in answer.text
+    [message] = as2.messages()
+    assert message.status == "refused" and message.from_party == "ACME"
+    assert "unattributable MDN" in message.status_text
+    assert "never-sent@hub.example" in message.status_text
+    raw = as2.stages(message.id)["raw"]
+    assert raw.endswith(body)
+    [alert] = as2.session.scalars(select(Alert).where(Alert.kind == UNMATCHED_ALERT))
+    assert alert.message_id == message.id and "never-sent@hub.example" in alert.text
+    # retention removes it, and its stored MDN, with the rest
+    digest = as2.session.scalar(select(Payload.digest).where(
+        Payload.message_id == message.id, Payload.stage == "raw"))
+    message_id = message.id
+    report = run_cleanup(as2.session, as2.hub.store, utcnow() + timedelta(days=400),
+                         "tests", references=plugin_references(as2.hub.registry),
+                         orphan_grace=0)  # the file was just written
+    assert report.messages >= 1 and report.files >= 1
+    as2.session.expire_all()
+    assert as2.session.scalar(select(Message.id).where(Message.id == message_id)) is None
+    with pytest.raises(PayloadMissing):
+        as2.hub.store.open(digest)

@@ -5,7 +5,8 @@ An MDN is matched by its Original-Message-ID to the ``as2_outbound`` row of the
 delivery (Original-Recipient is not needed: some partners leave it out). It settles a
 delivery awaiting a receipt; one that comes after the delivery was settled (a second
 MDN, or one after the Receipt Timeout failed it) is refused and logged as
-unattributable, and the delivery stays as it was.
+unattributable, and the delivery stays as it was. One that matches no message of ours
+is kept as an unattributable receipt (:func:`_unmatched`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from sqlalchemy.orm import Session
 from b2bhub.plugin_api import (
     Delivery,
     DeliveryState,
+    NewMessage,
     Payload,
     PayloadStore,
     StoredPayload,
     add_line,
+    raise_alert,
     settle_receipt,
+    store_refused,
 )
 from plugins.as2 import lib, profiles
 from plugins.as2.models import As2Outbound
@@ -144,7 +148,7 @@ def record_stage(session: Session, message_id: int, stage: str, stored: StoredPa
 
 
 def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, found: dict,
-                now: datetime):
+                now: datetime, instance: str = "as2"):
     from plugins.as2.receiver import _text
     context: dict = {}
 
@@ -164,10 +168,7 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
     status, detail, orig_id = receipt.status, receipt.detail, receipt.orig_id
     row = context.get("row")
     if row is None:
-        log.warning("unattributable MDN for Message-ID %s: no message of ours; %s %s",
-                    orig_id, status, detail)
-        session.rollback()
-        return _text(400, f"MDN refused: no message of ours has Message-ID {orig_id}")
+        return _unmatched(session, instance, found, stored_raw, orig_id, status, detail, now)
     ok, text = judge(receipt, bool(context["partner"].get("accept_mdn_without_mic")))
     delivery = _wait_settled(session, row)
     record_receipt(session, row.message_id, stored_raw, now)
@@ -186,6 +187,39 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
     if not settled:
         log.warning("unattributable MDN for %s", row.as2_message_id)
     return _text(200, "MDN received" if settled else "MDN refused: already settled")
+
+
+#: the alert of an MDN no message of ours matches
+UNMATCHED_ALERT = "as2_unattributable_mdn"
+
+
+def _unmatched(session: Session, instance: str, found: dict, stored_raw: StoredPayload,
+               orig_id: str | None, status: str | None, detail: str | None,
+               now: datetime):
+    """An MDN no message of ours matches: kept as an unattributable receipt, a Refused
+    message of the receiver instance with the MDN as its ``raw`` stage (so retention and
+    the nightly cleanup remove it with the rest), the reason in its history and an
+    ``as2_unattributable_mdn`` alert for the operator. The partner gets 200 with the
+    reason: RFC 4130 gives the answer to an MDN's POST no other meaning, and a refusal
+    would only make it post the same MDN again."""
+    from plugins.as2.receiver import _party_name, _text
+    wanted = orig_id or "(none)"
+    reason = (f"unattributable MDN: no message of ours has Message-ID <{wanted}> "
+              f"(disposition {status}: {detail})")
+    new = NewMessage(source=instance, from_party=_party_name(lib.unquote(found.get("as2-from"))),
+                     to_party=_party_name(lib.unquote(found.get("as2-to"))),
+                     stages={"raw": (stored_raw.digest, stored_raw.size)},
+                     external_id=lib.message_id_of(found.get("message-id")))
+    message_id = store_refused(session, new, reason, now)
+    raise_alert(session, UNMATCHED_ALERT, f"{new.from_party} <{wanted}>"[:200],
+                f"An MDN from {new.from_party} names Message-ID <{wanted}>, which no message "
+                "of ours has; it is kept as message " f"{message_id}.",
+                message_id=message_id, now=now)
+    session.commit()
+    log.warning("unattributable MDN for Message-ID %s: no message of ours; %s %s",
+                orig_id, status, detail)
+    return _text(200, f"MDN received, but no message of ours has Message-ID <{wanted}>: "
+                      "kept as unattributable", message_id=message_id)
 
 
 def _org_of(session: Session, row: As2Outbound) -> str:

@@ -195,7 +195,8 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
         stages = _Stages(store, raw)
         stages.durable().result()
         stored = stages.raw()["raw"]
-        return mdn_in.receive_mdn(session, store, raw, StoredPayload(*stored), found, now)
+        return mdn_in.receive_mdn(session, store, raw, StoredPayload(*stored), found, now,
+                                  instance=instance)
     if not (as2_from and as2_to and msgid):
         missing = [h for h, v in (("AS2-From", as2_from), ("AS2-To", as2_to),
                                   ("Message-ID", msgid)) if not v]
