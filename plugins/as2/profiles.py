@@ -116,6 +116,8 @@ CHOICES: dict[str, tuple[Any, Any]] = {
     "accept_mdn_without_mic": (False, _bool),
 }
 FIELDS = {"as2_id", "certificate", *CHOICES}
+#: an organization's identity choices (optional texts)
+IDENTITY = ("message_id_domain", "disposition_notification_to", "mdn_text", "mdn_failed_text")
 
 
 @dataclass(frozen=True)
