@@ -80,6 +80,7 @@ def test_a_peer_answering_411_to_chunked_gets_the_message_again_with_content_len
     delivery = as2.delivery(message.id)
     assert delivery.state == "delivered", delivery.last_result
     assert "MIC verified" in delivery.last_result
+    assert "411 to chunked: sent again with Content-Length" in delivery.last_result
 
 
 # --- 2. identity -----------------------------------------------------------------------

@@ -79,10 +79,12 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         chunked = bool(partner.get("chunked"))
         try:
             answer = _post(partner.get("url"), headers, body, chunked, timeout)
+            sent_as = f"sent as <{message.message_id}>"
             if answer.status_code == 411 and chunked:
                 # Length Required: the partner takes no chunked body; once more with
                 # Content-Length (README "AS2 defaults")
                 answer = _post(partner.get("url"), headers, body, False, timeout)
+                sent_as += " (411 to chunked: sent again with Content-Length)"
         except requests.Timeout as exc:
             return Outcome.error("timeout", f"timed out: {exc}")
         except requests.ConnectionError as exc:
@@ -97,9 +99,9 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         if mode == "async":
             deadline = context.now + timedelta(seconds=partner.get("receipt_timeout"))
             return Outcome.awaiting_receipt(message.message_id, deadline,
-                                            f"sent as <{message.message_id}>; MDN to follow")
+                                            f"{sent_as}; MDN to follow")
         if mode != "sync":
-            return Outcome.delivered(f"sent as <{message.message_id}>: HTTP {code}")
+            return Outcome.delivered(f"{sent_as}: HTTP {code}")
         raw = lib.wire(answer.headers.items(), answer.content)
         receipt = context.store.put(raw)
         read = mdn_in.read_mdn(
@@ -107,7 +109,7 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         mdn_in.record_receipt(session, delivery.message_id, receipt, context.now)
         session.commit()
         ok, text = mdn_in.judge(read, bool(partner.get("accept_mdn_without_mic")))
-        text = f"sent as <{message.message_id}>: {text}"
+        text = f"{sent_as}: {text}"
         return Outcome.delivered(text) if ok else Outcome.failed(text)
     finally:
         session.close()
