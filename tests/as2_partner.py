@@ -33,7 +33,7 @@ LOCK = threading.Lock()
 def org(mdn_url=None) -> Organization:
     key = (CONFIG["key"] + CONFIG["cert"]).encode()
     return Organization(as2_name=CONFIG["as2_id"], sign_key=key, decrypt_key=key,
-                        mdn_url=mdn_url)
+                        mdn_url=mdn_url, domain="acme.example")  # its Message-IDs
 
 
 def hub(**choices) -> Partner:
@@ -48,6 +48,11 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _body(self) -> bytes:
+        if CONFIG.get("content_length_only"):
+            # as a WSGI stack that reads by Content-Length alone: a chunked body reads
+            # as empty (and the connection is not reused, the chunks being unread)
+            self.close_connection = True
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             if CONFIG.get("refuse_chunked"):
                 return None
@@ -115,7 +120,11 @@ class Handler(BaseHTTPRequestHandler):
                              "content": base64.b64encode(message.content or b"").decode()
                              if status == "processed" else None,
                              "signed": message.signed, "encrypted": message.encrypted,
-                             "compressed": message.compressed})
+                             "compressed": message.compressed,
+                             "wire": base64.b64encode(raw).decode(),
+                             "chunked": self.headers.get("Transfer-Encoding", "").lower()
+                             == "chunked"})
+        mdn = _quirk(message, mdn)
         if mdn is None:
             self._reply(200, b"ok")
         elif mdn.mdn_mode == "SYNC":
@@ -123,7 +132,10 @@ class Handler(BaseHTTPRequestHandler):
             if CONFIG.get("micalg_dash") and "micalg=" in headers.get("Content-Type", ""):
                 headers["Content-Type"] = headers["Content-Type"].replace(
                     "micalg=sha256", "micalg=sha-256")
-            self._reply(200, mdn.content, headers)
+            content = mdn.content
+            if CONFIG.get("mdn_quirk") == "bad_signature":  # the signed report altered
+                content = content.replace(b"MDN-sent-automatically", b"MDN-sent-automaticallY", 1)
+            self._reply(200, content, headers)
         else:
             self._reply(200, b"ok")
             content = mdn.content
@@ -139,8 +151,27 @@ class Handler(BaseHTTPRequestHandler):
     def _mdn(self, raw: bytes) -> None:
         result = Mdn().parse(raw, lambda mid, _r: SENT.get(mid))
         with LOCK:
-            MDNS.append({"status": result[0], "detail": result[1]})
+            MDNS.append({"status": result[0], "detail": result[1],
+                         "wire": base64.b64encode(raw).decode()})
         self._reply(200, b"ok")
+
+
+def _quirk(message, mdn):
+    """The MDN built again as a partner may get it wrong (``mdn_quirk``): no
+    Received-Content-MIC, a MIC that differs, a negative disposition."""
+    quirk = CONFIG.get("mdn_quirk")
+    if mdn is None or quirk not in ("no_mic", "wrong_mic", "negative"):
+        return mdn
+    status, detail = "processed", None
+    if quirk == "no_mic":
+        message.mic = None
+    elif quirk == "wrong_mic":
+        message.mic = base64.b64encode(b"\0" * 32)
+    else:
+        status, detail = "processed/Error", "decryption-failed"
+    again = Mdn(mdn_mode=mdn.mdn_mode, mdn_url=mdn.mdn_url, digest_alg=mdn.digest_alg)
+    again.build(message, status, detail)
+    return again
 
 
 def _drop_original_recipient(mdn) -> bytes:
@@ -182,6 +213,7 @@ def send(order: dict) -> dict:
         mdn = Mdn()
         status, detail = mdn.parse(raw, lambda mid, _r: SENT.get(mid))
         result.update(mdn_status=status, mdn_detail=detail,
+                      mdn_wire=base64.b64encode(raw).decode(),
                       mdn_signed=answer.headers["Content-Type"].startswith("multipart/signed"))
     return result
 

@@ -205,3 +205,30 @@ def test_deleting_a_profile_is_a_history_line(parties, login, session, pairs):
     assert "Deleted the AS2 profile of partner acme" in gone.text
     assert session.scalar(select(ProtocolProfile)) is None
     assert config_lines(session)[-1].text == "ada: deleted the AS2 profile of partner acme"
+
+
+def test_our_identity_and_the_receipt_option_are_edited_in_the_form(parties, login, session,
+                                                                    pairs):
+    from plugins.as2 import profiles
+    client = login("admin", "ada")
+    done = post(client, ORG, org_form(
+        certificate_file=upload(pairs["hub"][0].encode(), "hub.crt"),
+        key_file=upload(pairs["hub"][1].encode(), "hub.key"),
+        message_id_domain="as2.mycompany.example", disposition_notification_to="",
+        mdn_text="Thank you, from My Company.", mdn_failed_text=""))
+    assert done.status_code == 302, done.text
+    org = profiles.by_party(session, "mycompany")
+    assert org.get("message_id_domain") == "as2.mycompany.example"
+    assert org.get("mdn_text") == "Thank you, from My Company."
+    assert org.get("disposition_notification_to") is None  # empty: the default
+    page = client.get(ORG).text
+    assert "as2.mycompany.example" in page and "Thank you, from My Company." in page
+    bad = post(client, ORG, org_form(message_id_domain="not a domain"))
+    assert bad.status_code == 400 and "must be a domain name" in bad.text
+    assert profiles.by_party(session, "mycompany").get("message_id_domain") \
+        == "as2.mycompany.example"  # nothing saved
+    done = post(client, PARTNER, partner_form(
+        certificate_file=upload(pairs["acme"][0].encode(), "acme.crt"),
+        accept_mdn_without_mic="y"))
+    assert done.status_code == 302, done.text
+    assert profiles.by_party(session, "acme").get("accept_mdn_without_mic") is True

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import email
+import hashlib
+import ipaddress
 import logging
+import socket
 import threading
 from contextlib import contextmanager
+from email import encoders as _encoders
 from email import policy
 from importlib import metadata
+from urllib.parse import urlsplit
 
 import pyas2lib.as2 as _as2
 import pyas2lib.cms as _cms
@@ -17,7 +23,8 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.hazmat.primitives.serialization import Encoding, load_der_private_key, pkcs7
 from oscrypto import asymmetric as _asymmetric
-from pyas2lib import Mdn, Message, Organization, Partner
+from pyas2lib import Mdn as _PyMdn
+from pyas2lib import Message, Organization, Partner
 from pyas2lib.exceptions import DecryptionError, InsufficientSecurityError, IntegrityError
 
 from b2bhub.plugin_api import utcnow
@@ -87,6 +94,55 @@ class _Refused:
 
     def __init__(self, reason: str):
         self.reason = reason
+# --- the hub's identity on the wire (README "AS2 identity") ------------------------------
+try:
+    VERSION = metadata.version("b2bhub")
+except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+    VERSION = "0"
+PRODUCT = f"b2bhub/{VERSION}"
+#: the human-readable part of our MDNs, unless the organization's profile says otherwise
+MDN_TEXT = ("The AS2 message was received by b2bhub and processed successfully. This is "
+            "an automatic receipt; the technical details are in the following part.")
+MDN_FAILED_TEXT = ("The AS2 message was received by b2bhub but could not be processed. "
+                   "This is an automatic receipt; the reason is in the following part.")
+
+
+def _is_poor(host: str | None) -> bool:
+    """A name that says nothing about where a Message-ID came from."""
+    if not host:
+        return True
+    host = host.strip(".").lower()
+    if host in ("localhost", "localhost.localdomain", "localdomain", "") \
+            or host.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True  # an address is not a domain
+
+
+def default_domain(profile: As2Profile | None = None) -> str:
+    """The domain of our Message-IDs: the organization's ``message_id_domain``; else the
+    host name of its ``mdn_url``; else the host's fully qualified name; else its plain
+    host name: the first of these that is not ``localhost`` or an address."""
+    candidates = []
+    if profile is not None:
+        candidates.append(profile.settings.get("message_id_domain"))
+        url = profile.settings.get("mdn_url")
+        candidates.append(urlsplit(url).hostname if url else None)
+    for value in candidates:
+        if value and not _is_poor(value):
+            return value
+    for value in (socket.getfqdn(), socket.gethostname()):
+        if not _is_poor(value):
+            return value
+    return "b2bhub.invalid"  # nothing better known: still not another host's name
+
+
+def disposition_notification_to(profile: As2Profile) -> str:
+    return profile.settings.get("disposition_notification_to") \
+        or f"as2@{default_domain(profile)}"
 
 
 def organization(profile: As2Profile, domain: str | None = None) -> Organization:
@@ -108,6 +164,7 @@ def _pem(cert) -> bytes | None:
 
 
 def _organization(profile: As2Profile, domain: str | None, sign, decrypt) -> Organization:
+    domain = domain or default_domain(profile)
     key = (profile.party, profile.updated_at, profile.as2_id, profile.get("mdn_url"),
            domain, _ids(sign), _ids(decrypt))
     with _lock:
@@ -123,8 +180,11 @@ def _organization(profile: As2Profile, domain: str | None, sign, decrypt) -> Org
         if signer is None and not profile.certs and profile.key_pem:  # no lookup rows
             signer = profiles.CertInfo(0, profile.cert_pem, profile.key_pem, "both", "",
                                        None, None)
-        org = Organization(as2_name=profile.as2_id, sign_key=_pem(signer) if signer else None,
-                           decrypt_key=None, mdn_url=profile.get("mdn_url"), domain=domain)
+        org = HubOrganization(as2_name=profile.as2_id,
+                              sign_key=_pem(signer) if signer else None, decrypt_key=None,
+                              mdn_url=profile.get("mdn_url"), domain=domain,
+                              mdn_confirm_text=profile.get("mdn_text") or MDN_TEXT)
+        org.mdn_failed_text = profile.get("mdn_failed_text") or MDN_FAILED_TEXT
         if isinstance(decrypt, profiles.CertChoice):
             pems = [_pem(c) for c in decrypt.use if c.key_pem] or (
                 [_pem(signer)] if signer and not profile.certs else [])
@@ -140,6 +200,12 @@ def _organization(profile: As2Profile, domain: str | None, sign, decrypt) -> Org
 
 _orgs: dict[tuple, Organization] = {}
 _lock = threading.Lock()
+
+
+class HubOrganization(Organization):
+    """pyas2lib's Organization with the text of our negative MDNs."""
+
+    mdn_failed_text: str = MDN_FAILED_TEXT
 
 
 class LoadedPartner(Partner):
@@ -196,7 +262,8 @@ def _partner(profile: As2Profile, binary: bool | None, verify, encrypt) -> Partn
         mdn_mode={"sync": "SYNC", "async": "ASYNC"}.get(mode),
         mdn_digest_alg=profile.get("mdn_digest_alg") if profile.get("mdn_signed") else None,
         canonicalize_as_binary=(profile.get("canonicalize_as_binary")
-                                if binary is None else binary))
+                                if binary is None else binary),
+        mdn_confirm_text=None)  # the organization's text (pyas2lib prefers the partner's)
     if isinstance(verify, profiles.CertChoice):
         made.__dict__["_verify_pems"] = [c.pem.encode() for c in verify.use]
     else:
@@ -471,6 +538,126 @@ def message_id_of(value: str | None) -> str | None:
     return value.strip().lstrip("<").rstrip(">").strip() if value else None
 
 
+# --- our words in MDNs, bytes as they are in messages ------------------------------------
+# pyas2lib writes its own product into every MDN (the Reporting-UA of the signed report,
+# the user-agent header) and encodes a business document as 7bit/8bit, which rewrites
+# its line ends to CRLF when the message is flattened (an EDI file sent is then not the
+# file given). Both go through ``encoders.encode_7or8bit`` of pyas2lib's module, called
+# for the document before it is signed and for each part of an MDN before the MDN is
+# signed: on a thread within :func:`building` the document gets Content-Transfer-Encoding
+# binary (pyas2lib then signs, hashes and sends exactly its bytes), and within our
+# :class:`Mdn` build the report names b2bhub. pyas2lib used on its own is unaffected.
+_ident = threading.local()
+
+
+class _HubEncoders:
+    """``email.encoders`` as pyas2lib's module sees it (see above)."""
+
+    encode_base64 = staticmethod(_encoders.encode_base64)
+    encode_noop = staticmethod(_encoders.encode_noop)
+    encode_quopri = staticmethod(_encoders.encode_quopri)
+
+    @staticmethod
+    def encode_7or8bit(msg):
+        report = getattr(_ident, "report", None)
+        if report is not None and msg.get_content_type() == "message/disposition-notification":
+            text = msg.get_payload()
+            lines = [line for line in text.split("\r\n")
+                     if not line.lower().startswith("reporting-ua:")]
+            msg.set_payload("\r\n".join([f"Reporting-UA: {report}", *lines]))
+        elif getattr(_ident, "binary", False):
+            msg["Content-Transfer-Encoding"] = "binary"
+            _ident.document = msg
+            return
+        _encoders.encode_7or8bit(msg)
+
+
+if metadata.version("pyas2lib") == _PATCHED_VERSION:
+    _as2.encoders = _HubEncoders
+
+
+@contextmanager
+def building(key_encryption: str | None = None):
+    """Around ``Message.build`` of what the hub sends: the document's bytes as they are,
+    signatures through OpenSSL, the content key wrapped with ``key_encryption``."""
+    previous = getattr(_ident, "binary", False)
+    _ident.binary = True
+    try:
+        with signing(key_encryption):
+            yield
+    finally:
+        _ident.binary = previous
+
+
+def content_mic(entity, alg: str) -> bytes:
+    """The MIC of an unsigned message (RFC 4130 7.3.1: over the MIME content, headers
+    included): here its MIME headers (``Content-*``: type, transfer encoding, disposition;
+    not Content-Length nor the transport's AS2 and HTTP headers, which differ between the
+    two ends; each name once, its first value) and its
+    body's bytes, so sender and receiver compute the same."""
+    seen: dict[str, str] = {}
+    for k, v in entity.items():  # each once: a parsed message may repeat them
+        name = k.lower()
+        if name.startswith("content-") and name != "content-length" and name not in seen:
+            seen[name] = f"{k}: {v}\r\n"
+    head = "".join(seen.values())
+    body = entity.get_payload(decode=True) or b""
+    digest = hashlib.new(alg, head.encode("utf-8") + b"\r\n" + body).digest()
+    return binascii.b2a_base64(digest).strip()
+
+
+def build_message(message, data: bytes, key_encryption: str | None = None, **kwargs) -> None:
+    """``Message.build`` of what the hub sends (within :func:`building`); an unsigned
+    message that asks for a signed receipt gets the MIC the receipt must confirm."""
+    _ident.document = None
+    with building(key_encryption):
+        message.build(data, **kwargs)
+    document, _ident.document = _ident.document, None
+    alg = message.receiver.mdn_digest_alg
+    if message.mic is None and alg and document is not None:
+        message.mic, message.digest_alg = content_mic(document, alg), alg
+
+
+def _micalg(options: str | None) -> str | None:
+    """The digest the partner asked for its signed receipt (the one pyas2lib signs with:
+    the last listed), or None when no signed receipt was asked for."""
+    if not options or "signed-receipt-micalg" not in options.lower():
+        return None
+    alg = options.split(";")[-1].split(",")[-1].strip().replace("-", "").lower()
+    return alg if alg in hashlib.algorithms_available else None
+
+
+class Mdn(_PyMdn):
+    """pyas2lib's MDN in the hub's words: our texts (the organization's profile), our
+    product as Reporting-UA and User-Agent, and a Received-Content-MIC whenever a signed
+    receipt is asked for: over the signed content, or for an unsigned message over the
+    received MIME content with its headers (RFC 4130 7.3.1)."""
+
+    def build(self, message, status, detailed_status=None, confirmation_text=MDN_TEXT,
+              failed_text=None):
+        receiver = message.receiver
+        if failed_text is None:
+            failed_text = getattr(receiver, "mdn_failed_text", None) or MDN_FAILED_TEXT
+        alg = _micalg(message.headers.get("disposition-notification-options")
+                      if message.headers else None)
+        if message.mic is None and alg and status == "processed" \
+                and message.payload is not None:
+            message.mic, message.digest_alg = content_mic(message.payload, alg), alg
+        domain = getattr(receiver, "domain", None) or default_domain()
+        previous = getattr(_ident, "report", None)
+        _ident.report = f"{domain}; {PRODUCT}"
+        try:
+            super().build(message, status, detailed_status, confirmation_text, failed_text)
+        finally:
+            _ident.report = previous
+        if self.payload is not None:
+            self.payload.replace_header("user-agent", PRODUCT)
+
+
+if metadata.version("pyas2lib") == _PATCHED_VERSION:
+    _as2.Mdn = Mdn  # the MDN Message.parse builds
+
+
 __all__ = ["Mdn", "Message", "Organization", "Partner", "header_block", "message_id_of",
            "organization", "partner", "read_headers", "wire"]
 
@@ -483,6 +670,53 @@ def unquote(value: str | None) -> str | None:
     if len(value) >= 2 and value[0] == value[-1] == '"':
         value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
     return value or None
+
+
+# --- what our check of a partner's MDN signature found ----------------------------------
+# pyas2lib reports a signature that fails as "failed/Failure" with the error's text, like
+# any MDN it could not parse: within :func:`mdn_verifying`, on its thread, the outcome of
+# the last signature check is kept, so a failed signature is told apart from a partner's
+# negative disposition (mdn_in.judge).
+_verify_checked = _as2.verify_message  # the several-certificates one above, when installed
+_verifying = threading.local()
+
+
+class SignatureCheck:
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+        self.checked = False
+
+
+def _verify_message(*args, **kwargs):
+    check = getattr(_verifying, "check", None)
+    try:
+        result = _verify_checked(*args, **kwargs)
+    except Exception as exc:
+        if check is not None:
+            check.checked, check.error = True, exc
+        raise
+    if check is not None:
+        check.checked, check.error = True, None
+    return result
+
+
+_as2.verify_message = _verify_message
+
+
+@contextmanager
+def mdn_verifying():
+    previous, check = getattr(_verifying, "check", None), SignatureCheck()
+    _verifying.check = check
+    try:
+        yield check
+    finally:
+        _verifying.check = previous
+
+
+def organization_stub(as2_id: str | None, profile: As2Profile | None):
+    """Our side of a negative MDN for a message pyas2lib could not read: its name and
+    domain, no key (such an MDN is not signed)."""
+    return HubOrganization(as2_name=as2_id or "unknown", domain=default_domain(profile))
 
 
 def email_message():

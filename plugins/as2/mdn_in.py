@@ -5,13 +5,15 @@ An MDN is matched by its Original-Message-ID to the ``as2_outbound`` row of the
 delivery (Original-Recipient is not needed: some partners leave it out). It settles a
 delivery awaiting a receipt; one that comes after the delivery was settled (a second
 MDN, or one after the Receipt Timeout failed it) is refused and logged as
-unattributable, and the delivery stays as it was.
+unattributable, and the delivery stays as it was. One that matches no message of ours
+is kept as an unattributable receipt (:func:`_unmatched`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
@@ -20,15 +22,18 @@ from sqlalchemy.orm import Session
 from b2bhub.plugin_api import (
     Delivery,
     DeliveryState,
+    NewMessage,
     Payload,
     PayloadStore,
     StoredPayload,
     add_line,
+    raise_alert,
     settle_receipt,
+    store_refused,
 )
 from plugins.as2 import lib, profiles
 from plugins.as2.models import As2Outbound
-from plugins.as2.replies import text_reply
+from plugins.as2.replies import party_name, text_reply
 
 log = logging.getLogger(__name__)
 #: an asynchronous MDN may overtake the settlement of the attempt that sent the message
@@ -54,19 +59,75 @@ def original_message(row: As2Outbound, org: profiles.As2Profile,
     return message
 
 
-def read_mdn(raw: bytes, find) -> tuple[str | None, str | None, str | None]:
-    """(status, detail, original Message-ID) of an MDN; never raises."""
+@dataclass
+class Receipt:
+    """An MDN as read: pyas2lib's status and detail, and what the judgement needs."""
+
+    status: str | None
+    detail: str | None
+    orig_id: str | None
+    signed: bool = False
+    mic: str | None = None  # the Received-Content-MIC, as sent
+    signature_error: str | None = None  # our check of its signature failed
+
+
+def read_mdn(raw: bytes, find) -> Receipt:
+    """The MDN's receipt; never raises."""
     mdn = lib.Mdn()
-    status, detail = mdn.parse(raw, find)
-    return status, detail, mdn.orig_message_id
+    with lib.mdn_verifying() as check:
+        status, detail = mdn.parse(raw, find)
+    head = lib.read_headers(raw.partition(b"\r\n\r\n")[0])
+    receipt = Receipt(status, detail, mdn.orig_message_id,
+                      signed=head.get("content-type", "").lower().startswith(
+                          "multipart/signed"))
+    if check.error is not None:
+        receipt.signature_error = str(check.error) or type(check.error).__name__
+    try:
+        for part in mdn.payload.walk() if mdn.payload is not None else ():
+            if part.get_content_type() == "message/disposition-notification":
+                fields = part.get_payload()[-1]
+                receipt.mic = (fields.get("Received-Content-MIC") or "").strip() or None
+    except Exception:  # a report pyas2lib could not read either: no MIC
+        pass
+    return receipt
 
 
-def outcome_text(status: str | None, detail: str | None) -> tuple[bool, str]:
+#: pyas2lib's details of an MDN it could not read itself (not the partner's disposition)
+_UNREADABLE = ("Failed to parse received MDN", "mdn-not-found")
+_UNSIGNED = "Expected signed MDN but unsigned MDN returned"
+
+
+def judge(receipt: Receipt, accept_without_mic: bool = False) -> tuple[bool, str]:
+    """(delivered, history text) of a receipt; each case its own words (README "AS2
+    receipts"): the partner's negative disposition, a signature failing our check, a MIC
+    that differs, a signed MDN without MIC (a failure unless the partner's profile has
+    ``accept_mdn_without_mic``, then delivered with a warning), an unsigned MDN where a
+    signed one was asked for, an MDN we could not read."""
+    status, detail = receipt.status, receipt.detail
+    if receipt.signature_error is not None:
+        return False, (f"MDN signature failed our verification: {receipt.signature_error}; "
+                       "the partner's disposition is not trusted")
+    if status == "failed/Failure" and detail == _UNSIGNED:
+        return False, "unsigned MDN, although a signed one was asked for"
+    if status == "failed/Failure" and detail and detail.startswith(_UNREADABLE):
+        return False, f"MDN could not be read: {detail}"
+    if status == "processed/warning" and detail == "Message Integrity check failed.":
+        return False, (f"MIC mismatch: the MDN confirms {receipt.mic or '?'}, which is not "
+                       "the MIC of what we sent")
     if status == "processed":
-        return True, "MDN processed; MIC verified"
+        if receipt.signed and not receipt.mic:
+            if accept_without_mic:
+                return True, ("MDN processed; warning: signed MDN without "
+                              "Received-Content-MIC, accepted (accept_mdn_without_mic): "
+                              "MIC not verified")
+            return False, ("signed MDN without Received-Content-MIC: nothing to compare, "
+                           "the MIC is not verified (RFC 4130 7.4.3)")
+        if receipt.mic:
+            return True, "MDN processed; MIC verified"
+        return True, "MDN processed (unsigned, without MIC: nothing verified)"
     if status == "processed/warning":
-        return False, f"MDN with a warning: {detail}"
-    return False, f"negative MDN: {status}: {detail}"
+        return False, f"MDN with a warning from the partner: {detail}"
+    return False, f"negative MDN from the partner: {status}: {detail}"
 
 
 def record_receipt(session: Session, message_id: int, stored: StoredPayload,
@@ -88,7 +149,7 @@ def record_stage(session: Session, message_id: int, stage: str, stored: StoredPa
 
 
 def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, found: dict,
-                now: datetime):
+                now: datetime, instance: str = "as2"):
     context: dict = {}
 
     def find(orig_id, _recipient):
@@ -100,17 +161,15 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
         partner = profiles.by_party(session, row.partner)
         if org is None or partner is None:
             return None
-        context["row"] = row
+        context["row"], context["partner"] = row, partner
         return original_message(row, org, partner)
 
-    status, detail, orig_id = read_mdn(raw, find)
+    receipt = read_mdn(raw, find)
+    status, detail, orig_id = receipt.status, receipt.detail, receipt.orig_id
     row = context.get("row")
     if row is None:
-        log.warning("unattributable MDN for Message-ID %s: no message of ours; %s %s",
-                    orig_id, status, detail)
-        session.rollback()
-        return text_reply(400, f"MDN refused: no message of ours has Message-ID {orig_id}")
-    ok, text = outcome_text(status, detail)
+        return _unmatched(session, instance, found, stored_raw, orig_id, status, detail, now)
+    ok, text = judge(receipt, bool(context["partner"].get("accept_mdn_without_mic")))
     delivery = _wait_settled(session, row)
     record_receipt(session, row.message_id, stored_raw, now)
     if delivery is None or delivery.state != DeliveryState.AWAITING_RECEIPT:
@@ -128,6 +187,38 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
     if not settled:
         log.warning("unattributable MDN for %s", row.as2_message_id)
     return text_reply(200, "MDN received" if settled else "MDN refused: already settled")
+
+
+#: the alert of an MDN no message of ours matches
+UNMATCHED_ALERT = "as2_unattributable_mdn"
+
+
+def _unmatched(session: Session, instance: str, found: dict, stored_raw: StoredPayload,
+               orig_id: str | None, status: str | None, detail: str | None,
+               now: datetime):
+    """An MDN no message of ours matches: kept as an unattributable receipt, a Refused
+    message of the receiver instance with the MDN as its ``raw`` stage (so retention and
+    the nightly cleanup remove it with the rest), the reason in its history and an
+    ``as2_unattributable_mdn`` alert for the operator. The partner gets 200 with the
+    reason: RFC 4130 gives the answer to an MDN's POST no other meaning, and a refusal
+    would only make it post the same MDN again."""
+    wanted = orig_id or "(none)"
+    reason = (f"unattributable MDN: no message of ours has Message-ID <{wanted}> "
+              f"(disposition {status}: {detail})")
+    new = NewMessage(source=instance, from_party=party_name(lib.unquote(found.get("as2-from"))),
+                     to_party=party_name(lib.unquote(found.get("as2-to"))),
+                     stages={"raw": (stored_raw.digest, stored_raw.size)},
+                     external_id=lib.message_id_of(found.get("message-id")))
+    message_id = store_refused(session, new, reason, now)
+    raise_alert(session, UNMATCHED_ALERT, f"{new.from_party} <{wanted}>"[:200],
+                f"An MDN from {new.from_party} names Message-ID <{wanted}>, which no message "
+                "of ours has; it is kept as message " f"{message_id}.",
+                message_id=message_id, now=now)
+    session.commit()
+    log.warning("unattributable MDN for Message-ID %s: no message of ours; %s %s",
+                orig_id, status, detail)
+    return text_reply(200, f"MDN received, but no message of ours has Message-ID <{wanted}>: "
+                      "kept as unattributable", message_id=message_id)
 
 
 def _org_of(session: Session, row: As2Outbound) -> str:

@@ -83,6 +83,23 @@ def _text(v):
     return None if isinstance(v, str) and len(v) <= 200 else "must be text (200 at most)"
 
 
+def _optional_text(limit, lines=True):
+    def check(v):
+        bad = "\x00" if lines else "\x00\r\n"
+        if v is None or (isinstance(v, str) and len(v) <= limit
+                         and not any(c in v for c in bad)):
+            return None
+        return f"must be text ({limit} at most{'' if lines else ', one line'}) or null"
+    return check
+
+
+def _domain(v):
+    if v is None or (isinstance(v, str) and 0 < len(v) <= 200 and v.isascii() and all(
+            part and all(c.isalnum() or c == "-" for c in part) for part in v.split("."))):
+        return None
+    return "must be a domain name (letters, digits, hyphens and dots) or null"
+
+
 CHOICES: dict[str, tuple[Any, Any]] = {
     "url": (None, _url),  # a partner's AS2 endpoint
     "mdn_url": (None, _url),  # an organization's: where partners post asynchronous MDNs
@@ -97,10 +114,23 @@ CHOICES: dict[str, tuple[Any, Any]] = {
     "mdn_digest_alg": ("sha256", _one_of(DIGESTS)),
     "receipt_timeout": (DEFAULT_RECEIPT_TIMEOUT, _seconds),
     "canonicalize_as_binary": (False, _bool),
-    "chunked": (True, _bool),  # False: send with Content-Length
+    # True: Transfer-Encoding chunked (some partners' web stacks read by Content-Length
+    # only, or answer 411); the default sends Content-Length (README "AS2 defaults")
+    "chunked": (False, _bool),
     "accept_expired_certificates": (False, _bool),
     "content_type": ("application/edi-consent", _text),
     "subject": ("AS2 Message", _text),
+    # an organization's identity (README "AS2 identity"): the domain of its Message-IDs
+    # (None: the host's name, see lib.default_domain), the Disposition-Notification-To of
+    # its messages (None: as2@<domain>), the human-readable part of its MDNs (None: the
+    # hub's own words, lib.MDN_TEXT / lib.MDN_FAILED_TEXT)
+    "message_id_domain": (None, _domain),
+    "disposition_notification_to": (None, _optional_text(200, lines=False)),
+    "mdn_text": (None, _optional_text(2000)),
+    "mdn_failed_text": (None, _optional_text(2000)),
+    # a partner's: a signed MDN without Received-Content-MIC settles Delivered with a
+    # warning instead of failing (RFC 4130 7.4.3 requires the MIC)
+    "accept_mdn_without_mic": (False, _bool),
 }
 FIELDS = {"as2_id", "certificate", "certificates", "add_certificate", *CHOICES}
 ROLES = ("both", "signing", "encryption")
@@ -163,6 +193,8 @@ def choose_certs(profile_certs, role: str, now: datetime, accept_expired: bool,
         return CertChoice((newest,), f"warning: {text}; used because "
                                      "accept_expired_certificates is on")
     raise CertificateRefused(f"{text}; refused (accept_expired_certificates is off)")
+#: an organization's identity choices (optional texts)
+IDENTITY = ("message_id_domain", "disposition_notification_to", "mdn_text", "mdn_failed_text")
 
 
 @dataclass(frozen=True)

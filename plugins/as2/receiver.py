@@ -55,13 +55,15 @@ from b2bhub.plugin_api import (
 )
 from plugins.as2 import lib, mdn_in, profiles
 from plugins.as2.models import As2Inbound
-from plugins.as2.replies import Reply
+from plugins.as2.replies import Reply, party_name
 from plugins.as2.replies import text_reply as _text
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SIZE = 100 * 1024 * 1024
 TYPE = "as2_receiver"
 CHUNK = 1 << 20
+#: the Server header of our answers
+SERVER = lib.PRODUCT
 
 
 #: a large raw stage is written here while the request parses, the stages made durable
@@ -132,11 +134,6 @@ class _Stages:
         self._batch.discard()
 
 
-def _party_name(as2_id: str | None) -> str:
-    """A Refused message from an unknown AS2 ID records the ID itself (shortened)."""
-    return (as2_id or "?")[:64]
-
-
 def read_limited(stream: IO[bytes], limit: int) -> bytes | None:
     """The body, or None once it passes ``limit`` bytes (the rest is not read)."""
     parts, total = [], 0
@@ -181,7 +178,8 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
         stages = _Stages(store, raw)
         stages.durable().result()
         stored = stages.raw()["raw"]
-        return mdn_in.receive_mdn(session, store, raw, StoredPayload(*stored), found, now)
+        return mdn_in.receive_mdn(session, store, raw, StoredPayload(*stored), found, now,
+                                  instance=instance)
     if not (as2_from and as2_to and msgid):
         missing = [h for h, v in (("AS2-From", as2_from), ("AS2-To", as2_to),
                                   ("Message-ID", msgid)) if not v]
@@ -347,8 +345,8 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
         content = message.content  # decoded anew at every read
         unpacked = stages.add(content if isinstance(content, bytes) else b"")
     durable = stages.durable()  # one sync for all three, while the rows go in
-    from_party = partner.party if partner else _party_name(lib.unquote(found.get("as2-from")))
-    to_party = org.party if org else _party_name(lib.unquote(found.get("as2-to")))
+    from_party = partner.party if partner else party_name(lib.unquote(found.get("as2-from")))
+    to_party = org.party if org else party_name(lib.unquote(found.get("as2-to")))
     stored = stages.raw()
     if mdn_stage:
         stored["receipt"] = mdn_stage
@@ -427,8 +425,8 @@ def _refuse_early(session, instance, found, payloads: _Stages, now, reason: str,
     if mdn_stage:
         stages["receipt"] = mdn_stage
     new = NewMessage(source=instance,
-                     from_party=_party_name(lib.unquote(found.get("as2-from"))),
-                     to_party=to_party or _party_name(lib.unquote(found.get("as2-to"))),
+                     from_party=party_name(lib.unquote(found.get("as2-from"))),
+                     to_party=to_party or party_name(lib.unquote(found.get("as2-to"))),
                      stages=stages, external_id=msgid)
     reply = _store_refusal(session, instance, new, reason, mdn, _mdn_mode(mdn), mdn_stage,
                            durable, now)
@@ -444,6 +442,7 @@ def _negative_mdn(found: dict, msgid: str | None, reason: str):
         stub.payload[key] = value
     stub.payload.set_type("application/octet-stream")
     stub.message_id = msgid or "unknown"
+    stub.receiver = lib.organization_stub(lib.unquote(found.get("as2-to")), None)
     mdn = lib.Mdn(mdn_mode="ASYNC" if found.get("receipt-delivery-option") else "SYNC",
                   mdn_url=found.get("receipt-delivery-option"))
     mdn.build(message=stub, status="processed/Error",

@@ -19,3 +19,8 @@ def text_reply(status: int, text: str, **kw) -> Reply:
     """A plain-text reply of one line."""
     return Reply(status, {"Content-Type": "text/plain; charset=utf-8"},
                  (text + "\n").encode(), **kw)
+
+
+def party_name(as2_id: str | None) -> str:
+    """A Refused message from an unknown AS2 ID records the ID itself (shortened)."""
+    return (as2_id or "?")[:64]

@@ -28,6 +28,12 @@ def _chunks(data: bytes) -> Iterator[bytes]:
         yield data[i:i + CHUNK]
 
 
+def _post(url: str, headers: dict, body: bytes, chunked: bool, timeout) -> requests.Response:
+    """One POST: the body chunked (Transfer-Encoding) or whole (Content-Length)."""
+    return requests.post(url, headers=headers, data=_chunks(body) if chunked else body,
+                         timeout=timeout)
+
+
 def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) -> Outcome:
     stage = config.get("payload_stage") or "unpacked"
     if stage not in payload.stages():
@@ -55,12 +61,14 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         left, domain = (previous.as2_message_id.rsplit("@", 1) if previous
                         and "@" in previous.as2_message_id else (None, None))
         message = lib.Message(lib.organization(org, domain=domain), lib.partner(partner))
-        with lib.signing(partner.get("key_encryption")):
-            message.build(data, filename=delivery.original_filename,
+        lib.build_message(message, data, filename=delivery.original_filename,
                           content_type=partner.get("content_type"),
-                          subject=partner.get("subject"), message_id=left)
+                          subject=partner.get("subject"), message_id=left,
+                          disposition_notification_to=lib.disposition_notification_to(org),
+                          key_encryption=partner.get("key_encryption"))
         body = message.content if isinstance(message.content, bytes) else b""
         headers = dict(message.headers)
+        headers["User-Agent"] = lib.PRODUCT
         sent = context.store.put(lib.wire(headers.items(), body))
         mic = message.mic.decode() if message.mic else None
         if previous is None:
@@ -77,11 +85,16 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         session.commit()
         mode = partner.get("mdn_mode")
         context.wire_started()
+        timeout = (10, float(config.get("timeout") or 120))
+        chunked = bool(partner.get("chunked"))
         try:
-            answer = requests.post(
-                partner.get("url"), headers=headers,
-                data=_chunks(body) if partner.get("chunked") else body,
-                timeout=(10, float(config.get("timeout") or 120)))
+            answer = _post(partner.get("url"), headers, body, chunked, timeout)
+            sent_as = f"sent as <{message.message_id}>"
+            if answer.status_code == 411 and chunked:
+                # Length Required: the partner takes no chunked body; once more with
+                # Content-Length (README "AS2 defaults")
+                answer = _post(partner.get("url"), headers, body, False, timeout)
+                sent_as += " (411 to chunked: sent again with Content-Length)"
         except requests.Timeout as exc:
             return Outcome.error("timeout", f"timed out: {exc}")
         except requests.ConnectionError as exc:
@@ -96,17 +109,17 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         if mode == "async":
             deadline = context.now + timedelta(seconds=partner.get("receipt_timeout"))
             return Outcome.awaiting_receipt(message.message_id, deadline,
-                                            f"sent as <{message.message_id}>; MDN to follow")
+                                            f"{sent_as}; MDN to follow")
         if mode != "sync":
-            return Outcome.delivered(f"sent as <{message.message_id}>: HTTP {code}")
+            return Outcome.delivered(f"{sent_as}: HTTP {code}")
         raw = lib.wire(answer.headers.items(), answer.content)
         receipt = context.store.put(raw)
-        status, detail, _orig = mdn_in.read_mdn(
+        read = mdn_in.read_mdn(
             raw, lambda _i, _r: mdn_in.original_message(previous, org, partner))
         mdn_in.record_receipt(session, delivery.message_id, receipt, context.now)
         session.commit()
-        ok, text = mdn_in.outcome_text(status, detail)
-        text = f"sent as <{message.message_id}>: {text}"
+        ok, text = mdn_in.judge(read, bool(partner.get("accept_mdn_without_mic")))
+        text = f"{sent_as}: {text}"
         return Outcome.delivered(text) if ok else Outcome.failed(text)
     finally:
         session.close()

@@ -10,7 +10,7 @@ from typing import Any
 from flask import abort, redirect, url_for
 from flask_wtf import FlaskForm
 from flask_wtf.file import FileField
-from wtforms import BooleanField, PasswordField, SelectField, StringField
+from wtforms import BooleanField, PasswordField, SelectField, StringField, TextAreaField
 
 from b2bhub.plugin_api import (
     ServiceError,
@@ -29,9 +29,9 @@ TEMPLATE = str(Path(__file__).with_name("templates") / "as2_profile.html")
 
 
 #: the profile's choices by the kind of field that edits them (the form's names are the API's)
-_AS2_TEXT = ("as2_id", "url", "mdn_url", "content_type", "subject")
+_AS2_TEXT = ("as2_id", "url", "mdn_url", "content_type", "subject", *profiles.IDENTITY)
 _AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked",
-             "accept_expired_certificates")
+             "accept_expired_certificates", "accept_mdn_without_mic")
 _AS2_SELECT = ("digest_alg", "encryption_alg", "key_encryption", "mdn_mode", "mdn_digest_alg")
 
 
@@ -61,7 +61,12 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
                                       description="how long to wait for an asynchronous MDN")
         canonicalize_as_binary = BooleanField("Canonicalize as binary")
         chunked = BooleanField("Chunked transfer encoding",
-                               description="off: send with Content-Length")
+                               description="off: send with Content-Length (a 411 answer to "
+                               "chunked is sent again with Content-Length)")
+        accept_mdn_without_mic = BooleanField(
+            "Accept a signed MDN without MIC",
+            description="delivered with a warning instead of failed (RFC 4130 requires "
+            "the MIC on signed receipts)")
         content_type = StringField("Content type")
         subject = StringField("Subject")
         certificate_file = FileField(
@@ -76,6 +81,14 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
     if own:
         As2ProfileForm.mdn_url = StringField(
             "MDN URL", description="where partners post asynchronous MDNs to us (optional)")
+        As2ProfileForm.message_id_domain = StringField(
+            "Message-ID domain", description="empty: the host's name")
+        As2ProfileForm.disposition_notification_to = StringField(
+            "Disposition-Notification-To", description="empty: as2@<Message-ID domain>")
+        As2ProfileForm.mdn_text = TextAreaField(
+            "MDN text", description="the human-readable part of our receipts; empty: b2bhub's")
+        As2ProfileForm.mdn_failed_text = TextAreaField(
+            "Negative MDN text", description="empty: b2bhub's")
         As2ProfileForm.key_file = FileField(
             "Private key (PEM)", description="only when the certificate file has no key")
     else:
@@ -95,7 +108,8 @@ def as2_profile_data(form: FlaskForm) -> dict:
     for name in _AS2_TEXT:
         if name in form:
             text = (form[name].data or "").strip()
-            data[name] = (text or None) if name in ("url", "mdn_url") else text
+            optional = name in ("url", "mdn_url", *profiles.IDENTITY)
+            data[name] = (text or None) if optional else text
     data.update({name: bool(form[name].data) for name in _AS2_BOOL})
     data.update({name: form[name].data for name in _AS2_SELECT})
     errors: dict[str, str] = {}
