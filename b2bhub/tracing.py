@@ -111,13 +111,21 @@ def shutdown() -> None:
         provider.shutdown()
 
 
-@contextlib.contextmanager
-def span(name: str, parent: str | None = None, **attributes: Any) -> Iterator[Any]:
+_OFF = contextlib.nullcontext()  # reusable: entering it yields None
+
+
+def span(name: str, parent: str | None = None, **attributes: Any
+         ) -> contextlib.AbstractContextManager[Any]:
     """A span of the hub's own, a child of the current one or of the W3C
-    ``traceparent`` ``parent`` when given; yields the span (None when tracing is off)."""
+    ``traceparent`` ``parent`` when given; entering yields the span (None when tracing
+    is off, at the cost of one shared no-op context manager)."""
     if not _state["configured"]:
-        yield None
-        return
+        return _OFF
+    return _span(name, parent, attributes)
+
+
+@contextlib.contextmanager
+def _span(name: str, parent: str | None, attributes: dict) -> Iterator[Any]:
     context = _context_of(parent) if parent else None
     with _state["tracer"].start_as_current_span(
             name, context=context,
