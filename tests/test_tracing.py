@@ -111,9 +111,13 @@ def test_one_trace_from_the_web_request_to_the_worker_attempt(procs, app, sessio
     assert attempt["attributes"]["b2bhub.outcome"] == "delivered"
     [client] = [s for s in mine if s["kind"] == "CLIENT"]
     assert client["pid"] == worker.pid and client["parent_id"] == attempt["span_id"]
-    # a claim span of the worker for the poster target
-    assert any(s["name"] == "claim" and s["pid"] == worker.pid
-               and s["attributes"].get("b2bhub.target") == "poster" for s in spans)
+    # the Celery instrumentation's span of the wake-up task, and our claim inside it
+    tasks = {s["span_id"]: s for s in spans if s["pid"] == worker.pid
+             and s["name"] == "run/b2bhub.deliver"}
+    assert tasks, sorted({s["name"] for s in spans if s["pid"] == worker.pid})
+    assert any(s["name"] == "claim" and s["parent_id"] in tasks
+               and s["attributes"].get("b2bhub.target") == "poster"
+               and s["attributes"].get("b2bhub.claimed") == 1 for s in spans)
     # the destination got the attempt's traceparent: the same trace
     [seen] = peer.seen
     assert seen.headers["traceparent"].split("-")[1] == trace_id
