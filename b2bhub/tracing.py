@@ -52,10 +52,14 @@ def setup(service: str | None = None) -> bool:
     with _lock:
         if _state["configured"]:
             return True
-        from opentelemetry import trace
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        try:
+            from opentelemetry import trace
+            from opentelemetry.sdk.resources import Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        except ImportError as exc:
+            raise RuntimeError(f"OTEL_TRACES_EXPORTER is set but {exc.name} is missing: "
+                               "install b2bhub[tracing] (or unset the variable)") from exc
 
         attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {
             "service.name": service or "b2bhub"}
