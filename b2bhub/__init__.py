@@ -74,8 +74,11 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
     from b2bhub.hub import hub_init_app
     hub_init_app(app)
 
+    from b2bhub import tracing
     if not serve_http:
+        tracing.instrument_celery()  # off unless OTEL_TRACES_EXPORTER names an exporter
         return app
+    tracing.instrument_flask(app)
     from b2bhub.api import bp as api_bp
     from b2bhub.api.blueprint import init_api
     init_api(app, api_bp)

@@ -105,6 +105,8 @@ class DeliveryInfo:
     sequence_key: str | None
     created_at: datetime
     payload_stages: tuple[str, ...]
+    #: the W3C traceparent of the message's trace (None when it was stored untraced)
+    trace_parent: str | None = None
 
 
 class PayloadReader(Protocol):
@@ -173,7 +175,14 @@ class SourceContext(Protocol):
     instance_name: str
 
     def store_and_dispatch(self, payload: IO[bytes] | bytes, from_party: str, to_party: str,
-                           filename: str | None = None, **kw: Any) -> int: ...
+                           filename: str | None = None, *, correlation_id: str | None = None,
+                           **kw: Any) -> int:
+        """Store one message and dispatch it in a transaction of its own; its id.
+        ``correlation_id``: the id the sender gave the exchange (an HTTP
+        ``X-Correlation-Id``, a file name's part), kept on the message, filterable, and
+        sent on by targets that carry one (``http_poster``: ``X-Correlation-Id``); other
+        keywords are :class:`b2bhub.engine.dispatch.NewMessage` fields
+        (``external_id``, ``sequence_key``...)."""
 
     def party_kind(self, name: str) -> str | None:
         """The kind of the party of that name, None if there is none."""
@@ -182,7 +191,7 @@ class SourceContext(Protocol):
         """The names of the organizations, looked up now."""
 
     def take_file(self, file: PickedFile, from_party: str, to_party: str,
-                  filename: str) -> bool:
+                  filename: str, correlation_id: str | None = None) -> bool:
         """Store a complete file as a message in the current batch; False if it changed
         while being read. The file is removed once its batch committed."""
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -58,6 +59,30 @@ def _file_pattern_problem(value: str) -> str | None:
     return "is matched on the file name alone; it may not hold /" if "/" in value else None
 
 
+def _correlation_problem(value: str) -> str | None:
+    try:
+        compiled = re.compile(value)
+    except re.error as exc:
+        return f"is not a regular expression: {exc}"
+    if not compiled.groups:
+        return "needs a group, e.g. (?P<correlation_id>PO-[0-9]+), capturing the id"
+    return None
+
+
+def correlation_of(pattern: re.Pattern | None, name: str) -> str | None:
+    """The correlation id ``pattern`` captures in a file name: the group named
+    ``correlation_id``, else the first group; None without a pattern, a match or a
+    non-empty capture. The pattern is searched (anywhere in the name)."""
+    if pattern is None:
+        return None
+    found = pattern.search(name)
+    if found is None:
+        return None
+    value = (found.group("correlation_id") if "correlation_id" in pattern.groupindex
+             else found.group(1))
+    return value[:255] or None
+
+
 def _party_problem(value: str) -> str | None:
     return validate_name(value)
 
@@ -83,6 +108,11 @@ class FilePoller(Plugin):
                    "it is the single organization"),
         Field("to", "string", validate=_party_problem,
               help="the business partner, unless captured by {to}"),
+        Field("correlation_pattern", "string", validate=_correlation_problem,
+              help="a regular expression searched in the file name whose group named "
+                   "correlation_id (else its first group) is the message's correlation "
+                   "id, e.g. ^ORDERS_(?P<correlation_id>[0-9]+)\\.xml$; empty, or no "
+                   "match: no correlation id"),
         Field("archive_directory", "path",
               help="empty: a file is removed once its message is stored; else it is moved "
                    "here, to the same relative path (a name already taken gets .1, .2, "
@@ -117,6 +147,8 @@ class FilePoller(Plugin):
         self.pattern = _parse(config)
         self.file_pattern = config.get("file_pattern") or "*"
         self.take_by_link = bool(config.get("take_by_link"))
+        self.correlation = (re.compile(config["correlation_pattern"])
+                            if config.get("correlation_pattern") else None)
         self.archive = Path(config["archive_directory"]) if config.get(
             "archive_directory") else None
         self._previous: dict[Parts, tuple[int, int]] = {}
@@ -229,7 +261,11 @@ class FilePoller(Plugin):
             return
         file = LocalFile(self.base, parts, *seen, linkable=self.take_by_link,
                          archive=self.archive)
-        context.take_file(file, from_party, to_party, filename)
+        correlation = correlation_of(self.correlation, parts[-1])
+        if correlation is None:
+            context.take_file(file, from_party, to_party, filename)
+        else:
+            context.take_file(file, from_party, to_party, filename, correlation)
 
     def _parties(self, context: SourceContext, match: Match) -> tuple[str, str]:
         """From and to of a file, as the seed says; Unroutable with the reason if not."""

@@ -7,6 +7,9 @@ Each request carries, besides the configured ``headers``:
 * ``X-B2BHub-Message-Id``, ``-Source``, ``-From``, ``-To``, ``-Attempt``,
   ``-Original-Message-Id`` and ``-Correlation-Id`` (the last two when the message has
   them) and ``X-B2BHub-Callback-Url`` (the capability URL of receipts by callback);
+* ``X-Correlation-Id`` (the message's correlation id, when it has one), and when traces
+  are on (:mod:`b2bhub.tracing`) a W3C ``traceparent`` naming this attempt's span in
+  the message's trace (set by the requests instrumentation);
 * ``Idempotency-Key``: the same on every attempt of one delivery
   (:mod:`b2bhub.domain.callbacks`), so a destination can drop a repeat;
 * with a ``signing_secret`` (``whsec_`` and base64, as Standard Webhooks has it), the
@@ -246,6 +249,7 @@ class HttpPoster(Plugin):
             headers["X-B2BHub-Original-Message-Id"] = _one_line(delivery.external_id)
         if delivery.correlation_id:
             headers["X-B2BHub-Correlation-Id"] = _one_line(delivery.correlation_id)
+            headers["X-Correlation-Id"] = headers["X-B2BHub-Correlation-Id"]
         callback = getattr(context, "callback_url", None)
         if callback:
             headers["X-B2BHub-Callback-Url"] = callback

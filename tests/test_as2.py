@@ -205,6 +205,8 @@ def test_partner_to_hub(as2, case):
     assert message.status == "received" and message.from_party == "acme"
     assert message.to_party == "mycompany" and message.external_id == result["message_id"]
     assert message.original_filename == "po.edi"
+    # the AS2 Message-ID is the message's correlation id too (SPEC 11)
+    assert message.correlation_id == result["message_id"]
     stages = as2.stages(message.id)
     assert stages["unpacked"] == DATA
     assert stages["raw"].lower().count(b"as2-from:") == 1

@@ -172,6 +172,49 @@ def test_fixed_from_and_to_with_a_file_pattern(poller, runner, clock, base, sess
     assert (base / "b.txt").exists()  # not matching the file pattern: not touched
 
 
+def test_a_correlation_pattern_captures_the_correlation_id_from_the_file_name(
+        poller, runner, clock, base, session):
+    poller(path_pattern="{to}/{filename}",
+           correlation_pattern=r"^ORDERS_(?P<correlation_id>PO-[0-9]+)(_[0-9]+)?\.xml$")
+    put(base, "acme/ORDERS_PO-123_2.xml")
+    put(base, "acme/other.xml")  # no match: no correlation id
+    scan(runner, clock, 2)
+    session.expire_all()
+    assert session.execute(select(Message.original_filename, Message.correlation_id)
+                           .order_by(Message.original_filename)).all() == [
+        ("ORDERS_PO-123_2.xml", "PO-123"), ("other.xml", None)]
+
+
+def test_without_a_named_group_the_first_group_is_the_correlation_id(
+        poller, runner, clock, base, session):
+    poller(path_pattern="{to}/{filename}", correlation_pattern=r"inv-(\w+)\.")
+    put(base, "acme/inv-A77.txt")
+    scan(runner, clock, 2)
+    session.expire_all()
+    assert session.scalars(select(Message.correlation_id)).all() == ["A77"]
+
+
+def test_without_a_correlation_pattern_there_is_no_correlation_id(
+        poller, runner, clock, base, session):
+    poller(path_pattern="{to}/{filename}")
+    put(base, "acme/ORDERS_PO-123.xml")
+    scan(runner, clock, 2)
+    session.expire_all()
+    assert session.scalars(select(Message.correlation_id)).all() == [None]
+
+
+@pytest.mark.parametrize(("pattern", "problem"), [
+    ("([", "is not a regular expression"),
+    ("PO-[0-9]+", "needs a group"),
+])
+def test_a_bad_correlation_pattern_is_refused_with_its_reason(pattern, problem):
+    from b2bhub.config_schema import ConfigError, validate_config
+    with pytest.raises(ConfigError) as refused:
+        validate_config(FilePoller.config_schema, {
+            "base_directory": "/tmp/in", "correlation_pattern": pattern})
+    assert problem in refused.value.errors["correlation_pattern"]
+
+
 def test_a_file_changing_between_scans_is_not_taken(poller, runner, clock, base, session):
     poller()
     path = put(base, "acme/big.xml", b"part one")

@@ -226,6 +226,8 @@ def test_every_request_carries_the_headers_and_one_idempotency_key_across_retrie
         assert h["X-B2BHub-From"] == "acme" and h["X-B2BHub-To"] == "mycompany"
         assert h["X-B2BHub-Original-Message-Id"] == "<ORD-1@acme>"
         assert h["X-B2BHub-Correlation-Id"] == "po-77"
+        assert h["X-Correlation-Id"] == "po-77"
+        assert "traceparent" not in h  # traces are off here
         assert h["X-B2BHub-Attempt"] == str(n)
         assert h["X-Api-Version"] == "2"
         assert h["Content-Type"] == "application/xml"

@@ -404,6 +404,18 @@ def test_messages_filter_search_and_live_rows(setup, login, session):
     assert f'data-id="{second.id}" data-match="1"' in rows
 
 
+def test_messages_filter_on_the_correlation_id_and_the_page_shows_it(setup, login):
+    wanted = setup.message(filename="a.edi", correlation_id="PO-77")
+    setup.message(filename="b.edi", correlation_id="PO-78")
+    client = login("viewer")
+    listed = client.get("/ui/messages?correlation_id=PO-77").text
+    assert f'data-id="{wanted.id}"' in listed and "b.edi" not in listed
+    assert 'name="correlation_id" value="PO-77"' in listed
+    page = client.get(f"/ui/messages/{wanted.id}").text
+    assert "<dt>Correlation id</dt><dd>PO-77</dd>" in page
+    assert "Trace id" not in page  # stored while traces were off: no trace to name
+
+
 def test_a_live_page_resumes_after_what_it_rendered(setup, login, session, registry, app):
     """A message delivered between the page's render and its stream's start still
     reaches the page: the page carries the last history id before it read what it

@@ -8,7 +8,7 @@ from b2bhub.extensions import db
 from b2bhub.services import messages as svc
 
 MESSAGE_FILTERS = ("status", "from_party", "to_party", "source", "target", "since",
-                   "until", "q")
+                   "until", "q", "correlation_id")
 
 
 def message_filter(args: dict) -> svc.MessageFilter:

@@ -19,6 +19,7 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
+from b2bhub import tracing
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.tokens import ROLES
@@ -345,6 +346,8 @@ class MessageFilterArgs(IdPageArgs):
     q = fields.String(validate=validate.Length(min=1, max=200), metadata={
         "description": "a message id, or text found in the original file name "
                        "(any case), or an external or correlation id (exact)"})
+    correlation_id = fields.String(validate=validate.Length(min=1, max=255), metadata={
+        "description": "the correlation id (exact)"})
 
 
 class DeliveryFilterArgs(MessageFilterArgs):
@@ -417,6 +420,11 @@ class Message(Schema):
     original_filename = fields.String(required=True, allow_none=True)
     external_id = fields.String(required=True, allow_none=True)
     correlation_id = fields.String(required=True, allow_none=True)
+    trace_id = fields.Function(lambda m: tracing.trace_id(
+        m.get("trace_parent") if isinstance(m, dict) else m.trace_parent), required=True,
+                               allow_none=True, metadata={
+        "description": "the OpenTelemetry trace id of the message (when traces were on "
+                       "as it was received)", "type": "string"})
     sequence_key = fields.String(required=True, allow_none=True)
     size = fields.Integer(required=True)
     sha256 = fields.String(required=True, allow_none=True)

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from b2bhub import tracing
 from b2bhub.domain import routing
 from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.domain.status import derive_status
@@ -110,6 +111,8 @@ class NewMessage:
     external_id: str | None = None
     correlation_id: str | None = None
     sequence_key: str | None = None
+    #: the W3C traceparent the message's trace continues from; None: the dispatch span's
+    trace_parent: str | None = None
     actor: str = ""
     targets: list[str] | None = None  # given targets bypass the routes (send by hand)
     data: dict = field(default_factory=dict)
@@ -188,11 +191,21 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
     """
     if not batch:
         return []
+    with tracing.span("dispatch", **{"b2bhub.source": batch[0].source,
+                                     "b2bhub.messages": len(batch)}) as span:
+        ids = _dispatch_many(session, batch, now, known, tracing.traceparent())
+        if span is not None:
+            span.set_attribute("b2bhub.message_ids", ids[:100])
+        return ids
+
+
+def _dispatch_many(session: Session, batch: list[NewMessage], now: datetime,
+                   known: dict | None, trace_parent: str | None) -> list[int]:
     if known is None or any(key not in known for key in INTAKE_KEYS):
         known = {**read_settings(session, INTAKE_KEYS), **(known or {})}
     targets = _targets_of(session, batch, known)
     settings = DeliverySettings.from_dict(known[SETTINGS_KEY])
-    ids, made = _insert_batch(session, batch, targets, now, settings)
+    ids, made = _insert_batch(session, batch, targets, now, settings, trace_parent)
     # A new message is stored Received; what its new deliveries say of it is known
     # without reading them back: only a message whose status that changes (one with
     # none: Not routed) goes through the derivation, with its line and alert.
@@ -214,14 +227,14 @@ def _status_of_new(deliveries: int) -> str:
 
 
 def _insert_batch(session: Session, batch: list[NewMessage], targets: list[list[str]],
-                  now: datetime, settings: DeliverySettings
+                  now: datetime, settings: DeliverySettings, trace_parent: str | None
                   ) -> tuple[list[int], list[tuple[int, int, str]]]:
     """The messages, payload rows, deliveries and history lines of a batch: one
     statement on PostgreSQL (:mod:`b2bhub.engine.dispatch_rows`), one per kind of row
     elsewhere. The message ids in batch order, and (delivery id, message id, target)."""
     kinds = _party_kinds(session, {name for new in batch if new.direction is None
                                    for name in (new.from_party, new.to_party)})
-    messages = [_message_row(new, kinds) for new in batch]
+    messages = [_message_row(new, kinds, trace_parent) for new in batch]
     first_rewake = now + timedelta(seconds=settings.wake_delay(1))
     conn = connection(session)
     if conn.dialect.name == "postgresql":
@@ -258,7 +271,7 @@ def _party_kinds(session: Session, names: set[str]) -> dict[str, str]:
         Party.name.in_(names))).all())
 
 
-def _message_row(new: NewMessage, kinds: dict[str, str]) -> dict:
+def _message_row(new: NewMessage, kinds: dict[str, str], trace_parent: str | None) -> dict:
     """A new message's columns but its times."""
     digest, size = _main_stage(new)
     return {"source": new.source, "from_party": new.from_party, "to_party": new.to_party,
@@ -267,7 +280,8 @@ def _message_row(new: NewMessage, kinds: dict[str, str]) -> dict:
             "correlation_id": new.correlation_id, "status": MessageStatus.RECEIVED,
             "status_text": "",
             "sequence_key": new.sequence_key or f"{new.from_party}>{new.to_party}",
-            "sha256": digest, "size": size}
+            "sha256": digest, "size": size,
+            "trace_parent": new.trace_parent or trace_parent}
 
 
 def _targets_of(session: Session, batch: list[NewMessage], known: dict
@@ -332,7 +346,7 @@ def store_refused(session: Session, new: NewMessage, reason: str, now: datetime)
     deliveries, no alert), with what was received and the reason in its history."""
     kinds = _party_kinds(session, {new.from_party, new.to_party}
                          if new.direction is None else set())
-    row = {**_message_row(new, kinds), "created_at": now, "updated_at": now}
+    row = {**_message_row(new, kinds, tracing.traceparent()), "created_at": now, "updated_at": now}
     row["status"], row["status_text"] = MessageStatus.REFUSED, reason[:2000]
     message_id = session.scalar(insert(Message).returning(Message.id), row)
     if new.stages:

@@ -58,6 +58,7 @@ class _Staged:
     to_party: str
     filename: str
     stored: StoredPayload
+    correlation_id: str | None = None
 
 
 class SourceIntake:
@@ -97,7 +98,8 @@ class SourceIntake:
 
     # one message -------------------------------------------------------------
     def store_and_dispatch(self, payload: IO[bytes] | bytes, from_party: str, to_party: str,
-                           filename: str | None = None, **kw: Any) -> int:
+                           filename: str | None = None, *, correlation_id: str | None = None,
+                           **kw: Any) -> int:
         """Store one message in a transaction of its own; returns its id."""
         stored = self.store.put(payload)
         now = self.clock()
@@ -106,7 +108,7 @@ class SourceIntake:
             message = store_and_dispatch(self.session, NewMessage(
                 source=self.instance_name, from_party=from_party, to_party=to_party,
                 stages={"unpacked": (stored.digest, stored.size)},
-                original_filename=filename, **kw), now)
+                original_filename=filename, correlation_id=correlation_id, **kw), now)
             self.session.commit()
         except BaseException:
             self.session.rollback()
@@ -116,7 +118,7 @@ class SourceIntake:
 
     # files -------------------------------------------------------------------
     def take_file(self, file: PickedFile, from_party: str, to_party: str,
-                  filename: str) -> bool:
+                  filename: str, correlation_id: str | None = None) -> bool:
         """Stage a complete file into the batch; False (and nothing kept) if it changed."""
         if self.should_stop():
             self.flush()
@@ -127,7 +129,8 @@ class SourceIntake:
         stored = self._stage(file)
         if stored is None:
             return False
-        self._staged.append(_Staged(file, from_party, to_party, filename, stored))
+        self._staged.append(_Staged(file, from_party, to_party, filename, stored,
+                                    correlation_id))
         if len(self._staged) >= self.batch_size:
             self.flush()
         return True
@@ -224,6 +227,7 @@ class SourceIntake:
     def _new_message(self, staged: _Staged) -> NewMessage:
         return NewMessage(source=self.instance_name, from_party=staged.from_party,
                           to_party=staged.to_party, original_filename=staged.filename,
+                          correlation_id=staged.correlation_id,
                           stages={"unpacked": (staged.stored.digest, staged.stored.size)})
 
     def _insert_pickups(self, fresh: list[_Staged], made: list[int], now: datetime

@@ -23,7 +23,7 @@ from typing import IO, Any
 from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
-from b2bhub import faults
+from b2bhub import faults, tracing
 from b2bhub.domain import business_rules
 from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -257,19 +257,23 @@ class TargetRunner:
             return max(1, min(getattr(plugin, "claim_batch", 1), settings.claim_batch_max))
 
         outcomes = last.take() if last is not None else []
-        with self.stop.settling(), serialized_writes(session):
-            written, claims, instance = machine.settle_and_claim(
-                session, outcomes, last.policy if last is not None else None, target,
-                self.owner, self.clock(), settings.lease_seconds, batch_size)
-            if outcomes:
-                faults.pause("settling")
-            session.commit()
-            if claims is None:  # another worker was claiming: settled alone, now claim
-                instance = machine.lock_target(session, target)
-                limit = batch_size(instance) if instance is not None else 0
-                claims = machine.claim(session, target, self.owner, self.clock(), limit,
-                                       settings.lease_seconds, instance) if limit else []
+        with tracing.span("claim", **{"b2bhub.target": target,
+                                      "b2bhub.settled": len(outcomes)}) as span:
+            with self.stop.settling(), serialized_writes(session):
+                written, claims, instance = machine.settle_and_claim(
+                    session, outcomes, last.policy if last is not None else None, target,
+                    self.owner, self.clock(), settings.lease_seconds, batch_size)
+                if outcomes:
+                    faults.pause("settling")
                 session.commit()
+                if claims is None:  # another worker was claiming: settled alone, now claim
+                    instance = machine.lock_target(session, target)
+                    limit = batch_size(instance) if instance is not None else 0
+                    claims = machine.claim(session, target, self.owner, self.clock(), limit,
+                                           settings.lease_seconds, instance) if limit else []
+                    session.commit()
+            if span is not None:
+                span.set_attribute("b2bhub.claimed", len(claims))
         if last is not None:
             self.leases.drop(last.held)
         report.settled += sum(written)
@@ -334,19 +338,27 @@ class TargetRunner:
         after the instance's business-error rules have had their say on the answer the
         target attached (SPEC 10: before its status decides anything)."""
         delivery, payloads = info
-        try:
-            context.outcome = plugin.deliver(delivery, payloads, context)
-        except AttemptCancelled:
-            raise
-        except Exception as exc:  # a plugin bug is a failed attempt, not a dead worker
-            log.exception("%s: attempt raised", context.instance_name)
-            context.outcome = Outcome.error(type(exc).__name__,
-                                            f"{type(exc).__name__}: {exc}")
-        if not isinstance(context.outcome, Outcome):
-            context.outcome = Outcome.failed(
-                f"plugin returned {context.outcome!r} instead of an Outcome")
-        elif context.outcome.answer is not None and rules:
-            context.outcome = _checked(rules, context.outcome)
+        # a child of the span that stored the message (its trace), whoever woke us
+        with tracing.span("attempt", parent=delivery.trace_parent, **{
+                "b2bhub.target": delivery.target, "b2bhub.message_id": delivery.message_id,
+                "b2bhub.delivery_id": delivery.delivery_id,
+                "b2bhub.attempt": delivery.attempt,
+                "b2bhub.correlation_id": delivery.correlation_id}) as span:
+            try:
+                context.outcome = plugin.deliver(delivery, payloads, context)
+            except AttemptCancelled:
+                raise
+            except Exception as exc:  # a plugin bug is a failed attempt, not a dead worker
+                log.exception("%s: attempt raised", context.instance_name)
+                context.outcome = Outcome.error(type(exc).__name__,
+                                                f"{type(exc).__name__}: {exc}")
+            if not isinstance(context.outcome, Outcome):
+                context.outcome = Outcome.failed(
+                    f"plugin returned {context.outcome!r} instead of an Outcome")
+            elif context.outcome.answer is not None and rules:
+                context.outcome = _checked(rules, context.outcome)
+            if span is not None:
+                span.set_attribute("b2bhub.outcome", context.outcome.kind.value)
 
     def _settle(self, session: Session, outcomes: list[tuple[Claim, Outcome]],
                 policy: RetryPolicy, report: DrainReport) -> None:
@@ -439,8 +451,8 @@ def _blocks_instance(outcome: Outcome) -> bool:
 _m, _p = Message.__table__, Payload.__table__
 _READ_INFOS = (select(_m.c.id, _m.c.source, _m.c.from_party, _m.c.to_party, _m.c.direction,
                       _m.c.original_filename, _m.c.external_id, _m.c.correlation_id,
-                      _m.c.sequence_key, _m.c.created_at, _p.c.stage, _p.c.digest,
-                      _p.c.size)
+                      _m.c.sequence_key, _m.c.created_at, _m.c.trace_parent, _p.c.stage,
+                      _p.c.digest, _p.c.size)
                .select_from(_m.outerjoin(_p, _p.c.message_id == _m.c.id))
                .where(_m.c.id.in_(bindparam("ids", expanding=True))))
 # PostgreSQL: each message's payload rows looked up by its id (OFFSET 0 keeps the
@@ -448,7 +460,7 @@ _READ_INFOS = (select(_m.c.id, _m.c.source, _m.c.from_party, _m.c.to_party, _m.c
 # scan the whole payloads table while it had no statistics.
 _READ_INFOS_PG = text("""SELECT m.id, m.source, m.from_party, m.to_party, m.direction,
        m.original_filename, m.external_id, m.correlation_id, m.sequence_key, m.created_at,
-       p.stage, p.digest, p.size
+       m.trace_parent, p.stage, p.digest, p.size
   FROM messages m
   LEFT JOIN LATERAL (SELECT p.stage, p.digest, p.size FROM payloads p
                       WHERE p.message_id = m.id OFFSET 0) AS p ON true
@@ -471,14 +483,16 @@ def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
     out = {}
     for c in claims:
         (message_id, source, from_party, to_party, direction, original_filename,
-         external_id, correlation_id, sequence_key, created_at) = messages[c.message_id]
+         external_id, correlation_id, sequence_key, created_at,
+         trace_parent) = messages[c.message_id]
         out[c.delivery_id] = (DeliveryInfo(
             delivery_id=c.delivery_id, message_id=message_id, target=c.target,
             attempt=c.attempt, source=source, from_party=from_party, to_party=to_party,
             direction=direction, original_filename=original_filename,
             external_id=external_id, correlation_id=correlation_id,
             sequence_key=sequence_key, created_at=created_at,
-            payload_stages=tuple(stages[message_id])), StoredPayloads(store, stages[message_id]))
+            payload_stages=tuple(stages[message_id]), trace_parent=trace_parent),
+            StoredPayloads(store, stages[message_id]))
     return out
 
 

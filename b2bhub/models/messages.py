@@ -25,8 +25,10 @@ class Message(Base):
     direction: Mapped[str] = mapped_column(String(16))  # inbound | outbound | internal
     original_filename: Mapped[str | None] = mapped_column(String(255), default=None)
     external_id: Mapped[str | None] = mapped_column(String(255), default=None)
-    correlation_id: Mapped[str | None] = mapped_column(String(255), default=None)
+    correlation_id: Mapped[str | None] = mapped_column(String(255), default=None, index=True)
     sequence_key: Mapped[str | None] = mapped_column(String(200), default=None)
+    #: the W3C traceparent of the span that stored it, when tracing was on
+    trace_parent: Mapped[str | None] = mapped_column(String(55), default=None)
     size: Mapped[int] = mapped_column(default=0)
     sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     status: Mapped[str] = mapped_column(String(24))

@@ -27,6 +27,7 @@ class MessageFilter:
     since: datetime | None = None
     until: datetime | None = None
     q: str | None = None
+    correlation_id: str | None = None  # exact (indexed)
 
 
 @dataclass
@@ -50,7 +51,8 @@ def _message_conditions(f: MessageFilter) -> list:
     """Conditions on the message's own columns (not target, since, until)."""
     conditions = [column == value for column, value in (
         (Message.from_party, f.from_party), (Message.to_party, f.to_party),
-        (Message.source, f.source)) if value is not None]
+        (Message.source, f.source), (Message.correlation_id, f.correlation_id))
+        if value is not None]
     if f.status:
         conditions.append(Message.status.in_(f.status))
     if f.q:

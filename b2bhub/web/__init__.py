@@ -33,6 +33,7 @@ from flask import (
 from flask_login import current_user
 from werkzeug.exceptions import HTTPException
 
+from b2bhub import tracing
 from b2bhub.api.auth import RANK, requires  # noqa: F401  (the API's roles)
 from b2bhub.api.blueprint import role_for
 from b2bhub.api.errors import http_error
@@ -177,7 +178,7 @@ def web_init_app(app: Flask) -> None:
     app.add_url_rule("/", "root", lambda: redirect(url_for("ui.dashboard")))
     app.jinja_env.globals.update(can=can, LABELS=LABELS)
     app.jinja_env.filters.update(label=lambda value: LABELS.get(value, value or ""),
-                                 when=_when, size=_size,
+                                 when=_when, size=_size, trace_id=tracing.trace_id,
                                  levelname=lambda n: logging.getLevelName(n).lower())
 
 

@@ -21,7 +21,8 @@ from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, SendForm, show_service_error
 
 PAGE_SIZE = 50
-FILTER_ARGS = ("status", "from", "to", "source", "target", "since", "until", "q")
+FILTER_ARGS = ("status", "from", "to", "source", "target", "since", "until", "q",
+               "correlation_id")
 
 
 def ui_time(args: MultiDict, name: str, errors: dict) -> datetime | None:
@@ -48,7 +49,8 @@ def message_filter(args: MultiDict) -> tuple[svc.MessageFilter, dict]:
         from_party=args.get("from") or None, to_party=args.get("to") or None,
         source=args.get("source") or None, target=args.get("target") or None,
         since=ui_time(args, "since", errors), until=ui_time(args, "until", errors),
-        q=(args.get("q") or "").strip() or None)
+        q=(args.get("q") or "").strip() or None,
+        correlation_id=(args.get("correlation_id") or "").strip() or None)
     return filters, errors
 
 

@@ -355,10 +355,11 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
         reason = _reason(status, exc, message)
         return _store_refusal(session, instance, NewMessage(
             source=instance, from_party=from_party, to_party=to_party, stages=stored,
-            external_id=msgid), reason, mdn, mode, mdn_stage, durable, now)
+            external_id=msgid, correlation_id=msgid), reason, mdn, mode, mdn_stage, durable, now)
     stored["unpacked"] = unpacked
     new = NewMessage(source=instance, from_party=from_party, to_party=to_party,
-                     stages=stored, external_id=msgid, original_filename=_filename(message),
+                     stages=stored, external_id=msgid, correlation_id=msgid,
+                     original_filename=_filename(message),
                      direction=_direction(org, partner),
                      lines=_mdn_lines(mode, mdn) + [
                          {"type": "warning", "text": w} for w in message.certificate_warnings])
