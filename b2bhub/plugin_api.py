@@ -202,6 +202,12 @@ class SourceContext(Protocol):
         """Finish what a process that died after a commit left: remove each file stored
         but not removed (``find`` looks one up by its relative path). Returns how many."""
 
+    def load_state(self) -> dict:
+        """The JSON object this instance saved last with :meth:`save_state`, or {}."""
+
+    def save_state(self, state: dict) -> None:
+        """Keep a small JSON object for this instance across scans and restarts."""
+
     def log(self, text: str) -> None: ...
 
 

@@ -70,7 +70,7 @@ CHUNK = 1 << 20
 SECRET_PREFIX = "whsec_"
 
 
-def _url_problem(value: str) -> str | None:
+def url_problem(value: str) -> str | None:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return "must be an http:// or https:// URL"
@@ -78,10 +78,10 @@ def _url_problem(value: str) -> str | None:
 
 
 def _optional_url_problem(value: str) -> str | None:
-    return _url_problem(value) if value else None
+    return url_problem(value) if value else None
 
 
-def _headers_problem(value: Any) -> str | None:
+def headers_problem(value: Any) -> str | None:
     if not isinstance(value, dict):
         return 'must be a JSON object of header names and values, e.g. {"X-Api": "1"}'
     for name, text in value.items():
@@ -107,6 +107,34 @@ def _secret_problem(value: str) -> str | None:
     return None if len(key) >= 16 else "must hold at least 16 bytes (24 base64 characters)"
 
 
+#: how the hub authenticates to an HTTP peer and verifies it; shared by the HTTP plugins
+AUTH_FIELDS = [
+    Field("auth", "choice", default="none", choices=("none", "basic", "bearer"),
+          help="how the hub authenticates to the HTTP peer"),
+    Field("username", "string", default="", help="for basic authentication"),
+    Field("password", "secret", default="", help="for basic authentication"),
+    Field("token", "secret", default="", help="for bearer authentication"),
+    Field("client_cert", "path", default="",
+          help="client certificate (PEM) for mutual TLS; may hold the key too"),
+    Field("client_key", "path", default="",
+          help="the client certificate's private key (PEM), if not in client_cert"),
+    Field("ca_bundle", "path", default="",
+          help="CA certificates (PEM) to verify the HTTP peer; empty: the system's"),
+]
+
+
+def auth_problems(config: dict[str, Any]) -> dict[str, str]:
+    """What is missing from the :data:`AUTH_FIELDS` of a configuration."""
+    problems = {}
+    if config["auth"] == "basic" and not config["username"]:
+        problems["username"] = "basic authentication needs a username"
+    if config["auth"] == "bearer" and not config["token"]:
+        problems["token"] = "bearer authentication needs a token"
+    if config["client_key"] and not config["client_cert"]:
+        problems["client_cert"] = "a client key needs its client certificate"
+    return problems
+
+
 class HttpPoster(Plugin):
     """POSTs each message to a URL; see the module docstring."""
 
@@ -120,28 +148,18 @@ class HttpPoster(Plugin):
     # hangs holds a batch for up to 16 x timeout, its leases renewed meanwhile.
     claim_batch = 16
     config_schema = [
-        Field("url", "string", required=True, validate=_url_problem,
+        Field("url", "string", required=True, validate=url_problem,
               help="the destination, e.g. https://erp.example.com/inbound"),
         Field("payload_stage", "choice", default="unpacked", choices=STAGES,
               help="which recorded stage of the message is posted"),
         Field("timeout", "number", default=30, min=0.1, max=3600,
               help="seconds to wait for the connection, and for each read of the answer"),
-        Field("headers", "json", default={}, validate=_headers_problem,
+        Field("headers", "json", default={}, validate=headers_problem,
               help='fixed extra headers, a JSON object such as {"X-Api-Version": "2"}'),
         Field("content_type", "string", default="",
               help="empty: guessed from the message's file name, else "
                    "application/octet-stream"),
-        Field("auth", "choice", default="none", choices=("none", "basic", "bearer"),
-              help="how the hub authenticates to the destination"),
-        Field("username", "string", default="", help="for basic authentication"),
-        Field("password", "secret", default="", help="for basic authentication"),
-        Field("token", "secret", default="", help="for bearer authentication"),
-        Field("client_cert", "path", default="",
-              help="client certificate (PEM) for mutual TLS; may hold the key too"),
-        Field("client_key", "path", default="",
-              help="the client certificate's private key (PEM), if not in client_cert"),
-        Field("ca_bundle", "path", default="",
-              help="CA certificates (PEM) to verify the destination; empty: the system's"),
+        *AUTH_FIELDS,
         Field("follow_redirects", "boolean", default=False,
               help="follow 3xx answers; when off a 3xx fails the delivery"),
         Field("signing_secret", "secret", default="", validate=_secret_problem,
@@ -160,14 +178,7 @@ class HttpPoster(Plugin):
 
     @classmethod
     def config_problems(cls, config: dict[str, Any]) -> dict[str, str]:
-        problems = {}
-        if config["auth"] == "basic" and not config["username"]:
-            problems["username"] = "basic authentication needs a username"
-        if config["auth"] == "bearer" and not config["token"]:
-            problems["token"] = "bearer authentication needs a token"
-        if config["client_key"] and not config["client_cert"]:
-            problems["client_cert"] = "a client key needs its client certificate"
-        return problems
+        return auth_problems(config)
 
     def __init__(self, instance_name: str, config: dict[str, Any]):
         super().__init__(instance_name, config)
@@ -186,7 +197,7 @@ class HttpPoster(Plugin):
     def session(self) -> requests.Session:
         """The instance's session in this process, made at first use."""
         if self._session is None:
-            self._session = _make_session(self.config)
+            self._session = make_session(self.config)
         return self._session
 
     # --- deliver ------------------------------------------------------------------------
@@ -226,7 +237,7 @@ class HttpPoster(Plugin):
         if isinstance(exc, requests.TooManyRedirects):
             return Outcome.failed(f"too many redirects after {_took(started)}: {exc}")
         if isinstance(exc, requests.ConnectionError | requests.exceptions.ChunkedEncodingError):
-            return Outcome.error("connection", f"{_connection_problem(exc, self.url)} "
+            return Outcome.error("connection", f"{connection_problem(exc, self.url)} "
                                  f"(after {_took(started)})")
         return Outcome.failed(f"the request could not be made: {exc}")
 
@@ -275,7 +286,7 @@ class HttpPoster(Plugin):
                   context: TargetContext) -> Outcome:
         """The outcome of an answer, carrying it for the business-error rules."""
         body, cut = _read_start(response)
-        status, shown = response.status_code, _shown(body)
+        status, shown = response.status_code, body_start_text(body)
         head = f"HTTP {status} {response.reason or ''}".rstrip() + f" in {_took(started)}"
         text = head + (f": {shown}" if shown else "") + (f" ({cut})" if cut else "")
         answer = Answer(status, body, response.headers.get("Content-Type", ""),
@@ -366,7 +377,7 @@ class _Body:
         return 0
 
 
-def _make_session(config: dict[str, Any]) -> requests.Session:
+def make_session(config: dict[str, Any]) -> requests.Session:
     session = requests.Session()
     session.trust_env = False  # no proxy or .netrc from the environment: the config says
     adapter = HTTPAdapter(pool_connections=1, pool_maxsize=4, max_retries=0)
@@ -399,7 +410,7 @@ def _read_start(response: requests.Response) -> tuple[bytes, str]:
     return b"".join(parts)[:ANSWER_BODY_LIMIT], ""
 
 
-def _shown(body: bytes) -> str:
+def body_start_text(body: bytes) -> str:
     """The start of a body for a history line: at most TEXT_BODY_LIMIT bytes, decoded
     with replacement, control characters but tab and newline replaced."""
     text = body[:TEXT_BODY_LIMIT].decode("utf-8", "replace")
@@ -436,7 +447,7 @@ def _took(started: float) -> str:
     return f"{time.monotonic() - started:.3f} s"
 
 
-def _connection_problem(exc: Exception, url: str) -> str:
+def connection_problem(exc: Exception, url: str) -> str:
     parts = urlsplit(url)
     where = parts.netloc or url
     return f"connection to {where} failed: {_reason(exc)}"

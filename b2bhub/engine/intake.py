@@ -27,12 +27,17 @@ from sqlalchemy.orm import Session
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
 from b2bhub.engine.history import connection
 from b2bhub.engine.rows import insert_rows
-from b2bhub.models import Party, PollerPickup, utcnow
+from b2bhub.models import Party, PollerPickup, Setting, utcnow
 from b2bhub.payloads import PayloadBatch, PayloadStore, StoredPayload
 from b2bhub.plugin_api import PickedFile
 
 log = logging.getLogger(__name__)
 BATCH_SIZE = 100
+
+
+def state_key(instance: str) -> str:
+    """The settings row that holds a source instance's own state."""
+    return f"source_state:{instance}"
 
 
 class ScanStopped(Exception):
@@ -95,6 +100,28 @@ class SourceIntake:
 
     def log(self, text: str) -> None:
         log.info("%s: %s", self.instance_name, text)
+
+    # the instance's own state ------------------------------------------------
+    def load_state(self) -> dict:
+        """What this source instance saved last (see :meth:`save_state`); {} if nothing."""
+        value = self.session.scalar(select(Setting.value).where(
+            Setting.key == state_key(self.instance_name)))
+        self.session.commit()
+        return dict(value) if isinstance(value, dict) else {}
+
+    def save_state(self, state: dict) -> None:
+        """Keep a small JSON object for this instance across scans and restarts (e.g.
+        the ETag a collector last saw), in a transaction of its own, under the lease."""
+        try:
+            self.fence.check(self.session, self.clock())
+            key = state_key(self.instance_name)
+            row = self.session.get(Setting, key) or Setting(key=key)
+            row.value = dict(state)
+            self.session.add(row)
+            self.session.commit()
+        except BaseException:
+            self.session.rollback()
+            raise
 
     # one message -------------------------------------------------------------
     def store_and_dispatch(self, payload: IO[bytes] | bytes, from_party: str, to_party: str,

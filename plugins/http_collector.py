@@ -1,0 +1,154 @@
+"""The ``http_collector`` source: GETs a URL on a schedule (SPEC 9, seed 003).
+
+Every ``polling_interval`` seconds, under the scan lease of scheduled sources (one
+process fetches an instance at a time, as the file poller scans), it GETs ``url`` with
+the configured ``headers`` and the same authentication and TLS choices as
+``http_poster`` (:data:`plugins.http_poster.AUTH_FIELDS`, one ``requests.Session`` per
+process). The request is conditional: the ``ETag`` and ``Last-Modified`` of the last
+answer that became a message go out as ``If-None-Match`` / ``If-Modified-Since``, and
+they are kept in the instance's source state (a row of the settings table), so a
+restart does not fetch the same document into a second message. An answer of 304, or
+204 (nothing to collect), makes no message; a 2xx with a body is streamed into the
+payload store and becomes one message from ``from`` to ``to``, named ``filename`` (else
+the last element of the URL's path). A peer that sends neither validator gets each
+answer taken as new.
+
+The state is saved just after the message commits: a crash in between fetches the
+document once more at the next scan (a second message, never a lost one).
+
+A failed fetch (no connection, no answer within ``timeout``, a non-2xx other than 304)
+makes no message and the scan ends with the reason and the start of the answer logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import requests
+
+from b2bhub.config_schema import Field
+from b2bhub.domain.routing import validate_name
+from b2bhub.plugin_api import Plugin, PluginStartError, SourceContext
+from plugins.http_poster import (
+    AUTH_FIELDS,
+    auth_problems,
+    body_start_text,
+    connection_problem,
+    headers_problem,
+    make_session,
+    url_problem,
+)
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 20
+
+
+class CollectionFailed(Exception):
+    """A fetch that got no document; the text says why (with the answer's start)."""
+
+
+class _Body:
+    """A response body as a file the payload store reads, chunk by chunk."""
+
+    def __init__(self, response: requests.Response):
+        self._chunks = response.iter_content(CHUNK)
+        self._rest = b""
+
+    def read(self, size: int = -1) -> bytes:
+        out = [self._rest]
+        have = len(self._rest)
+        while size < 0 or have < size:
+            chunk = next(self._chunks, b"")
+            if not chunk:
+                break
+            out.append(chunk)
+            have += len(chunk)
+        data = b"".join(out)
+        if size < 0:
+            self._rest = b""
+            return data
+        self._rest = data[size:]
+        return data[:size]
+
+
+class HttpCollector(Plugin):
+    """Fetches a document over HTTP(S) on a schedule; see the module docstring."""
+
+    type_name = "http_collector"
+    roles = frozenset({"source"})
+    description = "GETs a URL on a schedule and makes a message of each new answer."
+    config_schema = [
+        Field("url", "string", required=True, validate=url_problem,
+              help="the document fetched, e.g. https://erp.example.com/outbound/orders"),
+        Field("polling_interval", "integer", default=60, min=1, max=86400,
+              help="seconds between two fetches"),
+        Field("timeout", "number", default=30, min=0.1, max=3600,
+              help="seconds to wait for the connection, and for each read of the answer"),
+        Field("headers", "json", default={}, validate=headers_problem,
+              help='fixed extra headers, a JSON object such as {"Accept": "text/xml"}'),
+        Field("from", "string", required=True, validate=validate_name,
+              help="the party the document comes from"),
+        Field("to", "string", required=True, validate=validate_name,
+              help="the party the document is for"),
+        Field("filename", "string", default="",
+              help="the messages' original file name; empty: the URL path's last part"),
+        *AUTH_FIELDS,
+    ]
+
+    @classmethod
+    def config_problems(cls, config: dict[str, Any]) -> dict[str, str]:
+        return auth_problems(config)
+
+    def __init__(self, instance_name: str, config: dict[str, Any]):
+        super().__init__(instance_name, config)
+        self.url = config["url"]
+        self.timeout = float(config.get("timeout") or 30)
+        self.headers = dict(config.get("headers") or {})
+        self.filename = config.get("filename") or _last_part(self.url)
+        self._session: requests.Session | None = None
+
+    def start(self) -> None:
+        if not self.config.get("from") or not self.config.get("to"):
+            raise PluginStartError("an http_collector needs from and to")
+
+    @property
+    def session(self) -> requests.Session:
+        if self._session is None:
+            self._session = make_session(self.config)
+        return self._session
+
+    def poll(self, context: SourceContext) -> None:
+        """One conditional GET; a message if the answer is a new document."""
+        state = context.load_state()
+        headers = dict(self.headers)
+        if state.get("etag"):
+            headers["If-None-Match"] = state["etag"]
+        if state.get("last_modified"):
+            headers["If-Modified-Since"] = state["last_modified"]
+        try:
+            response = self.session.get(self.url, headers=headers, stream=True,
+                                        timeout=self.timeout, allow_redirects=False)
+        except requests.Timeout as exc:
+            raise CollectionFailed(f"no answer from {self.url} within {self.timeout:g} s") \
+                from exc
+        except requests.RequestException as exc:
+            raise CollectionFailed(connection_problem(exc, self.url)) from exc
+        with response:
+            if response.status_code in (204, 304):
+                return
+            if not 200 <= response.status_code < 300:
+                start = response.raw.read(2048, decode_content=True) or b""
+                raise CollectionFailed(f"GET {self.url} answered {response.status_code} "
+                                       f"{response.reason}: {body_start_text(start)}")
+            seen = {"etag": response.headers.get("ETag") or "",
+                    "last_modified": response.headers.get("Last-Modified") or ""}
+            context.store_and_dispatch(_Body(response), self.config["from"],
+                                       self.config["to"], self.filename)
+        context.save_state(seen)
+
+
+def _last_part(url: str) -> str:
+    path = urlsplit(url).path.rstrip("/")
+    return unquote(path.rsplit("/", 1)[-1]) if path else ""
