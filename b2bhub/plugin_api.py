@@ -448,6 +448,8 @@ _PROTOCOL_API = {
     "ORGANIZATION": "b2bhub.models:ORGANIZATION",
     "PARTNER": "b2bhub.models:PARTNER",
     "Certificate": "b2bhub.models:Certificate",
+    # how soon a certificate's end is flagged (Parties page, dashboard, the alert)
+    "CERTIFICATE_WARNING": "b2bhub.services.profiles:CERTIFICATE_WARNING",
     "Delivery": "b2bhub.models:Delivery",
     "Message": "b2bhub.models:Message",
     "Party": "b2bhub.models:Party",

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,18 +40,18 @@ from urllib.parse import urlsplit
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import requests  # noqa: E402
-from benchlib import environment, fresh_backend, make_app, print_table  # noqa: E402
+from benchlib import (  # noqa: E402
+    environment,
+    free_port,
+    fresh_backend,
+    make_app,
+    print_table,
+    wait_serving,
+)
 from pyas2lib import Message, Organization, Partner  # noqa: E402
 
 from plugins.as2 import lib  # noqa: E402
 from tests.as2kit import make_pair  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def configure(backend, certs, sink_url: str | None = None) -> None:
@@ -251,15 +250,7 @@ def start_gunicorn(backend, port: int, workers: int = 1) -> subprocess.Popen:
                              str(workers), "--worker-class", "gthread", "--threads", "8",
                              "--bind", f"127.0.0.1:{port}", "wsgi:app"],
                             cwd=Path(__file__).resolve().parent.parent, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            requests.get(f"http://127.0.0.1:{port}/api/v1/health", timeout=2)
-            return proc
-        except requests.RequestException:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("gunicorn did not start")
+    return wait_serving(proc, f"http://127.0.0.1:{port}/api/v1/health", "gunicorn")
 
 
 def worker_pid(master: int) -> int:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import socket
 import sqlite3
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -291,3 +293,25 @@ def run_together(target, arglists: list[tuple], clock=None):
         if p.exitcode != 0:
             raise RuntimeError(f"a bench process exited with {p.exitcode}")
     return started
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_serving(proc, url: str, what: str, timeout: float = 60.0):
+    """``proc`` once ``url`` answers at all (any status); killed, and the bench ended
+    naming ``what``, when it does not within ``timeout`` seconds."""
+    import requests
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            requests.get(url, timeout=2)
+            return proc
+        except requests.RequestException:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"{what} did not start")

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import requests  # noqa: E402
-from benchlib import environment, fresh_backend, make_app  # noqa: E402
+from benchlib import environment, fresh_backend, make_app, wait_serving  # noqa: E402
 
 GUNICORN = ["--workers", "2", "--threads", "8"]
 BODY = (b"<order>" + b"x" * 2033 + b"</order>\n")[:2048]
@@ -82,15 +82,7 @@ def gunicorn(env: dict, app: str, port: int) -> subprocess.Popen:
     proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), *GUNICORN,
                              "--bind", f"127.0.0.1:{port}", app], cwd=HERE.parent, env=env,
                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            requests.get(f"http://127.0.0.1:{port}/", timeout=2)
-            return proc
-        except requests.RequestException:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"gunicorn {app} did not start")
+    return wait_serving(proc, f"http://127.0.0.1:{port}/", f"gunicorn {app}")
 
 
 def load(url: str, headers: dict, count: int, clients: int, expect: int) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,15 +21,9 @@ import time
 from pathlib import Path
 
 import requests
-from benchlib import ROOT, environment, fresh_backend, print_table
+from benchlib import ROOT, environment, free_port, fresh_backend, print_table
 
 BIN = Path(sys.executable).parent  # the venv the bench runs in
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_in(path, text: str, timeout: float) -> None:

@@ -42,9 +42,16 @@ def _types(registry):
 def receiver(hub, session, peer):
     """Parties, an http_poster to the peer, an async receiver ``inbox`` routed to it and
     a sync receiver ``direct`` targeting it; returns the tokens by instance."""
+    return set_up_receivers(hub, session, peer.url("/in"), timeout=1, base_delay=30)
+
+
+def set_up_receivers(hub, session, url: str, timeout: float, base_delay: int) -> dict:
+    """Parties, an http_poster ``poster`` to ``url``, the async receiver ``inbox`` routed
+    to it and the sync receiver ``direct`` targeting it, a token each (by instance)."""
     hub.parties()
-    hub.instance("poster", "http_poster", config={"url": peer.url("/in"), "timeout": 1},
-                 retry_policy={"strategy": "fixed", "base_delay": 30, "max_attempts": 3})
+    hub.instance("poster", "http_poster", config={"url": url, "timeout": timeout},
+                 retry_policy={"strategy": "fixed", "base_delay": base_delay,
+                               "max_attempts": 3})
     hub.instance("inbox", "http_receiver", config={"from_party": "acme",
                                                     "to_party": "mycompany"})
     hub.instance("direct", "http_receiver", config={"mode": "sync", "target": "poster",

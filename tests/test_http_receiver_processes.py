@@ -19,9 +19,10 @@ from sqlalchemy import select
 
 from b2bhub.models import Delivery, HistoryLine, Message
 from plugins.http_poster import HttpPoster
-from plugins.http_receiver import HttpReceiver, create_token
+from plugins.http_receiver import HttpReceiver
 from tests.http_peer import Peer, Script
 from tests.procs import wait_until
+from tests.test_http_receiver import set_up_receivers
 
 pytestmark = pytest.mark.processes
 
@@ -39,19 +40,7 @@ def hubprocs(procs, hub, session, registry, destination):
     ``direct`` (sync to ``poster``); returns (web url, tokens)."""
     registry.register(HttpReceiver)
     registry.register(HttpPoster)
-    hub.parties()
-    hub.instance("poster", "http_poster", config={"url": destination.url("/in"),
-                                                  "timeout": 2},
-                 retry_policy={"strategy": "fixed", "base_delay": 3, "max_attempts": 3})
-    hub.instance("inbox", "http_receiver", config={"from_party": "acme",
-                                                    "to_party": "mycompany"})
-    hub.instance("direct", "http_receiver", config={"mode": "sync", "target": "poster",
-                                                     "from_party": "acme",
-                                                     "to_party": "mycompany"})
-    hub.route("inbox", "*", "*", "poster")
-    tokens = {name: create_token(session, name, "client", "tests")
-              for name in ("inbox", "direct")}
-    session.commit()
+    tokens = set_up_receivers(hub, session, destination.url("/in"), timeout=2, base_delay=3)
     web = procs.web()
     procs.worker()
     procs.beat()

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from b2bhub.plugin_api import (
+    CERTIFICATE_WARNING,
     ORGANIZATION,
     PROFILES_VERSION_KEY,
     Certificate,
@@ -55,7 +56,7 @@ CIPHERS = ("tripledes_192_cbc", "rc2_128_cbc", "rc4_128_cbc", "aes_128_cbc",
            "aes_192_cbc", "aes_256_cbc")
 #: how the content key of what we encrypt is wrapped for the partner (plugins.as2.keywrap)
 KEY_ENCRYPTIONS = ("rsa_pkcs1v15", "rsaes_oaep_sha1", "rsaes_oaep_sha256", "rsaes_oaep_sha512")
-EXPIRY_WARNING = timedelta(days=30)
+EXPIRY_WARNING = CERTIFICATE_WARNING  # the core's flag on the Parties page and dashboard
 DEFAULT_RECEIPT_TIMEOUT = 24 * 3600
 
 #: choice -> (default, check); the check returns an error text or None
