@@ -13,7 +13,7 @@ every process has a disk of its own, lost at a restart).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
@@ -52,9 +52,6 @@ class PayloadBackend(Protocol):
     def size(self, digest: str) -> int: ...
 
     def iter_digests(self) -> Iterator[str]: ...
-
-    def remove_orphans(self, referenced: Callable[[str], bool] | Container[str],
-                       older_than_seconds: float = ...) -> int: ...
 
     def remove_stale_temp(self, older_than_seconds: float = ...) -> int: ...
 

@@ -22,8 +22,9 @@ puts them in parallel there: nothing is under its digest before the commit.
 
 A process killed in the middle leaves at most a temporary object or an unfinished
 multipart upload (its parts), never an object under a digest that no row may reference
-yet: :meth:`S3PayloadStore.remove_orphans` and :meth:`S3PayloadStore.remove_stale_temp`
-delete temporary objects and abort multipart uploads older than their margin. Their age
+yet: :meth:`S3PayloadStore.remove_stale_temp`, which the nightly cleanup and the file
+poller run, deletes temporary objects and aborts multipart uploads older than their
+margin. Their age
 comes from the time in their key (some S3-compatible servers report no real start time
 for an upload); the age of a stored payload is its ``LastModified``.
 
@@ -43,7 +44,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -274,26 +275,6 @@ class S3PayloadStore:
             return None
         self.client.delete_object(Bucket=self.bucket, Key=self.key(digest))
         return int(head["ContentLength"])
-
-    def remove_orphans(
-        self, referenced: Callable[[str], bool] | Container[str], older_than_seconds: float = 3600
-    ) -> int:
-        """Delete stored payloads not referenced and older than the grace period, the
-        temporary objects of interrupted writes and abandoned multipart uploads older
-        than it too; return how many went (see the filesystem store's namesake)."""
-        is_referenced = referenced if callable(referenced) else referenced.__contains__
-        cutoff = self.clock() - older_than_seconds
-        removed = 0
-        for digest, modified, _size in list(self._iter_objects()):
-            if modified >= cutoff or is_referenced(digest):
-                continue
-            # Age is checked again after the lookup: a put of the same content in
-            # between renews it, and that new reference must survive.
-            head = self._head(digest)
-            if head is not None and head["LastModified"].timestamp() < cutoff:
-                self.client.delete_object(Bucket=self.bucket, Key=self.key(digest))
-                removed += 1
-        return removed + self._remove_old_temp(cutoff)
 
     def remove_stale_temp(self, older_than_seconds: float = TEMP_GRACE) -> int:
         """Delete temporary objects and abort multipart uploads older than

@@ -49,7 +49,7 @@ import secrets
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TypeVar
@@ -325,22 +325,6 @@ class PayloadStore:
                         and name[2:4] == second.name
                     ):
                         yield name, Path(entry.path)
-
-    def remove_orphans(
-        self, referenced: Callable[[str], bool] | Container[str], older_than_seconds: float = 3600
-    ) -> int:
-        """Delete stored payloads that are not referenced and older than the grace
-        period, and temp files left by interrupted writes; return how many files went.
-
-        The grace period protects a payload written just before the transaction that
-        references it commits. ``referenced`` is a predicate or a container of digests.
-        """
-        is_referenced = referenced if callable(referenced) else referenced.__contains__
-        cutoff = time.time() - older_than_seconds
-        removed = 0
-        for digest, _path in list(self._iter_files()):
-            removed += self.remove_unreferenced(digest, is_referenced, cutoff) is not None
-        return removed + self._remove_old_temp_files(cutoff)
 
     def older_than(self, digest: str, seconds: float) -> bool:
         """Whether the file of ``digest`` was written and taken in longer ago than

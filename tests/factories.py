@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
@@ -43,3 +44,20 @@ class Hub:
             **kw), now or utcnow())
         self.session.commit()
         return message
+
+
+def digests_in(store) -> list[str]:
+    """Every digest a payload store holds, as the nightly cleanup walks it."""
+    return [digest for digest, _size, _age in store.walk()]
+
+
+def sweep(store, referenced, older_than_seconds: float = 3600) -> int:
+    """What the nightly cleanup (b2bhub.engine.cleanup) asks of a store when it removes
+    orphans, with the reference check a set or predicate instead of the database: every
+    walked payload older than the grace that is not referenced goes, then the stale
+    temp files; how many went."""
+    is_referenced = referenced if callable(referenced) else referenced.__contains__
+    cutoff = getattr(store, "clock", time.time)() - older_than_seconds
+    removed = sum(store.remove_unreferenced(digest, is_referenced, cutoff) is not None
+                  for digest, _size, age in list(store.walk()) if age > older_than_seconds)
+    return removed + store.remove_stale_temp(older_than_seconds)

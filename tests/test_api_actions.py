@@ -11,6 +11,7 @@ from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.models import Delivery, HistoryLine, Message, utcnow
+from tests.factories import digests_in
 from tests.test_api import token_client
 
 
@@ -83,7 +84,7 @@ def test_send_by_hand_over_64_mib_is_refused(setup, app, api, session):
     assert response.json["error"]["code"] == "too_large"
     assert "at most 67108864 (64 MiB)" in response.json["error"]["message"]
     assert session.scalar(select(Message.id)) is None
-    assert list(app.extensions["b2bhub.store"].iter_digests()) == []
+    assert list(digests_in(app.extensions["b2bhub.store"])) == []
 
     huge = _upload(api, body=big + b"x" * (2 * 1024 * 1024), **{"from": "mycompany"})
     assert huge.status_code == 413

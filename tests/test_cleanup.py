@@ -27,6 +27,7 @@ from b2bhub.models import (
 )
 from b2bhub.services import config as svc
 from tests.enginekit import T0, at, claim_one, standard_hub
+from tests.factories import digests_in
 
 NO_RETRY = RetryPolicy.from_dict({"strategy": "fixed", "base_delay": 60, "max_attempts": 1})
 RETRY = RetryPolicy.from_dict({"strategy": "fixed", "base_delay": 60, "max_attempts": 9})
@@ -103,7 +104,7 @@ def scene(hub, session, store):
     assert statuses[m["error_open"]] == "error"
     assert statuses[m["not_routed"]] == "not_routed"
     assert statuses[m["in_flight"]] == "received"
-    age_files(store, store.iter_digests())
+    age_files(store, digests_in(store))
     return m
 
 

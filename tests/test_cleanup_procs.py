@@ -30,6 +30,7 @@ from b2bhub.models import (
     utcnow,
 )
 from b2bhub.services.users import create_user
+from tests.factories import digests_in
 from tests.procs import BIN, ROOT, wait_until
 
 pytestmark = pytest.mark.processes
@@ -43,7 +44,7 @@ def fresh(stmt):
 
 def age_all_files(store, seconds: float = 7200) -> None:
     then = time.time() - seconds
-    for digest in store.iter_digests():
+    for digest in digests_in(store):
         os.utime(store.path(digest), (then, then))
 
 
@@ -196,7 +197,7 @@ def test_kill_9_mid_cleanup_leaves_whole_messages_and_the_next_run_finishes(
     assert _check_whole(store) == len(young)
     assert all(store.exists(d) for d in young_files)
     held = {d for (d,) in fresh(select(Payload.digest))}
-    assert set(store.iter_digests()) == held  # no file of a removed message is left
+    assert set(digests_in(store)) == held  # no file of a removed message is left
     states = [s for (s,) in fresh(select(CleanupRun.state).order_by(CleanupRun.id))]
     assert states[-1] == "finished" and states.count("interrupted") == kills
     assert sum(n for (n,) in fresh(select(CleanupRun.messages_removed))) == len(old)

@@ -28,6 +28,7 @@ from b2bhub.payloads import (
     PayloadStore,
     StoredPayload,
 )
+from tests.factories import digests_in, sweep
 from tests.payload_child import PatternStream
 from tests.s3kit import age_object
 
@@ -210,7 +211,7 @@ def test_identical_content_is_stored_once(store, backend_of_store):
     first = store.put(DOC)
     second = store.put(io.BytesIO(DOC))
     assert first == second
-    assert list(store.iter_digests()) == [first.digest]
+    assert list(digests_in(store)) == [first.digest]
     assert backend_of_store.stored_names() == [backend_of_store.layout(first.digest)]
     assert backend_of_store.temp_files() == []
 
@@ -302,16 +303,16 @@ def test_orphan_removal_respects_grace_period(store, backend_of_store):
     for stored in (kept, old):
         backend_of_store.age(stored.digest, 7200)
 
-    removed = store.remove_orphans({kept.digest}, older_than_seconds=3600)
+    removed = sweep(store, {kept.digest}, older_than_seconds=3600)
 
     assert removed == 1
-    assert sorted(store.iter_digests()) == sorted([kept.digest, young.digest])
+    assert sorted(digests_in(store)) == sorted([kept.digest, young.digest])
 
 
 def test_orphan_removal_takes_a_predicate(store, backend_of_store):
     stored = store.put(b"orphan")
     backend_of_store.age(stored.digest, 10)
-    assert store.remove_orphans(lambda digest: False, older_than_seconds=5) == 1
+    assert sweep(store, lambda digest: False, older_than_seconds=5) == 1
     assert not store.exists(stored.digest)
 
 
@@ -319,7 +320,7 @@ def test_putting_an_old_orphan_again_renews_its_grace_period(store, backend_of_s
     stored = store.put(DOC)
     backend_of_store.age(stored.digest, 7200)
     store.put(DOC)
-    assert store.remove_orphans(set(), older_than_seconds=3600) == 0
+    assert sweep(store, set(), older_than_seconds=3600) == 0
     assert store.exists(stored.digest)
 
 
@@ -344,7 +345,7 @@ def test_the_cleanup_walks_the_store_and_removes_one_unreferenced_old_file(
     assert store.remove_unreferenced(kept.digest, referenced, cutoff) is None
     assert store.remove_unreferenced(old.digest, referenced, cutoff) == old.size
     assert store.remove_unreferenced(old.digest, referenced, cutoff) is None  # gone
-    assert sorted(store.iter_digests()) == sorted([young.digest, kept.digest])
+    assert sorted(digests_in(store)) == sorted([young.digest, kept.digest])
 
 
 def test_old_temp_files_are_removed_and_fresh_ones_kept(store, backend_of_store):
@@ -353,16 +354,16 @@ def test_old_temp_files_are_removed_and_fresh_ones_kept(store, backend_of_store)
     backend_of_store.add_temp("put-new", 0)
     stray = backend_of_store.add_stray(7200)
 
-    removed = store.remove_orphans(lambda digest: True, older_than_seconds=3600)
+    removed = sweep(store, lambda digest: True, older_than_seconds=3600)
 
     assert removed == 1
     assert [name[-7:] for name in backend_of_store.temp_files()] == ["put-new"]
     assert backend_of_store.stray_exists(stray)
 
 
-def test_iter_digests_on_an_empty_store(store):
-    assert list(store.iter_digests()) == []
-    assert store.remove_orphans(set()) == 0
+def test_an_empty_store_walks_nothing(store):
+    assert list(digests_in(store)) == []
+    assert sweep(store, set()) == 0
 
 
 # --- a batch: durability paid once, nothing in place before the commit ---------------
@@ -416,7 +417,7 @@ def test_a_batch_keeps_one_copy_of_content_already_stored_or_put_twice(store, ba
     batch.put(b"twice")
     batch.put(b"twice")
     batch.commit()
-    assert sorted(store.iter_digests()) == sorted([sha(DOC), sha(b"twice")])
+    assert sorted(digests_in(store)) == sorted([sha(DOC), sha(b"twice")])
     assert backend_of_store.temp_files() == []
 
 
@@ -425,12 +426,12 @@ def test_a_dropped_or_discarded_payload_leaves_nothing(store, backend_of_store):
     kept = batch.put(b"kept")
     batch.drop(batch.put(b"changed while read"))
     batch.commit()
-    assert list(store.iter_digests()) == [kept.digest]
+    assert list(digests_in(store)) == [kept.digest]
 
     batch.put(b"never committed")
     batch.discard()
     batch.commit()
-    assert list(store.iter_digests()) == [kept.digest]
+    assert list(digests_in(store)) == [kept.digest]
     assert backend_of_store.temp_files() == []
 
 
@@ -440,7 +441,7 @@ def test_a_batch_whose_put_fails_keeps_the_others(store, backend_of_store):
     with pytest.raises(TypeError):
         batch.put(io.StringIO("text"))
     batch.commit()
-    assert list(store.iter_digests()) == [sha(b"one")]
+    assert list(digests_in(store)) == [sha(b"one")]
     assert backend_of_store.temp_files() == []
 
 
@@ -453,7 +454,7 @@ def test_a_batch_renames_into_place_then_syncs_once(store, monkeypatch):
     calls = []
 
     def fake_syncfs(fd):
-        calls.append(sorted(store.iter_digests()))
+        calls.append(sorted(digests_in(store)))
         return 0
 
     fsyncs = []
@@ -487,7 +488,7 @@ def test_without_syncfs_a_batch_fsyncs_each_file_before_its_rename(store, monkey
     real_fsync, synced_before_place = os.fsync, []
 
     def fsync(fd):
-        synced_before_place.append(list(store.iter_digests()))
+        synced_before_place.append(list(digests_in(store)))
         real_fsync(fd)
 
     monkeypatch.setattr(payloads, "_SYNCFS", None)
@@ -567,7 +568,7 @@ def test_a_linked_payload_counts_its_age_from_the_link(store, dropped):
     assert len(temp_files(store)) == 1
     batch.commit()
     assert store.path(stored.digest).stat().st_mtime < time.time() - 3600
-    assert store.remove_orphans(set(), older_than_seconds=3600) == 0
+    assert sweep(store, set(), older_than_seconds=3600) == 0
     assert store.exists(stored.digest)
 
 
@@ -725,7 +726,7 @@ def test_a_failing_stream_aborts_its_upload(store, backend_of_store):
             return super().read(n)
     with pytest.raises(OSError):
         store.put(Fails(BIG))
-    assert backend_of_store.temp_files() == [] and list(store.iter_digests()) == []
+    assert backend_of_store.temp_files() == [] and list(digests_in(store)) == []
 
 
 def test_a_batch_past_its_memory_sends_payloads_to_temporary_keys(s3_server):
@@ -735,7 +736,7 @@ def test_a_batch_past_its_memory_sends_payloads_to_temporary_keys(s3_server):
     assert len(store.temp_objects()) == 2  # the first is held in memory
     assert not any(store.exists(s.digest) for s in (first, second, third))
     batch.commit()
-    assert sorted(store.iter_digests()) == sorted(s.digest for s in (first, second, third))
+    assert sorted(digests_in(store)) == sorted(s.digest for s in (first, second, third))
     assert store.temp_objects() == []
 
     batch.put(DOC + b"4")  # held
@@ -746,7 +747,7 @@ def test_a_batch_past_its_memory_sends_payloads_to_temporary_keys(s3_server):
     batch.put(DOC + b"6")
     assert len(store.temp_objects()) == 1
     batch.discard()
-    assert store.temp_objects() == [] and len(list(store.iter_digests())) == 3
+    assert store.temp_objects() == [] and len(list(digests_in(store))) == 3
 
 
 @s3_only
@@ -771,13 +772,13 @@ def test_kill_9_in_the_middle_of_a_multipart_upload_leaves_nothing_referenced_an
     parts = store.client.list_parts(Bucket=store.bucket, Key=upload["Key"],
                                     UploadId=upload["UploadId"])["Parts"]
     assert [p["PartNumber"] for p in parts] == [1, 2]
-    assert list(store.iter_digests()) == [] and store.temp_objects() == []
+    assert list(digests_in(store)) == [] and store.temp_objects() == []
 
-    assert store.remove_orphans(set(), older_than_seconds=3600) == 0  # may be under way
+    assert sweep(store, set(), older_than_seconds=3600) == 0  # may be under way
     assert len(store.temp_uploads()) == 1
 
     store.clock = lambda: time.time() + 7200  # two hours later
-    assert store.remove_orphans(set(), older_than_seconds=3600) == 1
+    assert sweep(store, set(), older_than_seconds=3600) == 1
     assert store.temp_uploads() == []
     with pytest.raises(store.client.exceptions.NoSuchUpload):
         store.client.list_parts(Bucket=store.bucket, Key=upload["Key"],

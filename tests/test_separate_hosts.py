@@ -19,11 +19,20 @@ from pathlib import Path
 
 import pytest
 import requests
+from pyas2lib import Mdn, Organization, Partner
+from pyas2lib import Message as As2Message
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.engine.cleanup import run_cleanup
 from b2bhub.extensions import db
-from b2bhub.models import Delivery, Message, Payload
+from b2bhub.models import Delivery, Message, Payload, utcnow
+from plugins.as2 import profiles
+from plugins.as2.plugin import As2Receiver
+from plugins.file_writer import FileWriter
+from plugins.http_receiver import HttpReceiver, create_token
+from tests.as2kit import make_pair
+from tests.factories import digests_in
 from tests.procs import Processes, wait_until
 from tests.s3kit import new_bucket
 from tests.test_e2e_files import drop, load_fixtures
@@ -134,7 +143,7 @@ def test_processes_on_separate_disks_deliver_everything_through_the_object_store
     for name, body in expected.items():
         assert (out / "acme" / name).read_bytes() == body, name
     assert hosts.files_on_disks() == []
-    stored = set(hosts.store.iter_digests())
+    stored = set(digests_in(hosts.store))
     assert {hashlib.sha256(b).hexdigest() for b in expected.values()} <= stored
 
     # Worker2 is down while more arrive; then every process starts again on an empty
@@ -194,7 +203,7 @@ def test_kill_9_of_a_worker_in_the_middle_of_a_multipart_upload(hosts, procs):
     worker1.wait_exit(10)
     [abandoned] = hosts.store.temp_uploads()
     assert count_messages() == 0
-    assert list(hosts.store.iter_digests()) == [] and hosts.store.temp_objects() == []
+    assert list(digests_in(hosts.store)) == [] and hosts.store.temp_objects() == []
 
     hosts.wipe("worker1")
     procs.worker(extra_env=hosts.env("worker1"), queues="deliveries,default")
@@ -206,9 +215,77 @@ def test_kill_9_of_a_worker_in_the_middle_of_a_multipart_upload(hosts, procs):
         referenced = set(s.scalars(select(Payload.digest)))
     assert referenced == {hashlib.sha256(body).hexdigest()}
 
-    assert hosts.store.remove_orphans(referenced, older_than_seconds=3600) == 0
+    with Session(db.engine) as s:  # the nightly cleanup: the upload may be under way
+        assert run_cleanup(s, hosts.store, utcnow(), "tests").files == 0
     assert [u["UploadId"] for u in hosts.store.temp_uploads()] == [abandoned["UploadId"]]
-    hosts.store.clock = lambda: time.time() + 7200  # the nightly cleanup, hours later
-    assert hosts.store.remove_orphans(referenced, older_than_seconds=3600) == 1
+    hosts.store.clock = lambda: time.time() + 25 * 3600  # a day later: past its margin
+    with Session(db.engine) as s:
+        report = run_cleanup(s, hosts.store, utcnow(), "tests")
+    assert (report.ran, report.messages, report.files) == (True, 0, 0)
     assert hosts.store.temp_uploads() == [] and hosts.store.temp_objects() == []
-    assert sorted(hosts.store.iter_digests()) == sorted(referenced)
+    assert sorted(digests_in(hosts.store)) == sorted(referenced)
+
+
+def test_as2_and_http_intake_at_the_web_host_are_delivered_by_another_host(
+        hosts, procs, hub, session, registry):
+    """The web process takes an AS2 message (signed, encrypted, a signed receipt asked
+    for) and an HTTP intake on its own disk-less host; the worker of the other host
+    delivers both from the object store, byte-identical, and no host keeps a file."""
+    registry.register(As2Receiver)
+    registry.register(HttpReceiver)
+    registry.register(FileWriter)
+    out = hosts.tmp / "hosts" / "worker2" / "out"
+    ours, theirs = make_pair("hub.example"), make_pair("acme.example")
+    hub.parties()
+    profiles.save_profile(session, "organization", "mycompany", {
+        "as2_id": "HUB", "certificate": {"pem": ours[0], "private_key_pem": ours[1]}})
+    profiles.save_profile(session, "partner", "acme", {
+        "as2_id": "ACME", "url": "http://127.0.0.1:9/as2", "mdn_mode": "none",
+        "certificate": {"pem": theirs[0]}})
+    hub.instance("as2in", "as2_receiver")
+    hub.instance("inbox", "http_receiver", config={"from_party": "acme",
+                                                    "to_party": "mycompany"})
+    hub.instance("writer", "file_writer", queue="host2", config={
+        "base_directory": str(out), "filename_pattern": "{source}/{original_filename}"})
+    for source in ("as2in", "inbox"):
+        hub.route(source, "*", "*", "writer")
+    token = create_token(session, "inbox", "client", "tests")
+    session.commit()
+
+    web = procs.web(extra_env=hosts.env("web"))
+    procs.worker(extra_env=hosts.env("worker2", B2BHUB_WORKER_QUEUES="host2"),
+                 queues="host2,deliveries,default")
+    procs.beat(extra_env=hosts.env("beat"))
+
+    # CRLF line ends: pyas2lib, the partner here, sends text as 7bit with CRLF
+    edi = b"ISA*00*          *00*          *ZZ*ACME~\r\nGS*PO*ACME*HUB~\r\n" * 4000
+    key = (theirs[1] + theirs[0]).encode()
+    partner_side = As2Message(
+        Organization(as2_name="ACME", sign_key=key, decrypt_key=key),
+        Partner(as2_name="HUB", verify_cert=ours[0].encode(), encrypt_cert=ours[0].encode(),
+                validate_certs=False, sign=True, encrypt=True, enc_alg="aes_256_cbc",
+                mdn_mode="SYNC", mdn_digest_alg="sha256"))
+    partner_side.build(edi, filename="orders.edi", content_type="application/edi-x12")
+    answer = requests.post(f"{web.url}/as2/as2in", data=partner_side.content, timeout=60,
+                           headers=dict(partner_side.headers))
+    assert answer.status_code == 200, answer.text
+    mdn = Mdn()
+    status, detail = mdn.parse(
+        b"".join(f"{k}: {v}\r\n".encode() for k, v in answer.headers.items()) + b"\r\n"
+        + answer.content, lambda *_: partner_side)
+    assert status == "processed", detail
+
+    json_doc = pattern(3 * 1024 * 1024, b"http intake")  # large enough for parts
+    answer = requests.post(f"{web.url}/in/inbox", data=json_doc, timeout=60, headers={
+        "Authorization": f"Bearer {token}", "X-B2BHub-Filename": "prices.json"})
+    assert answer.status_code == 202, answer.text
+
+    wait_until(lambda: delivery_states() == {"delivered": 2}, 120,
+               "both delivered by the other host's worker")
+    assert (out / "as2in" / "orders.edi").read_bytes() == edi
+    assert (out / "inbox" / "prices.json").read_bytes() == json_doc
+    assert hosts.files_on_disks() == []
+    with Session(db.engine) as s:
+        referenced = set(s.scalars(select(Payload.digest)))
+    assert {hashlib.sha256(edi).hexdigest(), hashlib.sha256(json_doc).hexdigest()} \
+        <= referenced <= set(digests_in(hosts.store))
