@@ -1,9 +1,12 @@
 """Celery settings; the core's periodic work declared as data in ``beat_schedule``
 (plugin types' jobs are added to it from the registry: b2bhub/jobs.py).
 
-Wake-ups go to the ``deliveries`` queue (a topic exchange bound to ``delivery.#``) with
-routing key ``delivery.<target instance>``; an instance given a queue of its own is
-served by workers started with that queue in ``B2BHUB_WORKER_QUEUES``.
+Wake-ups go straight to the ``deliveries`` queue (b2bhub/hub.py publishes to the queue by
+name, which spares the broker a lookup of the exchange's bindings per publish); each
+delivery queue is also bound to a topic exchange of its name with ``delivery.#``, for a
+publisher that sends routing key ``delivery.<target instance>``. An instance given a
+queue of its own is served by workers started with that queue in
+``B2BHUB_WORKER_QUEUES``.
 """
 
 import os

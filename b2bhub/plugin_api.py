@@ -432,6 +432,7 @@ _PROTOCOL_API = {
     # a received message stored and dispatched (or refused)
     "INTAKE_KEYS": "b2bhub.engine.dispatch:INTAKE_KEYS",
     "NewMessage": "b2bhub.engine.dispatch:NewMessage",
+    "direction_of": "b2bhub.engine.dispatch:direction_of",
     "store_and_dispatch_many": "b2bhub.engine.dispatch:store_and_dispatch_many",
     "store_refused": "b2bhub.engine.dispatch:store_refused",
     # a receipt settled; history lines and alerts

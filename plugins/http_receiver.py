@@ -42,6 +42,7 @@ disabled instance answers 404 like a missing one (the core's endpoint hook).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -56,9 +57,11 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    bindparam,
     delete,
     func,
     insert,
+    null,
     select,
     update,
 )
@@ -66,6 +69,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from b2bhub.plugin_api import (
+    INTAKE_KEYS,
     PREREAD,
     Base,
     BigId,
@@ -78,7 +82,10 @@ from b2bhub.plugin_api import (
     PeriodicJob,
     Plugin,
     PluginInstance,
+    Setting,
     add_line,
+    connection,
+    direction_of,
     store_and_dispatch_many,
     utcnow,
 )
@@ -248,22 +255,74 @@ def _correlation(headers: dict[str, str]) -> str | None:
     return found.group(1) if found else None
 
 
+def _lookups(session, request: EndpointRequest, token: str, from_header: str | None,
+             to_header: str | None):
+    """What a request reads before the body is stored, in one statement (each is a round
+    trip to PostgreSQL): the instance (when the core left it to us, for a preread body),
+    the token's row, the sender's and the recipient's kinds (from the headers, else the
+    instance's ``from_party`` / ``to_party``) and the settings rows a new message needs.
+    None when the instance is missing or disabled; else (config, from, to, kinds of the
+    parties that exist, settings with the token's id under ``"token"``)."""
+    given = request.config is not None
+    config = request.config or {}
+    row = connection(session).execute(_lookups_query(given), {
+        "instance": request.instance, "token": _hash(token),
+        "from_party": from_header or (config.get("from_party") or None if given else None),
+        "to_party": to_header or (config.get("to_party") or None if given else None),
+    }).one()
+    if not given:
+        if not row.enabled:
+            return None
+        config = dict(row.config or {})
+    kinds = {name: kind for name, kind in ((row.from_party, row.from_kind),
+                                            (row.to_party, row.to_kind)) if kind}
+    known = {key: row._mapping[f"s{i}"] for i, key in enumerate(INTAKE_KEYS)}
+    return config, row.from_party, row.to_party, kinds, {**known, "token": row.token}
+
+
+@functools.cache
+def _lookups_query(config_given: bool):
+    """The one row of :func:`_lookups`, built once a shape: scalar subqueries (a missing
+    row reads as NULL)."""
+    def of_instance(column):
+        return select(column).where(PluginInstance.name == bindparam("instance"),
+                                    PluginInstance.type == TYPE).scalar_subquery()
+
+    def party(role: str):
+        given = bindparam(role, type_=String)
+        if config_given:
+            return given
+        configured = of_instance(PluginInstance.config[role].as_string())
+        return func.coalesce(given, func.nullif(configured, ""))
+
+    from_party, to_party = party("from_party"), party("to_party")
+    columns = [select(Setting.value).where(Setting.key == key).scalar_subquery()
+               .label(f"s{i}") for i, key in enumerate(INTAKE_KEYS)]
+    columns += [
+        select(IntakeToken.id).where(IntakeToken.instance == bindparam("instance"),
+                                     IntakeToken.token_sha256 == bindparam("token"))
+        .scalar_subquery().label("token"),
+        from_party.label("from_party"), to_party.label("to_party"),
+        select(Party.kind).where(Party.name == from_party).scalar_subquery()
+        .label("from_kind"),
+        select(Party.kind).where(Party.name == to_party).scalar_subquery().label("to_kind"),
+        (null() if config_given else of_instance(PluginInstance.enabled)).label("enabled"),
+        (null() if config_given else of_instance(PluginInstance.config)).label("config")]
+    return select(*columns)
+
+
 def handle(request: EndpointRequest) -> EndpointReply:
-    session, config, name = request.session, request.config or {}, request.instance
+    session, name = request.session, request.instance
     headers = {k.lower(): v for k, v in request.headers}
     auth = _header(headers, "Authorization") or ""
     scheme, _, token = auth.partition(" ")
-    from_party = _header(headers, "X-B2BHub-From") or config.get("from_party") or None
-    to_party = _header(headers, "X-B2BHub-To") or config.get("to_party") or None
-    parties = {p for p in (from_party, to_party) if p}
-    # the token and the parties in one statement (the common case: both good)
-    token_id, known = session.execute(select(
-        select(IntakeToken.id).where(IntakeToken.instance == name,
-                                     IntakeToken.token_sha256 == _hash(token.strip()))
-        .scalar_subquery(),
-        select(func.count()).select_from(Party).where(Party.name.in_(parties or {""}))
-        .scalar_subquery())).one()
-    if scheme.lower() != "bearer" or not token.strip() or token_id is None:
+    looked = _lookups(session, request, token.strip(), _header(headers, "X-B2BHub-From"),
+                      _header(headers, "X-B2BHub-To"))
+    if looked is None:
+        session.rollback()
+        return _error(404, f"no enabled HTTP receiver named '{name}'")
+    config, from_party, to_party, kinds, known = looked
+    if scheme.lower() != "bearer" or not token.strip() or known.pop("token") is None:
         session.rollback()
         return _error(401, "a valid bearer token of this receiver is required",
                       **{"WWW-Authenticate": 'Bearer realm="b2bhub"'})
@@ -271,19 +330,23 @@ def handle(request: EndpointRequest) -> EndpointReply:
         session.rollback()
         return _error(422, "no sender or recipient: send X-B2BHub-From and X-B2BHub-To "
                            "or configure from_party and to_party")
-    if known < len(parties):
-        found = set(session.scalars(select(Party.name).where(Party.name.in_(parties))))
+    unknown = [p for p in (from_party, to_party) if p not in kinds]
+    if unknown:
         session.rollback()
-        unknown = [p for p in (from_party, to_party) if p not in found]
         return _error(422, f"unknown party: {', '.join(dict.fromkeys(unknown))}")
+    max_size = int(config.get("max_size") or request.max_size)
+    if request.content_length is not None and request.content_length > max_size:
+        session.rollback()  # (a preread body: the core left the limit to us)
+        return _error(413, f"the body is over the size limit of {max_size} bytes; "
+                           "nothing was stored")
     if request.content_length is None or request.content_length > PREREAD:
         session.commit()  # no connection held while a large body arrives
     batch = request.store.batch()
     try:
-        stored = batch.put(_Limited(request.body, request.max_size, request.content_length))
+        stored = batch.put(_Limited(request.body, max_size, request.content_length))
     except _TooLarge:
         batch.discard()
-        return _error(413, f"the body is over the size limit of {request.max_size} bytes; "
+        return _error(413, f"the body is over the size limit of {max_size} bytes; "
                            "nothing was stored")
     except _Incomplete as exc:
         batch.discard()
@@ -303,11 +366,12 @@ def handle(request: EndpointRequest) -> EndpointReply:
         batch.commit()
         new = NewMessage(
             source=name, from_party=from_party, to_party=to_party,
+            direction=direction_of(kinds, from_party, to_party),
             stages={"unpacked": (stored.digest, stored.size)},
             original_filename=_filename(headers), correlation_id=_correlation(headers),
             sequence_key=(_header(headers, "X-B2BHub-Sequence-Key") or "")[:200] or None,
             actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None)
-        [message_id] = store_and_dispatch_many(session, [new], request.now)
+        [message_id] = store_and_dispatch_many(session, [new], request.now, known)
         if key is not None:
             _key_row(session, name, key[:255], message_id=message_id)
         session.commit()
@@ -501,6 +565,7 @@ class HttpReceiver(Plugin):
               help="how long an Idempotency-Key is remembered"),
     ]
     endpoint_prefix = "in"
+    endpoint_lookup = "handler"
     endpoint_label = "HTTP receiver"
     takes_tokens = True
     # an Idempotency-Key is honoured only until its expiry (the lookup checks it), so

@@ -122,7 +122,7 @@ class NewMessage:
     lines: list[dict] = field(default_factory=list)
 
 
-def _direction(kinds: dict[str, str], from_party: str, to_party: str) -> str:
+def direction_of(kinds: dict[str, str], from_party: str, to_party: str) -> str:
     """Inbound from a partner, outbound to one, internal between our organizations."""
     if kinds.get(from_party) == PARTNER:
         return "inbound"
@@ -275,7 +275,7 @@ def _message_row(new: NewMessage, kinds: dict[str, str], trace_parent: str | Non
     """A new message's columns but its times."""
     digest, size = _main_stage(new)
     return {"source": new.source, "from_party": new.from_party, "to_party": new.to_party,
-            "direction": new.direction or _direction(kinds, new.from_party, new.to_party),
+            "direction": new.direction or direction_of(kinds, new.from_party, new.to_party),
             "original_filename": new.original_filename, "external_id": new.external_id,
             "correlation_id": new.correlation_id, "status": MessageStatus.RECEIVED,
             "status_text": "",
