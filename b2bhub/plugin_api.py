@@ -11,9 +11,11 @@ are generated), and implements:
   raises, or hangs past its timeout) no attempt goes out;
 * a source: it is given a :class:`SourceContext` whose ``store_and_dispatch`` stores a
   message; scheduled sources implement ``poll(context)`` and take a ``polling_interval``
-  (seconds) in their configuration. A file source hands its files to the context as
-  :class:`PickedFile` s (``take_file``): the core stores them in batches and removes each
-  file only after the transaction that recorded it committed.
+  (seconds) in their configuration, and say a failed fetch with
+  ``record_collection_error`` (a message in status Collection error, SPEC 9). A file
+  source hands its files to the context as :class:`PickedFile` s (``take_file``): the
+  core stores them in batches and removes each file only after the transaction that
+  recorded it committed.
 
 Any plugin may implement ``start()`` (called once per process before anything else;
 raising :class:`PluginStartError` puts the instance in state Error) and the class method
@@ -206,7 +208,24 @@ class SourceContext(Protocol):
         """The JSON object this instance saved last with :meth:`save_state`, or {}."""
 
     def save_state(self, state: dict) -> None:
-        """Keep a small JSON object for this instance across scans and restarts."""
+        """Keep a small JSON object for this instance across scans and restarts (the
+        key ``_collection_error`` is the core's: neither loaded nor saved)."""
+
+    def record_collection_error(self, reason: str, from_party: str, to_party: str, *,
+                                answer_start: str = "", filename: str | None = None
+                                ) -> int:
+        """A scheduled source could not fetch (no connection, no answer in time, an
+        error answer): the core records a message in status Collection error, with no
+        payload and no deliveries, ``reason`` and ``answer_start`` (the start of the
+        answer, as text) in its status text and history, and raises ``message_failed``.
+        The first failure of an episode makes the message; the next ones, until
+        :meth:`collection_succeeded`, are counted on it (``b2bhub.engine.collection``).
+        Keep ``reason`` free of what changes at every poll: a changed reason is a
+        history line. Returns the message's id."""
+
+    def collection_succeeded(self) -> None:
+        """A fetch succeeded (whatever its answer): an open episode of collection
+        errors ends, its alert resolved. Cheap when none is open; call it each time."""
 
     def log(self, text: str) -> None: ...
 

@@ -16,8 +16,17 @@ answer taken as new.
 The state is saved just after the message commits: a crash in between fetches the
 document once more at the next scan (a second message, never a lost one).
 
-A failed fetch (no connection, no answer within ``timeout``, a non-2xx other than 304)
-makes no message and the scan ends with the reason and the start of the answer logged.
+A failed fetch (no connection, no answer within ``timeout``, a non-2xx other than 304,
+an answer that breaks off) goes to ``SourceContext.record_collection_error``: a message
+in status Collection error from ``from`` to ``to``, with no payload and no deliveries,
+the reason as its status text and the start of the answer in its history, and the
+``message_failed`` alert, listed apart from delivery errors (seed 003 ERRO_COLETA).
+A server that stays down makes one such message per failure episode, not one per poll:
+the later failed fetches are counted on it (a history line when the reason changes,
+else at most one an hour) until a fetch succeeds again, which ends the episode with a
+line and resolves its alert (``b2bhub.engine.collection``). The reason names the status
+or the connection's failure, never the answer's text, so that a body that changes at
+every poll is no new reason.
 """
 
 from __future__ import annotations
@@ -46,7 +55,11 @@ CHUNK = 1 << 20
 
 
 class CollectionFailed(Exception):
-    """A fetch that got no document; the text says why (with the answer's start)."""
+    """A fetch that got no document: why, and the start of the answer if there was one."""
+
+    def __init__(self, reason: str, answer_start: str = ""):
+        super().__init__(f"{reason}: {answer_start}" if answer_start else reason)
+        self.reason, self.answer_start = reason, answer_start
 
 
 class _Body:
@@ -120,8 +133,23 @@ class HttpCollector(Plugin):
         return self._session
 
     def poll(self, context: SourceContext) -> None:
-        """One conditional GET; a message if the answer is a new document."""
-        state = context.load_state()
+        """One conditional GET; a message if the answer is a new document, a collection
+        error if the fetch failed."""
+        try:
+            seen = self._fetch(context, context.load_state())
+        except CollectionFailed as exc:
+            log.warning("%s: %s", self.instance_name, exc)
+            context.record_collection_error(exc.reason, self.config["from"],
+                                            self.config["to"], answer_start=exc.answer_start,
+                                            filename=self.filename)
+            return
+        context.collection_succeeded()
+        if seen is not None:
+            context.save_state(seen)
+
+    def _fetch(self, context: SourceContext, state: dict) -> dict | None:
+        """The GET, and the message of a new document; the validators of the answer
+        that made one (to keep), None when it made none."""
         headers = dict(self.headers)
         if state.get("etag"):
             headers["If-None-Match"] = state["etag"]
@@ -137,16 +165,28 @@ class HttpCollector(Plugin):
             raise CollectionFailed(connection_problem(exc, self.url)) from exc
         with response:
             if response.status_code in (204, 304):
-                return
+                return None
             if not 200 <= response.status_code < 300:
-                start = response.raw.read(2048, decode_content=True) or b""
-                raise CollectionFailed(f"GET {self.url} answered {response.status_code} "
-                                       f"{response.reason}: {body_start_text(start)}")
+                raise CollectionFailed(
+                    f"GET {self.url} answered {response.status_code} {response.reason}",
+                    body_start_text(_start_of(response)))
             seen = {"etag": response.headers.get("ETag") or "",
                     "last_modified": response.headers.get("Last-Modified") or ""}
-            context.store_and_dispatch(_Body(response), self.config["from"],
-                                       self.config["to"], self.filename)
-        context.save_state(seen)
+            try:
+                context.store_and_dispatch(_Body(response), self.config["from"],
+                                           self.config["to"], self.filename)
+            except requests.RequestException as exc:  # the body broke off or stalled
+                raise CollectionFailed(f"the answer from {self.url} broke off: "
+                                       f"{type(exc).__name__}") from exc
+        return seen
+
+
+def _start_of(response: requests.Response) -> bytes:
+    """The first bytes of an error answer; what could be read if it stalls or breaks."""
+    try:
+        return response.raw.read(2048, decode_content=True) or b""
+    except Exception:  # a read timeout or a broken connection: the status says enough
+        return b""
 
 
 def _last_part(url: str) -> str:

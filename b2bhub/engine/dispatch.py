@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 
 from b2bhub import tracing
 from b2bhub.domain import routing
-from b2bhub.domain.states import DeliveryState, MessageStatus
+from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
 from b2bhub.domain.status import derive_status
 from b2bhub.engine.dispatch_rows import insert_batch
-from b2bhub.engine.history import add_lines, connection
+from b2bhub.engine.history import add_lines, connection, raise_alert
 from b2bhub.engine.machine import wakeups_per_target
 from b2bhub.engine.rows import insert_rows
 from b2bhub.engine.settings import KEY as SETTINGS_KEY
@@ -41,6 +41,8 @@ from b2bhub.models import (
 )
 
 ROUTES_VERSION_KEY = "routes_version"
+#: the longest status text kept on a message
+STATUS_TEXT_MAX = 2000
 
 
 class RouteCache:
@@ -341,14 +343,20 @@ def _by_actor(batch: list[NewMessage], ids: list[int]) -> dict[str, list[int]]:
     return groups
 
 
-def store_refused(session: Session, new: NewMessage, reason: str, now: datetime) -> int:
-    """Record a message a source turned down on its merits (status Refused, no
-    deliveries, no alert), with what was received and the reason in its history."""
+def _insert_intake_message(session: Session, new: NewMessage, status: MessageStatus,
+                           status_text: str, now: datetime) -> int:
+    """The row of a message whose status is set at intake (never derived); its id."""
     kinds = _party_kinds(session, {new.from_party, new.to_party}
                          if new.direction is None else set())
     row = {**_message_row(new, kinds, tracing.traceparent()), "created_at": now, "updated_at": now}
-    row["status"], row["status_text"] = MessageStatus.REFUSED, reason[:2000]
-    message_id = session.scalar(insert(Message).returning(Message.id), row)
+    row["status"], row["status_text"] = status, status_text[:STATUS_TEXT_MAX]
+    return session.scalar(insert(Message).returning(Message.id), row)
+
+
+def store_refused(session: Session, new: NewMessage, reason: str, now: datetime) -> int:
+    """Record a message a source turned down on its merits (status Refused, no
+    deliveries, no alert), with what was received and the reason in its history."""
+    message_id = _insert_intake_message(session, new, MessageStatus.REFUSED, reason, now)
     if new.stages:
         session.execute(insert(Payload), [
             {"message_id": message_id, "stage": stage, "digest": digest, "size": size,
@@ -361,4 +369,24 @@ def store_refused(session: Session, new: NewMessage, reason: str, now: datetime)
          "text": "Refused", "data": {"to": MessageStatus.REFUSED}},
         *({"actor": new.actor, **line, "message_id": message_id} for line in new.lines)],
         now)
+    return message_id
+
+
+def store_collection_error(session: Session, new: NewMessage, text: str, now: datetime,
+                           data: dict | None = None) -> int:
+    """Record a fetch a scheduled source could not make: a message in status Collection
+    error with ``text`` (the reason and the answer's start) as its status text and in a
+    ``collection_failed`` line, no payload (``new.stages`` is empty), no deliveries; it
+    raises ``message_failed`` as a failed delivery does. Returns the message id."""
+    message_id = _insert_intake_message(session, new, MessageStatus.COLLECTION_ERROR, text,
+                                        now)
+    add_lines(session, [
+        {"message_id": message_id, "type": "collection_failed", "actor": new.actor,
+         "text": text, "data": data},
+        {"message_id": message_id, "type": "status_changed", "actor": new.actor,
+         "text": LABELS[MessageStatus.COLLECTION_ERROR],
+         "data": {"to": MessageStatus.COLLECTION_ERROR}}], now)
+    raise_alert(session, "message_failed", f"message:{message_id}",
+                f"message {message_id}: {new.source} could not collect: {text}"[:500],
+                message_id, now)
     return message_id

@@ -24,6 +24,7 @@ from typing import IO, Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from b2bhub.engine import collection
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
 from b2bhub.engine.history import connection
 from b2bhub.engine.rows import insert_rows
@@ -33,6 +34,10 @@ from b2bhub.plugin_api import PickedFile
 
 log = logging.getLogger(__name__)
 BATCH_SIZE = 100
+
+
+#: the core's own key in a source's state row: its open collection episode
+EPISODE_KEY = "_collection_error"
 
 
 def state_key(instance: str) -> str:
@@ -83,6 +88,9 @@ class SourceIntake:
         self._executor: ThreadPoolExecutor | None = None
         self._removal: Future[list[int]] | None = None  # the last batch's files
         self._removing: set[str] = set()  # their relative paths
+        self._state: dict | None = None  # the state row's object, once read
+        #: the last failed fetch's text (``record_collection_error``), "" for none
+        self.failure = ""
 
     # parties -----------------------------------------------------------------
     def party_kind(self, name: str) -> str | None:
@@ -104,24 +112,76 @@ class SourceIntake:
     # the instance's own state ------------------------------------------------
     def load_state(self) -> dict:
         """What this source instance saved last (see :meth:`save_state`); {} if nothing."""
-        value = self.session.scalar(select(Setting.value).where(
-            Setting.key == state_key(self.instance_name)))
-        self.session.commit()
-        return dict(value) if isinstance(value, dict) else {}
+        value = self._stored_state()
+        return {k: v for k, v in value.items() if k != EPISODE_KEY}
 
     def save_state(self, state: dict) -> None:
         """Keep a small JSON object for this instance across scans and restarts (e.g.
-        the ETag a collector last saw), in a transaction of its own, under the lease."""
+        the ETag a collector last saw), in a transaction of its own, under the lease.
+        The core's own key in the row (an open collection episode) is kept."""
+        kept = {k: v for k, v in self._stored_state().items() if k == EPISODE_KEY}
+        value = {k: v for k, v in state.items() if k != EPISODE_KEY} | kept
+        self._write_state(lambda now: value)
+
+    def _stored_state(self) -> dict:
+        """The row's whole object, read once per scan: under the scan lease no other
+        process writes it meanwhile."""
+        if self._state is None:
+            value = self.session.scalar(select(Setting.value).where(
+                Setting.key == state_key(self.instance_name)))
+            self.session.commit()
+            self._state = dict(value) if isinstance(value, dict) else {}
+        return self._state
+
+    def _write_state(self, make: Callable[[datetime], dict]) -> None:
+        """One transaction under the lease: ``make(now)`` writes what it records and
+        returns the row's new whole object, stored with it."""
+        now = self.clock()
         try:
-            self.fence.check(self.session, self.clock())
+            self.fence.check(self.session, now)
+            value = dict(make(now))
             key = state_key(self.instance_name)
             row = self.session.get(Setting, key) or Setting(key=key)
-            row.value = dict(state)
+            row.value = value
             self.session.add(row)
             self.session.commit()
         except BaseException:
             self.session.rollback()
+            self._state = None
             raise
+        self._state = value
+
+    # collection errors (b2bhub.engine.collection) ------------------------------
+    def record_collection_error(self, reason: str, from_party: str, to_party: str, *,
+                                answer_start: str = "", filename: str | None = None
+                                ) -> int:
+        """A fetch failed: a Collection error message for the first failure of an
+        episode, counted on that message for the next ones; its id."""
+        stored = self._stored_state()
+        new = NewMessage(source=self.instance_name, from_party=from_party,
+                         to_party=to_party, stages={}, original_filename=filename)
+
+        def record(now: datetime) -> dict:
+            return {**stored, EPISODE_KEY: collection.failed(
+                self.session, stored.get(EPISODE_KEY), new, reason, answer_start, now)}
+
+        self._write_state(record)
+        self.failure = collection.failure_text(reason, answer_start)
+        return self._state[EPISODE_KEY]["message_id"]
+
+    def collection_succeeded(self) -> None:
+        """A fetch succeeded: the open episode, if any, ends (a line, the alert
+        resolved). Costs nothing when none is open."""
+        stored = self._stored_state()
+        episode = stored.get(EPISODE_KEY)
+        if episode is None:
+            return
+
+        def end(now: datetime) -> dict:
+            collection.succeeded(self.session, episode, self.instance_name, now)
+            return {k: v for k, v in stored.items() if k != EPISODE_KEY}
+
+        self._write_state(end)
 
     # one message -------------------------------------------------------------
     def store_and_dispatch(self, payload: IO[bytes] | bytes, from_party: str, to_party: str,

@@ -223,6 +223,7 @@ class SourceRunner:
         try:
             plugin.poll(intake)
             intake.flush()
+            report.reason = intake.failure
         except (ScanStopped, LeaseLost) as exc:
             report.reason = str(exc)
         except Exception as exc:

@@ -1,5 +1,8 @@
 """Delivery Errors (SPEC 12): failed, business-error and stalled deliveries, and the
-bulk Redeliver of the ones selected or of every one a filter matches."""
+bulk Redeliver of the ones selected or of every one a filter matches. Collection errors
+(fetches a scheduled source could not make) have no delivery and are not listed here:
+seed 003 keeps ERRO_COLETA apart from ERRO_ENTREGA; the page only counts them, with a
+link to the messages in that status."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from datetime import datetime
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from b2bhub.domain.states import DeliveryState, FailureKind
+from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.engine import operator
 from b2bhub.models import Delivery, Message
 from b2bhub.services.errors import ServiceError
@@ -66,6 +69,12 @@ def list_errors(session: Session, f: ErrorFilter, limit: int, after: int | None 
 
 def count_errors(session: Session, f: ErrorFilter) -> int:
     return session.scalar(_query(f).with_only_columns(func.count(Delivery.id))) or 0
+
+
+def count_collection_errors(session: Session) -> int:
+    """Messages in status Collection error (on the status index)."""
+    return session.scalar(select(func.count(Message.id)).where(
+        Message.status == MessageStatus.COLLECTION_ERROR)) or 0
 
 
 def redeliver_errors(session: Session, f: ErrorFilter, ids: list[int] | None, actor: str,

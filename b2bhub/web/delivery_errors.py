@@ -41,6 +41,7 @@ def delivery_errors():
     args = {k: request.args.getlist(k) for k in FILTER_ARGS if request.args.get(k)}
     return render_template("ui/delivery_errors.html", page=page, total=total, args=args,
                            errors=errors, kinds=list(svc.KINDS), form=BulkRedeliverForm(),
+                           collection_errors=svc.count_collection_errors(db.session),
                            targets=instance_names("target"),
                            partners=[p for p in party_choices(any_party=False)])
 
