@@ -126,7 +126,7 @@ class IdempotencyKey(Base):
     body_sha256: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16))  # in_progress | done
     message_id: Mapped[int | None] = mapped_column(
-        BigId, ForeignKey("messages.id", ondelete="SET NULL"), default=None)
+        BigId, ForeignKey("messages.id", ondelete="SET NULL"), default=None, index=True)
     status: Mapped[int | None] = mapped_column(default=None)
     headers: Mapped[str] = mapped_column(String, default="{}")
     body: Mapped[bytes] = mapped_column(LargeBinary, default=b"")
