@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub import tracing
 from b2bhub.domain import routing
-from b2bhub.domain.states import DeliveryState, MessageStatus
+from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
 from b2bhub.domain.status import derive_status
 from b2bhub.engine.dispatch_rows import insert_batch
 from b2bhub.engine.history import add_lines, connection
@@ -362,3 +362,44 @@ def store_refused(session: Session, new: NewMessage, reason: str, now: datetime)
         *({"actor": new.actor, **line, "message_id": message_id} for line in new.lines)],
         now)
     return message_id
+
+
+#: the source of the messages a protocol sends to test a connection (a partner profile's
+#: "Test connection"): no instance can have it (the name rule), no route is matched for
+#: it and nothing dispatches it again (:func:`b2bhub.engine.operator.redispatch`)
+TEST_SOURCE = "(connection test)"
+
+
+def store_test_message(session: Session, new: NewMessage, now: datetime) -> int:
+    """Record a connection test's message (``new.source`` is set to :data:`TEST_SOURCE`):
+    In progress, no deliveries, never routed; its ``lines`` (naming the operator) and
+    stages as given. :func:`finish_test_message` gives it its outcome."""
+    new.source = TEST_SOURCE
+    kinds = _party_kinds(session, {new.from_party, new.to_party}
+                         if new.direction is None else set())
+    row = {**_message_row(new, kinds, tracing.traceparent()), "created_at": now,
+           "updated_at": now, "status": MessageStatus.IN_PROGRESS,
+           "status_text": "connection test running"}
+    message_id = session.scalar(insert(Message).returning(Message.id), row)
+    if new.stages:
+        session.execute(insert(Payload), [
+            {"message_id": message_id, "stage": stage, "digest": digest, "size": size,
+             "created_at": now} for stage, (digest, size) in new.stages.items()])
+    add_lines(session, [{"actor": new.actor, **line, "message_id": message_id}
+                        for line in new.lines], now)
+    return message_id
+
+
+def finish_test_message(session: Session, message_id: int, ok: bool | None, text: str,
+                        now: datetime, actor: str = "") -> None:
+    """A connection test's message ends Delivered (every step passed) or Error, or waits
+    for the partner's receipt (``ok`` None: Awaiting receipt), with ``text`` as its status
+    text; no alert (the operator reads the answer at once)."""
+    status = (MessageStatus.AWAITING_RECEIPT if ok is None else
+              MessageStatus.DELIVERED if ok else MessageStatus.ERROR)
+    message = session.get(Message, message_id)
+    old = message.status
+    message.status, message.status_text, message.updated_at = status, text[:2000], now
+    add_lines(session, [{"message_id": message_id, "type": "status_changed", "actor": actor,
+                         "text": f"{LABELS[old]} → {LABELS[status]}",
+                         "data": {"from": old, "to": status}}], now)
