@@ -17,14 +17,16 @@ import sys
 from datetime import timedelta
 
 import pytest
+import requests
 from sqlalchemy import select
 
 from b2bhub.models import Delivery, Message, utcnow
 from plugins.as2 import profiles
+from plugins.as2.mdn_out import send_due_mdns
 from plugins.as2.selftest import SUBJECT, TEST_HEADER
 from tests import test_ui
 from tests.as2kit import make_ca, make_issued, make_pair
-from tests.test_as2 import ROOT, as2, certs, partner, served, wait_for
+from tests.test_as2 import DATA, ROOT, as2, certs, partner, served, wait_for
 
 login, fresh_user_per_request = test_ui.login, test_ui.fresh_user_per_request
 STEPS = ["dns", "tcp", "tls", "message", "http", "mdn", "mdn_signature", "mic"]
@@ -256,6 +258,10 @@ def test_ui_button_shows_the_steps(as2, app, login, fresh_user_per_request):
     [message] = [m for m in as2.messages() if m.source == "(connection test)"]
     assert as2.lines(message.id, "connection_test")[0].startswith("olga ran the AS2 "
                                                                    "connection test")
+    assert f'href="/ui/messages/{message.id}"' in shown.text
+    page = client.get(f"/ui/messages/{message.id}")
+    assert page.status_code == 200 and "(connection test)" in page.text
+    assert f"/ui/messages/{message.id}/redispatch" not in page.text  # never routed
     viewer = login("viewer")
     assert 'id="test-connection"' not in viewer.get("/ui/parties/partner/acme/as2").text
     assert viewer.post("/ui/parties/partner/acme/as2/test").status_code == 403
@@ -275,6 +281,27 @@ def test_sender_needs_the_client_certificate_for_a_mutual_tls_partner(as2, mtls,
     as2.choose(tls_client_certificate=client_cert(pki["client"]))
     as2.drain(clock=lambda: utcnow() + timedelta(hours=2))  # the retry is due
     assert as2.delivery(message.id).state == "delivered", as2.delivery(message.id).last_result
+
+
+def test_async_mdn_we_owe_goes_over_the_partners_tls(as2, mtls, pki, tmp_path):
+    as2.choose(url=mtls + "/as2", tls_ca_bundle=pki["server_ca"][0], tls_system_trust=False)
+    ca, ours = tmp_path / "ca.pem", tmp_path / "client.pem"
+    ca.write_text(pki["server_ca"][0])
+    ours.write_text(pki["client"][1] + pki["client"][0])
+    tls = {"verify": str(ca), "cert": str(ours), "timeout": 60}
+    order = {"data": base64.b64encode(DATA).decode(), "hub_url": as2.url, "mdn_mode": "async",
+             "sign": True, "encrypt": True}
+    sent = requests.post(mtls + "/send", json=order, **tls).json()
+    assert sent["http_status"] == 200, sent
+    [message] = as2.messages()
+    assert send_due_mdns(as2.session, as2.hub.store, utcnow()) == 0  # no client cert yet
+    [retrying] = as2.lines(message.id, "mdn_retrying")
+    assert "TLS failed" in retrying and "client certificate" in retrying, retrying
+    as2.choose(tls_client_certificate=client_cert(pki["client"]))
+    later = utcnow() + timedelta(hours=1)
+    assert send_due_mdns(as2.session, as2.hub.store, later) == 1
+    mdns = requests.get(mtls + "/mdns", **tls).json()
+    assert [m["status"] for m in mdns] == ["processed"], mdns
 
 
 def test_tls_client_certificate_is_kept_like_a_secret(as2, api, pki):
