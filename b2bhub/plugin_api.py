@@ -42,7 +42,12 @@ AS2 (``plugins/as2/``) is built from them alone:
   ``/ui/parties/<kind>/<name>/<profile kind>``. A :class:`ProfileKind` validates and
   stores (``protocol_profiles`` rows), never shows a secret again once saved, and may
   draw its own UI page (``ui_page``); without one the UI shows the stored profile and a
-  form drawn from its ``schema``.
+  form drawn from its ``schema``. A kind may offer a partner's **connection test**
+  (:meth:`ProfileKind.test_connection`): the core serves it at
+  ``POST /partners/<name>/profiles/<kind>/test`` (admin) and as the UI's "Test connection"
+  button, and shows the :class:`ConnectionTest` it returns step by step. Its test
+  message is stored with ``store_test_message`` (never routed) and ended with
+  ``finish_test_message``.
 * **periodic jobs**: ``periodic_jobs = (PeriodicJob(name, run, every=seconds),)`` or
   ``at="HH:MM"`` (UTC, daily); beat schedules them, ``run_job_soon(name)`` asks a worker
   to run one now. ``run(session, store, now)`` commits its own work or leaves it to the
@@ -73,9 +78,10 @@ from typing import IO, Any, ClassVar, Protocol
 from b2bhub.domain.outcome import Answer, Outcome
 from b2bhub.domain.retry import RetryPolicy
 
-__all__ = ["PREREAD", "Answer", "DeliveryInfo", "EndpointReply", "EndpointRequest",
-           "FileChanged", "Outcome", "PayloadReader", "PeriodicJob", "PickedFile", "Plugin",
-           "PluginStartError", "ProfileKind", "SourceContext", "TargetContext"]
+__all__ = ["PREREAD", "Answer", "ConnectionTest", "DeliveryInfo", "EndpointReply",
+           "EndpointRequest", "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
+           "PickedFile", "Plugin", "PluginStartError", "ProfileKind", "SourceContext",
+           "TargetContext", "TestStep"]
 
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
@@ -278,6 +284,34 @@ class EndpointReply:
     after: Callable[[], None] | None = None
 
 
+#: the states of a connection test's step
+STEP_STATES = ("ok", "failed", "skipped", "pending", "not_run")
+
+
+@dataclass(frozen=True)
+class TestStep:
+    """One step of a connection test: ``name`` (e.g. ``tcp``), a ``label`` to show,
+    ``state`` (:data:`STEP_STATES`: ``skipped`` does not apply, ``pending`` waits on
+    the partner, ``not_run`` after an earlier failure) and a ``text`` saying what was
+    found."""
+
+    name: str
+    label: str
+    state: str
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class ConnectionTest:
+    """What a connection test found: ``ok`` when no step failed (and none is pending),
+    each step in order, the test message's id and a one-line ``summary``."""
+
+    ok: bool
+    steps: tuple[TestStep, ...]
+    message_id: int | None = None
+    summary: str = ""
+
+
 class ProfileKind:
     """A kind of party profile a protocol adds (``as2``): its schema, validation, storage
     and secrets. Subclass and implement :meth:`get`, :meth:`save` and :meth:`delete`
@@ -312,6 +346,17 @@ class ProfileKind:
         return ""
 
     #: ``ui_page(party, shown, defaults) -> response`` may be set to draw the page itself
+
+    #: whether :meth:`test_connection` is offered (for partners' profiles)
+    can_test: bool = False
+
+    def test_connection(self, session, name: str, actor: str, options: dict
+                        ) -> ConnectionTest:
+        """Test the connection to partner ``name`` per its profile, as ``actor``;
+        ``options``: ``organization`` (who sends; None: the only one that can) and
+        ``wait`` (seconds to wait for a receipt that comes later). Commits its own
+        work (its test message must be seen by other processes while it waits)."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -454,6 +499,10 @@ _PROTOCOL_API = {
     "direction_of": "b2bhub.engine.dispatch:direction_of",
     "store_and_dispatch_many": "b2bhub.engine.dispatch:store_and_dispatch_many",
     "store_refused": "b2bhub.engine.dispatch:store_refused",
+    # a connection test's message: stored never routed, then given its outcome
+    "TEST_SOURCE": "b2bhub.engine.dispatch:TEST_SOURCE",
+    "store_test_message": "b2bhub.engine.dispatch:store_test_message",
+    "finish_test_message": "b2bhub.engine.dispatch:finish_test_message",
     # a receipt settled; history lines and alerts
     "settle_receipt": "b2bhub.engine.machine:settle_receipt",
     "DeliveryState": "b2bhub.domain.states:DeliveryState",
@@ -471,6 +520,7 @@ _PROTOCOL_API = {
     # how soon a certificate's end is flagged (Parties page, dashboard, the alert)
     "CERTIFICATE_WARNING": "b2bhub.services.profiles:CERTIFICATE_WARNING",
     "Delivery": "b2bhub.models:Delivery",
+    "HistoryLine": "b2bhub.models:HistoryLine",
     "Message": "b2bhub.models:Message",
     "Party": "b2bhub.models:Party",
     "Payload": "b2bhub.models:Payload",

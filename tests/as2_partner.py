@@ -8,14 +8,21 @@
 * ``POST /send`` (JSON): builds a message to the hub with the given choices, posts it,
   verifies a sync MDN and its MIC; async MDNs come back to ``POST /mdn`` and are verified
   there (``GET /mdns``). Quirks on request: ``micalg`` spelled ``sha-256`` in the
-  signed-receipt options, async MDNs without Original-Recipient.
+  signed-receipt options, async MDNs without Original-Recipient, MDNs signed with
+  another key than the partner's (``mdn_signer``: cert and key).
+
+With ``tls`` (cert, key, and ``client_ca`` to require a client certificate it issued)
+it serves HTTPS instead; the handshake runs on each request's thread.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import ssl
 import sys
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -32,7 +39,9 @@ LOCK = threading.Lock()
 
 def org(mdn_url=None) -> Organization:
     key = (CONFIG["key"] + CONFIG["cert"]).encode()
-    return Organization(as2_name=CONFIG["as2_id"], sign_key=key, decrypt_key=key,
+    signer = CONFIG.get("mdn_signer")  # an MDN signed with a key the hub does not know
+    sign = (signer["key"] + signer["cert"]).encode() if signer else key
+    return Organization(as2_name=CONFIG["as2_id"], sign_key=sign, decrypt_key=key,
                         mdn_url=mdn_url, domain="acme.example")  # its Message-IDs
 
 
@@ -218,11 +227,44 @@ def send(order: dict) -> dict:
     return result
 
 
+class TlsServer(ThreadingHTTPServer):
+    """HTTPS: each accepted connection wrapped, its handshake on the request's thread
+    (a client that fails it fails alone)."""
+
+    context: ssl.SSLContext
+
+    def get_request(self):
+        sock, address = super().get_request()
+        return self.context.wrap_socket(sock, server_side=True,
+                                        do_handshake_on_connect=False), address
+
+    def handle_error(self, request, client_address):  # refused handshakes: expected
+        pass
+
+
+def _tls_context(tls: dict) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "server.pem")
+        with open(path, "w") as f:
+            f.write(tls["key"] + tls["cert"])
+        context.load_cert_chain(path)
+    if tls.get("client_ca"):
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=tls["client_ca"])
+    return context
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         CONFIG.update(json.load(f))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    CONFIG["url"] = f"http://127.0.0.1:{server.server_port}"
+    if CONFIG.get("tls"):
+        server = TlsServer(("127.0.0.1", 0), Handler)
+        server.context = _tls_context(CONFIG["tls"])
+        CONFIG["url"] = f"https://localhost:{server.server_port}"
+    else:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        CONFIG["url"] = f"http://127.0.0.1:{server.server_port}"
     print(server.server_port, flush=True)
     server.serve_forever()
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from flask import jsonify, url_for
+from dataclasses import asdict
+
+from flask import g, jsonify, url_for
 
 from b2bhub import hub
 from b2bhub.api import bp
@@ -12,7 +14,7 @@ from b2bhub.api.inputs import json_object
 from b2bhub.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.services import config as svc
-from b2bhub.services.profiles import profile_kind
+from b2bhub.services.profiles import profile_kind, run_connection_test
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
 COLLECTION = "/<any(organizations, partners):collection>"
@@ -92,3 +94,16 @@ def delete_profile(collection: str, name: str, kind: str):
     profile_kind(hub.registry(), kind).delete(db.session, KINDS[collection], name)
     db.session.commit()
     return "", 204
+
+
+@bp.post("/partners/<name>/profiles/<kind>/test")
+@bp.arguments(s.ConnectionTestArgs)
+@bp.response(200, s.ConnectionTest)
+def test_profile(body: dict, name: str, kind: str):
+    """Test the connection to a partner per its profile of ``kind`` (``as2``): a small
+    test message, marked as one and never routed, then each step with ``ok``,
+    ``failed``, ``skipped``, ``pending`` or ``not_run`` (after the first failure) and
+    what was found. The test message's history names the caller. 404 for a kind without
+    a connection test."""
+    return asdict(run_connection_test(db.session, profile_kind(hub.registry(), kind), name,
+                                      g.actor, body))

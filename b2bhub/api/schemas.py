@@ -21,6 +21,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from b2bhub import tracing
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
+from b2bhub.plugin_api import STEP_STATES
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.tokens import ROLES
 
@@ -192,6 +193,36 @@ class ActionResult(Schema):
 
 
 # --- parties ------------------------------------------------------------------------
+
+class ConnectionTestArgs(Schema):
+    """A partner profile's connection test: who sends, how long to wait."""
+
+    organization = fields.String(load_default=None, allow_none=True, metadata={
+        "description": "the organization that sends the test message; default: the only "
+                       "organization with a profile of the kind"})
+    wait = fields.Integer(load_default=20, validate=validate.Range(min=0, max=120), metadata={
+        "description": "seconds to wait for a receipt that comes later (an asynchronous "
+                       "MDN); 0: do not wait, report it as pending"})
+
+
+class TestStep(Schema):
+    name = fields.String(required=True, metadata={"description": "e.g. dns, tcp, tls, http, "
+                                                   "mdn, mdn_signature, mic"})
+    label = fields.String(required=True)
+    state = fields.String(required=True, validate=validate.OneOf(list(STEP_STATES)),
+                          metadata={"description": "ok, failed, skipped (does not apply), "
+                                    "pending (waits on the partner), not_run (an earlier "
+                                    "step failed)"})
+    text = fields.String(required=True)
+
+
+class ConnectionTest(Schema):
+    ok = fields.Boolean(required=True, metadata={"description": "no step failed or pending"})
+    summary = fields.String(required=True)
+    message_id = fields.Integer(allow_none=True, required=True,
+                                metadata={"description": "the test message (its history)"})
+    steps = fields.List(fields.Nested(TestStep), required=True)
+
 
 class Party(Schema):
     name = fields.String(required=True)

@@ -353,14 +353,19 @@ def _insert_intake_message(session: Session, new: NewMessage, status: MessageSta
     return session.scalar(insert(Message).returning(Message.id), row)
 
 
-def store_refused(session: Session, new: NewMessage, reason: str, now: datetime) -> int:
-    """Record a message a source turned down on its merits (status Refused, no
-    deliveries, no alert), with what was received and the reason in its history."""
-    message_id = _insert_intake_message(session, new, MessageStatus.REFUSED, reason, now)
+def _insert_payload_rows(session: Session, message_id: int, new: NewMessage,
+                         now: datetime) -> None:
     if new.stages:
         session.execute(insert(Payload), [
             {"message_id": message_id, "stage": stage, "digest": digest, "size": size,
              "created_at": now} for stage, (digest, size) in new.stages.items()])
+
+
+def store_refused(session: Session, new: NewMessage, reason: str, now: datetime) -> int:
+    """Record a message a source turned down on its merits (status Refused, no
+    deliveries, no alert), with what was received and the reason in its history."""
+    message_id = _insert_intake_message(session, new, MessageStatus.REFUSED, reason, now)
+    _insert_payload_rows(session, message_id, new, now)
     add_lines(session, [
         {"message_id": message_id, "type": "received", "actor": new.actor,
          "text": _received_text(new), "data": {"size": _main_stage(new)[1]}},
@@ -390,3 +395,37 @@ def store_collection_error(session: Session, new: NewMessage, text: str, now: da
                 f"message {message_id}: {new.source} could not collect: {text}"[:500],
                 message_id, now)
     return message_id
+
+
+#: the source of the messages a protocol sends to test a connection (a partner profile's
+#: "Test connection"): no instance can have it (the name rule), no route is matched for
+#: it and nothing dispatches it again (:func:`b2bhub.engine.operator.redispatch`)
+TEST_SOURCE = "(connection test)"
+
+
+def store_test_message(session: Session, new: NewMessage, now: datetime) -> int:
+    """Record a connection test's message (``new.source`` is set to :data:`TEST_SOURCE`):
+    In progress, no deliveries, never routed; its ``lines`` (naming the operator) and
+    stages as given. :func:`finish_test_message` gives it its outcome."""
+    new.source = TEST_SOURCE
+    message_id = _insert_intake_message(session, new, MessageStatus.IN_PROGRESS,
+                                        "connection test running", now)
+    _insert_payload_rows(session, message_id, new, now)
+    add_lines(session, [{"actor": new.actor, **line, "message_id": message_id}
+                        for line in new.lines], now)
+    return message_id
+
+
+def finish_test_message(session: Session, message_id: int, ok: bool | None, text: str,
+                        now: datetime, actor: str = "") -> None:
+    """A connection test's message ends Delivered (every step passed) or Error, or waits
+    for the partner's receipt (``ok`` None: Awaiting receipt), with ``text`` as its status
+    text; no alert (the operator reads the answer at once)."""
+    status = (MessageStatus.AWAITING_RECEIPT if ok is None else
+              MessageStatus.DELIVERED if ok else MessageStatus.ERROR)
+    message = session.get(Message, message_id)
+    old = message.status
+    message.status, message.status_text, message.updated_at = status, text[:2000], now
+    add_lines(session, [{"message_id": message_id, "type": "status_changed", "actor": actor,
+                         "text": f"{LABELS[old]} → {LABELS[status]}",
+                         "data": {"from": old, "to": status}}], now)

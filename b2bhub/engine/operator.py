@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
 from b2bhub.engine import blocking, machine
-from b2bhub.engine.dispatch import create_deliveries, route_cache
+from b2bhub.engine.dispatch import TEST_SOURCE, create_deliveries, route_cache
 from b2bhub.engine.history import add_line, resolve_alert
 from b2bhub.engine.sequences import blocks_sequence
 from b2bhub.engine.settings import load_settings
@@ -220,6 +220,9 @@ def redispatch(session: Session, message_id: int, actor: str, now: datetime) -> 
                           MessageStatus.CANCELLED) and not message.deliveries:
         raise ActionRefused(f"message {message_id} is {LABELS[message.status]}: "
                             "it cannot be dispatched")
+    if message.source == TEST_SOURCE:
+        raise ActionRefused(f"message {message_id} is a connection test: it is never "
+                            "routed")
     existing = list(message.deliveries)
     targets = route_cache.table(session).targets(message.source, message.from_party,
                                                   message.to_party)

@@ -34,6 +34,14 @@ def profile_kind(registry, kind: str):
     return kinds[kind]
 
 
+def run_connection_test(session: Session, found, name: str, actor: str, options: dict):
+    """A partner's connection test by its profile kind ``found`` (it commits its own
+    work); NotFound for a kind that has none."""
+    if not getattr(found, "can_test", False):
+        raise NotFound(f"the {found.label or found.kind} profile has no connection test")
+    return found.test_connection(session, name, actor, options)
+
+
 def addresses(session: Session, kinds) -> dict[str, dict[int, str]]:
     """Each kind's profile addresses (its AS2 ID, say) by party id, for the parties page."""
     shown: dict[str, dict[int, str]] = {kind: {} for kind in kinds}

@@ -11,6 +11,7 @@ from werkzeug.datastructures import MultiDict
 from b2bhub import hub
 from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.engine import operator
+from b2bhub.engine.dispatch import TEST_SOURCE
 from b2bhub.extensions import db
 from b2bhub.models import Delivery, utcnow
 from b2bhub.services import messages as svc
@@ -93,8 +94,9 @@ def message(message_id: int):
 
 
 def _can_redispatch(m) -> bool:
-    return not (m.status in (MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR,
-                             MessageStatus.CANCELLED) and not m.deliveries)
+    return m.source != TEST_SOURCE and not (
+        m.status in (MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR,
+                     MessageStatus.CANCELLED) and not m.deliveries)
 
 
 def _can_cancel(m) -> bool:

@@ -3,14 +3,20 @@ add (a protocol's page of its own, or one drawn from the kind's schema)."""
 
 from __future__ import annotations
 
-from flask import abort, redirect, render_template, url_for
+from flask import abort, flash, g, redirect, render_template, request, url_for
 
 from b2bhub import hub
 from b2bhub.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER, utcnow
 from b2bhub.services import config as svc
 from b2bhub.services.errors import NotFound, ServiceError
-from b2bhub.services.profiles import addresses, ending_certificates, profile_kind, profile_kinds
+from b2bhub.services.profiles import (
+    addresses,
+    ending_certificates,
+    profile_kind,
+    profile_kinds,
+    run_connection_test,
+)
 from b2bhub.web import bp, button, form_status, submit
 from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form
 
@@ -130,3 +136,30 @@ def delete_profile(kind: str, name: str, protocol: str):
     button(lambda: found.delete(db.session, kind, name),
            lambda _none: f"deleted the {found.label} profile of {kind} {name}")
     return redirect(url_for("ui.profile", kind=kind, name=name, protocol=protocol))
+
+
+@bp.post("/parties/partner/<name>/<protocol>/test")
+def test_profile(name: str, protocol: str):
+    """"Test connection" on a partner's profile: the steps on a page of their own, with
+    a link to the test message (whose history names the operator)."""
+    found = _kind_or_404(protocol)
+    if not ActionForm().validate_on_submit():
+        abort(400, "the form expired or was not sent from this site; reload and try again")
+    options = {"organization": request.form.get("organization") or None,
+               "wait": _wait(request.form.get("wait"))}
+    try:
+        result = run_connection_test(db.session, found, name, g.actor, options)
+    except ServiceError as exc:
+        db.session.rollback()
+        flash(exc.message, "error")
+        return redirect(url_for("ui.profile", kind=PARTNER, name=name, protocol=protocol))
+    return render_template("ui/connection_test.html", kind=found, name=name, result=result,
+                           active="ui.parties")
+
+
+def _wait(text: str | None) -> int:
+    """Seconds to wait for a later receipt, as the form gives them (0 to 120)."""
+    try:
+        return min(max(int(text or 20), 0), 120)
+    except ValueError:
+        return 20

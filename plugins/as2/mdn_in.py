@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from b2bhub.plugin_api import (
+    TEST_SOURCE,
     Delivery,
     DeliveryState,
     NewMessage,
@@ -93,7 +94,7 @@ def read_mdn(raw: bytes, find) -> Receipt:
 
 
 #: pyas2lib's details of an MDN it could not read itself (not the partner's disposition)
-_UNREADABLE = ("Failed to parse received MDN", "mdn-not-found")
+UNREADABLE = ("Failed to parse received MDN", "mdn-not-found")
 _UNSIGNED = "Expected signed MDN but unsigned MDN returned"
 
 
@@ -109,7 +110,7 @@ def judge(receipt: Receipt, accept_without_mic: bool = False) -> tuple[bool, str
                        "the partner's disposition is not trusted")
     if status == "failed/Failure" and detail == _UNSIGNED:
         return False, "unsigned MDN, although a signed one was asked for"
-    if status == "failed/Failure" and detail and detail.startswith(_UNREADABLE):
+    if status == "failed/Failure" and detail and detail.startswith(UNREADABLE):
         return False, f"MDN could not be read: {detail}"
     if status == "processed/warning" and detail == "Message Integrity check failed.":
         return False, (f"MIC mismatch: the MDN confirms {receipt.mic or '?'}, which is not "
@@ -170,6 +171,8 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
     if row is None:
         return _unmatched(session, instance, found, stored_raw, orig_id, status, detail, now)
     ok, text = judge(receipt, bool(context["partner"].get("accept_mdn_without_mic")))
+    if row.target == TEST_SOURCE:
+        return _test_mdn(session, row, receipt, ok, text, stored_raw, now)
     delivery = _wait_settled(session, row)
     record_receipt(session, row.message_id, stored_raw, now)
     if delivery is None or delivery.state != DeliveryState.AWAITING_RECEIPT:
@@ -187,6 +190,21 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
     if not settled:
         log.warning("unattributable MDN for %s", row.as2_message_id)
     return text_reply(200, "MDN received" if settled else "MDN refused: already settled")
+
+
+def _test_mdn(session: Session, row: As2Outbound, receipt: Receipt, ok: bool, text: str,
+              stored_raw: StoredPayload, now: datetime):
+    """The asynchronous MDN of a connection test's message (:mod:`.selftest`): recorded
+    on it, with what the test reports (the test waiting for it reads the line); a test
+    that stopped waiting gets its outcome here."""
+    from plugins.as2 import selftest
+    record_receipt(session, row.message_id, stored_raw, now)
+    add_line(session, row.message_id, selftest.MDN_LINE,
+             f"MDN for <{row.as2_message_id}>: {text}", actor=row.partner,
+             data={"ok": ok, "receipt": asdict(receipt)}, now=now)
+    session.commit()
+    selftest.finish_pending(session, row.message_id, now)
+    return text_reply(200, "MDN received")
 
 
 #: the alert of an MDN no message of ours matches

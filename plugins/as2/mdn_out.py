@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-import requests
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.plugin_api import PayloadStore, add_line
+from plugins.as2 import profiles, tls
 from plugins.as2.models import As2Inbound
 
 log = logging.getLogger(__name__)
@@ -41,16 +41,25 @@ def send_due_mdns(session: Session, store: PayloadStore, now: datetime, limit: i
     return sent
 
 
+def _no_profile(name: str):
+    raise LookupError(f"the partner '{name}' has no AS2 profile any more")
+
+
 def _send_one(session: Session, store: PayloadStore, row: As2Inbound, now: datetime,
               timeout: float) -> int:
+    partner = None
     try:
         with store.open(row.mdn_digest) as f:
             _head, _sep, body = f.read().partition(b"\r\n\r\n")
-        answer = requests.post(row.mdn_url, data=body, headers=dict(row.mdn_headers or {}),
-                               timeout=timeout)
+        partner = profiles.by_party(session, row.partner)
+        answer = tls.post(partner, row.mdn_url, data=body,
+                          headers=dict(row.mdn_headers or {}), timeout=timeout) \
+            if partner is not None else _no_profile(row.partner)
         problem = None if 200 <= answer.status_code < 300 else f"HTTP {answer.status_code}"
-    except Exception as exc:  # connection, timeout, a payload gone: all retried
+    except Exception as exc:  # connection, TLS, timeout, a payload gone: all retried
         problem = f"{type(exc).__name__}: {exc}"
+        if tls.ssl_error_of(exc) is not None:
+            problem = f"TLS failed: {tls.explain(exc, partner)}"
     row.mdn_attempts += 1
     if problem is None:
         row.mdn_state, row.mdn_due_at, row.mdn_last_error = "sent", None, ""

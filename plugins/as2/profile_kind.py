@@ -16,6 +16,7 @@ class As2Profiles(ProfileKind):
 
     kind = profiles.PROTOCOL
     label = "AS2"
+    can_test = True
 
     def fields(self) -> tuple[str, ...]:
         return tuple(profiles.FIELDS)
@@ -32,6 +33,13 @@ class As2Profiles(ProfileKind):
 
     def describe(self, profile: dict) -> str:
         return f"AS2 ID {profile['as2_id']}"
+
+    def test_connection(self, session: Session, name: str, actor: str, options: dict):
+        """A partner's connection test (:mod:`.selftest`)."""
+        from b2bhub.plugin_api import payload_store
+        from plugins.as2 import selftest
+        return selftest.run(session, payload_store(), name, actor,
+                            options.get("organization"), float(options.get("wait", 20)))
 
     def ui_page(self, party, shown: dict | None):
         from plugins.as2.ui import profile_page  # the UI's libraries: in the web only

@@ -20,6 +20,11 @@ a role is valid now, the message is refused with a reason naming the certificate
 its window, unless the partner's ``accept_expired_certificates`` is on: then the newest
 one is used, with a warning line. Saving a certificate that has expired or ends within
 30 days raises ``certificate_expiring`` at once.
+
+Outbound TLS (:mod:`.tls`): ``tls_ca_bundle`` (PEM) verifies the partner's server with or
+instead of the system store (``tls_system_trust``); ``tls_client_certificate`` (an upload
+as ``certificate``, with its key) is kept as a certificate of the role ``tls_client``,
+shown without its key; ``null`` removes it. Replacing the AS2 certificates leaves it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from b2bhub.plugin_api import (
     utcnow,
 )
 from plugins.as2.certs import CertificateError, read_upload
+from plugins.as2.tls import TLS_CLIENT, bundle_problem
 
 PROTOCOL = "as2"
 MDN_MODES = ("none", "sync", "async")
@@ -132,8 +138,13 @@ CHOICES: dict[str, tuple[Any, Any]] = {
     # a partner's: a signed MDN without Received-Content-MIC settles Delivered with a
     # warning instead of failing (RFC 4130 7.4.3 requires the MIC)
     "accept_mdn_without_mic": (False, _bool),
+    # a partner's outbound TLS (plugins.as2.tls): CAs trusted for its server certificate,
+    # with the system's store or alone
+    "tls_ca_bundle": (None, bundle_problem),
+    "tls_system_trust": (True, _bool),
 }
-FIELDS = {"as2_id", "certificate", "certificates", "add_certificate", *CHOICES}
+FIELDS = {"as2_id", "certificate", "certificates", "add_certificate", "tls_client_certificate",
+          *CHOICES}
 ROLES = ("both", "signing", "encryption")
 _LEGACY_BOTH = ("own", "partner")
 
@@ -212,6 +223,8 @@ class As2Profile:
     #: every certificate of the profile (:class:`CertInfo`); ``cert_pem``/``key_pem`` are
     #: the newest one's as stored, for callers that need only one
     certs: tuple = ()
+    #: our TLS client certificate for this partner (a :class:`CertInfo` with its key)
+    tls_client: CertInfo | None = None
     #: pyas2lib objects built from this profile, kept with it (see :mod:`.lib`)
     loaded: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -270,7 +283,7 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> Protocol
         raise ServiceError("invalid AS2 profile: " + "; ".join(
             f"{k} {v}" for k, v in problems.items()), problems)
     own = kind == ORGANIZATION
-    replace, added = None, []
+    replace, added, tls_client = None, [], None
     try:
         if body.get("certificates") is not None:
             if not isinstance(body["certificates"], list) or not body["certificates"]:
@@ -280,11 +293,14 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> Protocol
             replace = [_read_cert(body["certificate"], own)]
         if body.get("add_certificate") is not None:
             added = [_read_cert(body["add_certificate"], own)]
+        if body.get("tls_client_certificate") is not None:
+            tls_client = (read_upload(body["tls_client_certificate"], need_key=True),
+                          TLS_CLIENT)
     except CertificateError as exc:
-        field_name = next(f for f in ("certificates", "certificate", "add_certificate")
-                          if body.get(f) is not None)
+        field_name = next(f for f in ("certificates", "certificate", "add_certificate",
+                                      "tls_client_certificate") if body.get(f) is not None)
         raise ServiceError(str(exc), {field_name: str(exc)}) from None
-    if not replace and not added and (profile is None or not profile.certificates):
+    if not replace and not added and (profile is None or not as2_certs(profile)):
         raise ServiceError("an AS2 profile needs a certificate",
                            {"certificate": "required"})
     if kind != ORGANIZATION and settings.get("url") is None and profile is None:
@@ -295,9 +311,13 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> Protocol
         session.add(profile)
     profile.address, profile.settings = as2_id, settings
     if replace is not None:
-        profile.certificates.clear()
+        for cert in as2_certs(profile):
+            profile.certificates.remove(cert)
+    if "tls_client_certificate" in body:  # a new one, or null: none
+        for cert in [c for c in profile.certificates if c.usage == TLS_CLIENT]:
+            profile.certificates.remove(cert)
     saved = []
-    for pair, role in (replace or []) + added:
+    for pair, role in (replace or []) + added + ([tls_client] if tls_client else []):
         cert = Certificate(
             usage=role, pem=pair.pem, private_key_pem=pair.private_key_pem,
             subject=pair.subject[:500], issuer=pair.issuer[:500],
@@ -312,6 +332,11 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> Protocol
     bump_profiles_version(session)
     session.flush()
     return profile
+
+
+def as2_certs(profile: ProtocolProfile) -> list[Certificate]:
+    """The profile's AS2 certificates (signing, encryption), not its TLS client one."""
+    return [c for c in profile.certificates if c.usage != TLS_CLIENT]
 
 
 def _read_cert(upload, own: bool):
@@ -334,8 +359,10 @@ def profile_json(profile: ProtocolProfile, now: datetime) -> dict:
     """The API shape: choices with their defaults filled in, certificates without keys."""
     settings = {choice: (profile.settings or {}).get(choice, default)
                 for choice, (default, _c) in CHOICES.items()}
+    tls = next((c for c in profile.certificates if c.usage == TLS_CLIENT), None)
     return {"party": profile.party.name, "kind": profile.party.kind, "as2_id": profile.address,
-            **settings, "certificates": [_cert_json(c, now) for c in profile.certificates]}
+            **settings, "certificates": [_cert_json(c, now) for c in as2_certs(profile)],
+            "tls_client_certificate": _cert_json(tls, now) if tls is not None else None}
 
 
 def _cert_json(cert: Certificate, now: datetime) -> dict:
@@ -373,13 +400,18 @@ def _lookup(session: Session, *where) -> As2Profile | None:
     rows = session.execute(_LOOKUP.where(*where)).all()
     if not rows:
         return None
+    every = [CertInfo(r.id, r.pem, r.private_key_pem,
+                      "both" if r.usage in _LEGACY_BOTH else r.usage, r.subject,
+                      r.not_before, r.not_after) for r in rows if r.id is not None]
+    certs = tuple(c for c in every if c.role != TLS_CLIENT)
     row = rows[0]
-    certs = tuple(CertInfo(r.id, r.pem, r.private_key_pem,
-                           "both" if r.usage in _LEGACY_BOTH else r.usage, r.subject,
-                           r.not_before, r.not_after) for r in rows if r.id is not None)
+    newest = certs[0] if certs else None
     return As2Profile(party=row.name, kind=row.kind, as2_id=row.address,
-                      settings=dict(row.settings or {}), cert_pem=row.pem,
-                      key_pem=row.private_key_pem, updated_at=row.updated_at, certs=certs)
+                      settings=dict(row.settings or {}),
+                      cert_pem=newest.pem if newest else None,
+                      key_pem=newest.key_pem if newest else None,
+                      updated_at=row.updated_at, certs=certs,
+                      tls_client=next((c for c in every if c.role == TLS_CLIENT), None))
 
 
 def by_as2_id(session: Session, as2_id: str, kind: str) -> As2Profile | None:

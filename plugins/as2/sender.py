@@ -3,9 +3,11 @@
 Outcomes: a synchronous MDN that is positive with the MIC we computed → delivered; a
 negative one or a MIC that differs → failed; asynchronous MDN → awaiting receipt until
 the profile's Receipt Timeout; no MDN asked → delivered on a 2xx answer. 5xx, 429,
-timeouts and connection failures are errors the retry policy retries; other answers
-fail. The AS2 Message-ID is kept per (message, target) in ``as2_outbound``, so a retry
-or a Send again repeats the same Message-ID (and the partner can recognise it).
+timeouts, connection and TLS failures are errors the retry policy retries; other answers
+fail. Over https:// the partner profile's CA bundle and client certificate apply
+(:mod:`.tls`); a TLS failure says what failed (the server's certificate, or ours). The
+AS2 Message-ID is kept per (message, target) in ``as2_outbound``, so a retry or a Send
+again repeats the same Message-ID (and the partner can recognise it).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import requests
 from sqlalchemy import select
 
 from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader, add_line
-from plugins.as2 import lib, mdn_in, profiles
+from plugins.as2 import lib, mdn_in, profiles, tls
 from plugins.as2.models import As2Outbound
 
 CHUNK = 1 << 16
@@ -28,10 +30,26 @@ def _chunks(data: bytes) -> Iterator[bytes]:
         yield data[i:i + CHUNK]
 
 
-def _post(url: str, headers: dict, body: bytes, chunked: bool, timeout) -> requests.Response:
+def post(partner, headers: dict, body: bytes, chunked: bool, timeout
+         ) -> tuple[requests.Response, str]:
+    """POST a built message to the partner (its profile's TLS); on 411 to a chunked
+    body, once more with Content-Length. Returns the answer and how it was sent."""
+    url = partner.get("url")
+    answer = _post(partner, url, headers, body, chunked, timeout)
+    note = ""
+    if answer.status_code == 411 and chunked:
+        # Length Required: the partner takes no chunked body; once more with
+        # Content-Length (README "AS2 defaults")
+        answer = _post(partner, url, headers, body, False, timeout)
+        note = " (411 to chunked: sent again with Content-Length)"
+    return answer, note
+
+
+def _post(partner, url: str, headers: dict, body: bytes, chunked: bool, timeout
+          ) -> requests.Response:
     """One POST: the body chunked (Transfer-Encoding) or whole (Content-Length)."""
-    return requests.post(url, headers=headers, data=_chunks(body) if chunked else body,
-                         timeout=timeout)
+    return tls.post(partner, url, headers=headers,
+                    data=_chunks(body) if chunked else body, timeout=timeout)
 
 
 def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) -> Outcome:
@@ -88,13 +106,10 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
         timeout = (10, float(config.get("timeout") or 120))
         chunked = bool(partner.get("chunked"))
         try:
-            answer = _post(partner.get("url"), headers, body, chunked, timeout)
-            sent_as = f"sent as <{message.message_id}>"
-            if answer.status_code == 411 and chunked:
-                # Length Required: the partner takes no chunked body; once more with
-                # Content-Length (README "AS2 defaults")
-                answer = _post(partner.get("url"), headers, body, False, timeout)
-                sent_as += " (411 to chunked: sent again with Content-Length)"
+            answer, note = post(partner, headers, body, chunked, timeout)
+            sent_as = f"sent as <{message.message_id}>{note}"
+        except requests.exceptions.SSLError as exc:
+            return Outcome.error("tls", f"TLS failed: {tls.explain(exc, partner)}")
         except requests.Timeout as exc:
             return Outcome.error("timeout", f"timed out: {exc}")
         except requests.ConnectionError as exc:

@@ -21,7 +21,7 @@ from b2bhub.plugin_api import (
     ui_submit,
     ui_whole_number,
 )
-from plugins.as2 import profiles
+from plugins.as2 import profiles, tls
 from plugins.as2.certs import CertificateError, upload_from_files
 from plugins.as2.profiles import CIPHERS, DIGESTS, KEY_ENCRYPTIONS, MDN_MODES
 
@@ -33,6 +33,8 @@ _AS2_TEXT = ("as2_id", "url", "mdn_url", "content_type", "subject", *profiles.ID
 _AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked",
              "accept_expired_certificates", "accept_mdn_without_mic")
 _AS2_SELECT = ("digest_alg", "encryption_alg", "key_encryption", "mdn_mode", "mdn_digest_alg")
+#: a partner's outbound TLS choices (plugins.as2.tls)
+_TLS = ("tls_ca_bundle", "tls_system_trust")
 
 
 def as2_profile_form(kind: str, data: dict) -> FlaskForm:
@@ -93,11 +95,49 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
             "Private key (PEM)", description="only when the certificate file has no key")
     else:
         As2ProfileForm.url = StringField("URL", description="the partner's AS2 endpoint")
-    values = {k: v for k, v in data.items() if k in (*_AS2_TEXT, *_AS2_BOOL, *_AS2_SELECT)}
+        _tls_fields(As2ProfileForm)
+    values = {k: v for k, v in data.items()
+              if k in (*_AS2_TEXT, *_AS2_BOOL, *_AS2_SELECT, *(() if own else _TLS))}
     values = {k: ("" if v is None else v) for k, v in values.items()}
     if data.get("receipt_timeout") is not None:
         values["receipt_timeout"] = str(data["receipt_timeout"])
     return As2ProfileForm(data=values)
+
+
+def _tls_fields(form_class) -> None:
+    """A partner's outbound TLS: the CAs of its server, our client certificate."""
+    form_class.tls_ca_bundle = TextAreaField(
+        "TLS CA bundle (PEM)", description="the CA certificates that verify the partner's "
+        "HTTPS server certificate; empty: none of the partner's own")
+    form_class.tls_system_trust = BooleanField(
+        "Also trust the system's CA store",
+        description="off: only the CA bundle above is trusted")
+    form_class.tls_client_file = FileField(
+        "TLS client certificate (mutual TLS)",
+        description="ours, with its private key: PEM (certificate and key, or the key in "
+        "the next field) or PKCS#12; leave empty to keep the stored one")
+    form_class.tls_client_key_file = FileField("TLS client private key (PEM)",
+                                               description="only when the file above has none")
+    form_class.tls_client_password = PasswordField(
+        "Password of the TLS client key or PKCS#12",
+        description="used once to open it, never kept or shown")
+    form_class.tls_client_remove = BooleanField("Remove the TLS client certificate")
+
+
+def _tls_data(form: FlaskForm, data: dict, errors: dict) -> None:
+    """The TLS choices of a partner's form into ``data`` (the API's shape)."""
+    data["tls_ca_bundle"] = (form.tls_ca_bundle.data or "").strip() or None
+    data["tls_system_trust"] = bool(form.tls_system_trust.data)
+    upload, key = form.tls_client_file.data, form.tls_client_key_file.data
+    if upload:
+        try:
+            data["tls_client_certificate"] = upload_from_files(
+                upload.read(), key.read() if key else None,
+                form.tls_client_password.data or None)
+        except CertificateError as exc:
+            errors["tls_client_file"] = str(exc)
+    elif form.tls_client_remove.data:
+        data["tls_client_certificate"] = None
 
 
 def as2_profile_data(form: FlaskForm) -> dict:
@@ -122,6 +162,8 @@ def as2_profile_data(form: FlaskForm) -> dict:
                 upload.read(), key.read() if key else None, form.password.data or None)
         except CertificateError as exc:
             errors["certificate_file"] = str(exc)
+    if "tls_ca_bundle" in form:
+        _tls_data(form, data, errors)
     if errors:
         raise ServiceError("; ".join(errors.values()), errors)
     return data
@@ -129,15 +171,21 @@ def as2_profile_data(form: FlaskForm) -> dict:
 
 def _save(kind: str, name: str, form) -> tuple:
     data = as2_profile_data(form)
-    return profiles.save_profile(db.session, kind, name, data), "certificate" in data
+    return profiles.save_profile(db.session, kind, name, data), data
 
 
-def _saved(found, kind: str, name: str, created: bool, profile, new_cert: bool) -> str:
-    """The history line of a saved profile; it names a newly uploaded certificate."""
+def _saved(found, kind: str, name: str, created: bool, profile, data: dict) -> str:
+    """The history line of a saved profile; it names a newly uploaded certificate (and
+    a TLS client certificate set or removed)."""
     extra = ""
-    if new_cert:
-        cert = profile.certificates[0]
+    if "certificate" in data:
+        cert = profiles.as2_certs(profile)[0]
         extra = f" with the certificate {cert.subject} valid until {cert.not_after:%Y-%m-%d}"
+    if "tls_client_certificate" in data:
+        client = next((c for c in profile.certificates if c.usage == tls.TLS_CLIENT), None)
+        extra += (f"; TLS client certificate {client.subject} valid until "
+                  f"{client.not_after:%Y-%m-%d}" if client else
+                  "; TLS client certificate removed")
     return ui_saved_line(found, kind, name, created, {"as2_id": profile.address}, extra)
 
 
@@ -152,8 +200,11 @@ def profile_page(found, party, shown: dict | None):
     if form.validate_on_submit() and ui_submit(
             form, lambda: _save(kind, name, form),
             lambda saved: _saved(found, kind, name, shown is None, *saved),
-            aliases={"certificate": "certificate_file"}):
+            aliases={"certificate": "certificate_file",
+                     "tls_client_certificate": "tls_client_file"}):
         return redirect(url_for("ui.profile", kind=kind, name=name, protocol=found.kind))
     return render_plugin_template(TEMPLATE, party=party, profile=shown, form=form,
                                   warning_days=profiles.EXPIRY_WARNING.days,
+                                  ca_subjects=tls.bundle_subjects(
+                                      (shown or {}).get("tls_ca_bundle")),
                                   active="ui.parties"), ui_form_status(form)
