@@ -23,11 +23,14 @@ from b2bhub.plugin_api import (
     TEST_SOURCE,
     Delivery,
     DeliveryState,
+    HistoryLine,
+    Message,
     NewMessage,
     Payload,
     PayloadStore,
     StoredPayload,
     add_line,
+    finish_test_message,
     raise_alert,
     settle_receipt,
     store_refused,
@@ -192,19 +195,35 @@ def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, f
     return text_reply(200, "MDN received" if settled else "MDN refused: already settled")
 
 
+#: the history line of a connection test's asynchronous MDN (:mod:`.selftest` reads it)
+TEST_MDN_LINE = "connection_test_mdn"
+
+
 def _test_mdn(session: Session, row: As2Outbound, receipt: Receipt, ok: bool, text: str,
               stored_raw: StoredPayload, now: datetime):
     """The asynchronous MDN of a connection test's message (:mod:`.selftest`): recorded
     on it, with what the test reports (the test waiting for it reads the line); a test
     that stopped waiting gets its outcome here."""
-    from plugins.as2 import selftest
     record_receipt(session, row.message_id, stored_raw, now)
-    add_line(session, row.message_id, selftest.MDN_LINE,
+    add_line(session, row.message_id, TEST_MDN_LINE,
              f"MDN for <{row.as2_message_id}>: {text}", actor=row.partner,
              data={"ok": ok, "receipt": asdict(receipt)}, now=now)
     session.commit()
-    selftest.finish_pending(session, row.message_id, now)
+    finish_pending_test(session, row.message_id, now)
     return text_reply(200, "MDN received")
+
+
+def finish_pending_test(session: Session, message_id: int, now: datetime) -> None:
+    """End a test message that awaits its asynchronous MDN, by the MDN recorded."""
+    message = session.get(Message, message_id)
+    line = session.scalar(select(HistoryLine).where(
+        HistoryLine.message_id == message_id, HistoryLine.type == TEST_MDN_LINE)
+        .order_by(HistoryLine.id.desc()).limit(1))
+    if message is None or line is None or message.status != "awaiting_receipt":
+        return
+    finish_test_message(session, message_id, bool(line.data.get("ok")),
+                        f"connection test: {line.text}", now)
+    session.commit()
 
 
 #: the alert of an MDN no message of ours matches

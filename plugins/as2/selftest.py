@@ -50,7 +50,6 @@ SUBJECT = "b2bhub AS2 connection test (not a business message)"
 #: the header that marks the test message for the partner
 TEST_HEADER = ("X-B2bhub-Test", "connection-test")
 #: the history line the receiver writes for a test message's MDN
-MDN_LINE = "connection_test_mdn"
 STEPS = (("dns", "Name resolution"), ("tcp", "TCP connect"), ("tls", "TLS"),
          ("message", "Test message built"), ("http", "HTTP status"), ("mdn", "MDN received"),
          ("mdn_signature", "MDN signature"), ("mic", "MIC"))
@@ -338,7 +337,7 @@ def recorded_receipt(session, message_id: int) -> mdn_in.Receipt | None:
     """The MDN the receiver recorded for a test message, if one came (a fresh read)."""
     session.rollback()
     data = session.scalar(select(HistoryLine.data).where(
-        HistoryLine.message_id == message_id, HistoryLine.type == MDN_LINE)
+        HistoryLine.message_id == message_id, HistoryLine.type == mdn_in.TEST_MDN_LINE)
         .order_by(HistoryLine.id.desc()).limit(1))
     return mdn_in.Receipt(**data["receipt"]) if data and data.get("receipt") else None
 
@@ -400,21 +399,6 @@ def _finish(session, message_id: int, partner: str, url: str, steps: tuple,
                         now, actor)
     session.commit()
     if pending and recorded_receipt(session, message_id) is not None:
-        finish_pending(session, message_id, now)  # the MDN came meanwhile
+        mdn_in.finish_pending_test(session, message_id, now)  # the MDN came meanwhile
     return ConnectionTest(ok=failed is None and not pending, steps=steps,
                           message_id=message_id, summary=summary)
-
-
-def finish_pending(session, message_id: int, now) -> None:
-    """End a test message that awaits its asynchronous MDN, by the MDN recorded."""
-    from b2bhub.plugin_api import Message
-    message = session.get(Message, message_id)
-    line = session.scalar(select(HistoryLine).where(
-        HistoryLine.message_id == message_id, HistoryLine.type == MDN_LINE)
-        .order_by(HistoryLine.id.desc()).limit(1))
-    if message is None or line is None or message.status != "awaiting_receipt":
-        return
-    finish_test_message(session, message_id, bool(line.data.get("ok")),
-                        f"connection test: {line.text}", now)
-    session.commit()
-
