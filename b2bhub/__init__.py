@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from flask import Flask
@@ -79,6 +80,8 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
         tracing.instrument_celery()  # off unless OTEL_TRACES_EXPORTER names an exporter
         return app
     tracing.instrument_flask(app)
+    _name_gunicorn()
+    app.after_request(_name_the_server)
     from b2bhub.api import bp as api_bp
     from b2bhub.api.blueprint import init_api
     init_api(app, api_bp)
@@ -93,3 +96,23 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
     app.register_blueprint(callbacks_bp)
     csrf.exempt(callbacks_bp)  # the token in the URL is the credential
     return app
+
+
+def _name_gunicorn() -> None:
+    """gunicorn writes ``Server: gunicorn`` on every answer whatever the app sets, and
+    has no setting for it: loaded by gunicorn, the app names b2bhub and its version
+    there instead (partners log it; an AS2 receipt says who answered)."""
+    wsgi = sys.modules.get("gunicorn.http.wsgi")
+    if wsgi is not None:
+        wsgi.SERVER = configuration.PRODUCT
+
+
+def _name_the_server(response):
+    """Every answer names b2bhub as its Server: under gunicorn through
+    :func:`_name_gunicorn` (the app adds none, which would make two); another server
+    (Werkzeug's in tests and ``flask run``) writes its own only when the app gives
+    none."""
+    from flask import request
+    if not request.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/"):
+        response.headers.setdefault("Server", configuration.PRODUCT)
+    return response

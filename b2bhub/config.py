@@ -7,7 +7,17 @@ configuration table is checked against it by ``tests/test_docs.py``.
 from __future__ import annotations
 
 import os
+from importlib import metadata
 from pathlib import Path
+
+try:
+    VERSION = metadata.version("b2bhub")
+except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+    VERSION = "0"
+#: how the hub names itself on the wire: every answer's ``Server`` header (gunicorn's
+#: through :mod:`b2bhub.gunicorn_conf`, else :func:`b2bhub.create_app`'s), and the
+#: ``User-Agent`` and ``Reporting-UA`` of what protocols send
+PRODUCT = f"b2bhub/{VERSION}"
 
 #: (variable, default, meaning). A default of None means "derived", see ``load()``.
 VARIABLES: list[tuple[str, str | None, str]] = [

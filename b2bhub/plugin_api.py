@@ -486,6 +486,7 @@ class Plugin:
 _PROTOCOL_API = {
     # sessions, settings and the payload store
     "new_session": "b2bhub.hub:new_session",
+    "PRODUCT": "b2bhub.config:PRODUCT",
     "payload_store": "b2bhub.hub:store",
     "connection": "b2bhub.engine.history:connection",
     "bump_version": "b2bhub.engine.settings:bump_version",

@@ -5,6 +5,7 @@ carries every history line, whichever worker took the request that wrote it."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,7 @@ from httpx_sse import connect_sse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.config import PRODUCT
 from b2bhub.extensions import db
 from b2bhub.models import HistoryLine
 from b2bhub.services.tokens import create_token
@@ -92,3 +94,26 @@ def test_two_web_workers_register_and_every_stream_sees_every_line(procs, hub, s
     for ids in seen:
         assert len(ids) == len(set(ids)), "a line came twice on one stream"
     assert web.alive()
+
+
+def _server_lines(url: str, path: str) -> list[bytes]:
+    """The Server header lines of a GET, read off the socket (a client library would
+    fold two lines into one)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+                     .encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(4096)
+            assert chunk, head
+            head += chunk
+    return [line for line in head.partition(b"\r\n\r\n")[0].split(b"\r\n")
+            if line.lower().startswith(b"server:")]
+
+
+def test_every_answer_names_b2bhub_as_its_server_once(procs):
+    web = procs.web()
+    for path in ("/api/v1/health", "/ui/login", "/no/such/page"):
+        assert _server_lines(web.url, path) == [f"Server: {PRODUCT}".encode()], path
+    assert PRODUCT.startswith("b2bhub/") and PRODUCT != "b2bhub/0"

@@ -27,6 +27,7 @@ from pyas2lib import Mdn as _PyMdn
 from pyas2lib import Message, Organization, Partner
 from pyas2lib.exceptions import DecryptionError, InsufficientSecurityError, IntegrityError
 
+from b2bhub.plugin_api import PRODUCT as _product
 from b2bhub.plugin_api import utcnow
 from plugins.as2 import keywrap, profiles
 from plugins.as2.profiles import As2Profile
@@ -95,11 +96,7 @@ class _Refused:
     def __init__(self, reason: str):
         self.reason = reason
 # --- the hub's identity on the wire (README "AS2 identity") ------------------------------
-try:
-    VERSION = metadata.version("b2bhub")
-except metadata.PackageNotFoundError:  # run from a checkout that was never installed
-    VERSION = "0"
-PRODUCT = f"b2bhub/{VERSION}"
+PRODUCT = _product  # the core's name on the wire (b2bhub/<version>)
 #: the human-readable part of our MDNs, unless the organization's profile says otherwise
 MDN_TEXT = ("The AS2 message was received by b2bhub and processed successfully. This is "
             "an automatic receipt; the technical details are in the following part.")

@@ -78,8 +78,7 @@ class As2Receiver(Plugin):
         reply = receiver.receive(request.session, request.store, request.instance,
                                  request.config, request.headers, request.body,
                                  request.content_length, request.now)
-        return EndpointReply(reply.status, {**reply.headers, "Server": receiver.SERVER},
-                             reply.body,
+        return EndpointReply(reply.status, reply.headers, reply.body,
                              after=_wake_mdn_sender if reply.mdn_owed else None)
 
 

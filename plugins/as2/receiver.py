@@ -63,7 +63,6 @@ DEFAULT_MAX_SIZE = 100 * 1024 * 1024
 TYPE = "as2_receiver"
 CHUNK = 1 << 20
 #: the Server header of our answers
-SERVER = lib.PRODUCT
 
 
 #: a large raw stage is written here while the request parses, the stages made durable
