@@ -174,6 +174,8 @@ def test_an_admin_sets_up_the_hub_and_mends_a_failed_delivery(browser, hub_url, 
     shot(page, "08-delivery-errors")
     (out / "acme").unlink()
     page.click("#redeliver-selected")
+    assert "Redeliver the 1 selected delivery?" in page.inner_text("#confirm")
+    page.click("#confirm-yes")
     assert "1 delivery queued again" in page.inner_text("main")
     wait_until(lambda: (out / "acme" / "order-2.edi").exists(), 60, "redelivered")
     assert (out / "acme" / "order-2.edi").read_bytes() == b"UNB+UNOA:2+ACME'2"

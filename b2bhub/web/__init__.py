@@ -24,6 +24,7 @@ from flask import (
     current_app,
     flash,
     g,
+    make_response,
     redirect,
     render_template,
     render_template_string,
@@ -128,6 +129,24 @@ def submit(form, change: Callable[[], object], describe: Callable[[object], str]
         return None
     _done(describe(result))
     return result
+
+
+def ask_first(question: str, detail: str, back: str, confirm: str = "Delete",
+              active: str | None = None) -> None:
+    """Show the confirm page of a delete or a bulk action unless this is its confirmed
+    POST (then return, and the view acts).
+
+    Such a view is reached by GET (a link) or by a POST of its list's form; both only
+    show this page, which works without JavaScript: its form posts the same fields again
+    (with a fresh CSRF token) and ``confirm=yes``, and only that POST acts. A POST
+    without it changes nothing."""
+    if request.method == "POST" and request.form.get("confirm") == "yes":
+        return
+    carried = [(key, value) for key in request.form if key not in ("csrf_token", "confirm")
+               for value in request.form.getlist(key)]
+    abort(make_response(render_template(
+        "ui/confirm.html", action=ActionForm(), question=question, detail=detail,
+        confirm=confirm, back=back, carried=carried, target=request.path, active=active)))
 
 
 def button(change: Callable[[], object], describe: Callable[[object], str],

@@ -11,7 +11,7 @@ from b2bhub.models import ORGANIZATION, PARTNER, utcnow
 from b2bhub.services import config as svc
 from b2bhub.services.errors import NotFound, ServiceError
 from b2bhub.services.profiles import addresses, ending_certificates, profile_kind, profile_kinds
-from b2bhub.web import bp, button, form_status, submit
+from b2bhub.web import ask_first, bp, button, form_status, requires, submit
 from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form
 
 KINDS = {"organization": ORGANIZATION, "partner": PARTNER}
@@ -67,8 +67,18 @@ def edit_party(kind: str, name: str):
                            active="ui.parties"), form_status(form)
 
 
-@bp.post("/parties/<any(organization, partner):kind>/<name>/delete")
+@bp.route("/parties/<any(organization, partner):kind>/<name>/delete",
+          methods=["GET", "POST"])
+@requires("admin")
 def delete_party(kind: str, name: str):
+    try:
+        svc.get_party(db.session, kind, name)
+    except ServiceError as exc:
+        abort(404, exc.message)
+    ask_first(f"Delete {kind} {name}?",
+              "Its profiles go with it; routes that name it must go first, and "
+              "its messages and their history stay.", url_for("ui.parties"),
+              active="ui.parties")
     button(lambda: svc.delete_party(db.session, kind, name),
            lambda _none: f"deleted {kind} {name}")
     return redirect(url_for("ui.parties"))
@@ -124,9 +134,16 @@ def saved_line(found, kind: str, name: str, created: bool, saved: dict, extra: s
             f"{name}" + (f" ({described})" if described else "") + extra)
 
 
-@bp.post("/parties/<any(organization, partner):kind>/<name>/<protocol>/delete")
+@bp.route("/parties/<any(organization, partner):kind>/<name>/<protocol>/delete",
+          methods=["GET", "POST"])
+@requires("admin")
 def delete_profile(kind: str, name: str, protocol: str):
     found = _kind_or_404(protocol)
+    back = url_for("ui.profile", kind=kind, name=name, protocol=protocol)
+    ask_first(f"Delete the {found.label} profile of {kind} {name}?",
+              f"Its settings and certificates are removed for good; {name} has no "
+              f"{found.label} profile until a new one is saved.", back,
+              active="ui.parties")
     button(lambda: found.delete(db.session, kind, name),
            lambda _none: f"deleted the {found.label} profile of {kind} {name}")
     return redirect(url_for("ui.profile", kind=kind, name=name, protocol=protocol))

@@ -11,7 +11,7 @@ from b2bhub.engine import blocking
 from b2bhub.extensions import db
 from b2bhub.services import config as svc
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import bp, button, form_status, submit
+from b2bhub.web import ask_first, bp, button, form_status, requires, submit
 from b2bhub.web.forms import ActionForm, instance_data, instance_form
 
 
@@ -55,14 +55,27 @@ def edit_instance(type_name: str | None = None, name: str | None = None):
                            active="ui.plugins"), form_status(form)
 
 
-@bp.post("/plugins/<name>/<any(enable, disable, delete):action>")
+@bp.post("/plugins/<name>/<any(enable, disable):action>")
 def instance_action(name: str, action: str):
     def change() -> None:
-        if action == "delete":
-            svc.delete_instance(db.session, name)
-            return
         row = svc.get_instance(db.session, name)
         svc.save_instance(db.session, hub.registry(), {
             "enabled": action == "enable", "config": dict(row.config or {})}, row)
     button(change, lambda _none: f"{action}d instance {name}")
+    return redirect(url_for("ui.plugins"))
+
+
+@bp.route("/plugins/<name>/delete", methods=["GET", "POST"])
+@requires("admin")
+def delete_instance(name: str):
+    try:
+        row = svc.get_instance(db.session, name)
+    except ServiceError as exc:
+        abort(404, exc.message)
+    ask_first(f"Delete {row.type} instance {name}?",
+              "Its configuration is gone for good; routes that name it must go "
+              "first, and its messages and their history stay.",
+              url_for("ui.plugins"), active="ui.plugins")
+    button(lambda: svc.delete_instance(db.session, name),
+           lambda _none: f"deleted instance {name}")
     return redirect(url_for("ui.plugins"))
