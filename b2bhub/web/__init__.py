@@ -195,8 +195,9 @@ def web_init_app(app: Flask) -> None:
     login_manager.login_view = "ui.login"
     app.register_blueprint(bp)
     app.add_url_rule("/", "root", lambda: redirect(url_for("ui.dashboard")))
-    app.jinja_env.globals.update(can=can, LABELS=LABELS)
+    app.jinja_env.globals.update(can=can, LABELS=LABELS, trouble=messages.trouble)
     app.jinja_env.filters.update(label=lambda value: LABELS.get(value, value or ""),
+                                 short=messages.short,
                                  when=_when, size=_size, trace_id=tracing.trace_id,
                                  levelname=lambda n: logging.getLevelName(n).lower())
 
