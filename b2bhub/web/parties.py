@@ -4,11 +4,13 @@ add (a protocol's page of its own, or one drawn from the kind's schema)."""
 from __future__ import annotations
 
 from flask import abort, redirect, render_template, url_for
+from sqlalchemy import select
 
 from b2bhub import hub
 from b2bhub.extensions import db
-from b2bhub.models import ORGANIZATION, PARTNER, utcnow
+from b2bhub.models import ORGANIZATION, PARTNER, Party, utcnow
 from b2bhub.services import config as svc
+from b2bhub.services import partner
 from b2bhub.services.errors import NotFound, ServiceError
 from b2bhub.services.profiles import addresses, ending_certificates, profile_kind, profile_kinds
 from b2bhub.web import ask_first, bp, button, form_status, requires, submit
@@ -147,3 +149,25 @@ def delete_profile(kind: str, name: str, protocol: str):
     button(lambda: found.delete(db.session, kind, name),
            lambda _none: f"deleted the {found.label} profile of {kind} {name}")
     return redirect(url_for("ui.profile", kind=kind, name=name, protocol=protocol))
+
+
+# --- a party's page: what an operator opens when a partner calls ---------------------
+
+@bp.get("/parties/<name>")
+def party_page(name: str):
+    party = db.session.scalar(select(Party).where(Party.name == name))
+    if party is None:
+        abort(404, f"no party named {name!r}")
+    now = utcnow()
+    ids = partner.newest_ids(db.session, name)
+    kinds = profile_kinds(hub.registry())
+    shown = addresses(db.session, kinds)
+    return render_template(
+        "ui/party.html", party=party, now=now,
+        messages=partner.recent_messages(db.session, name),
+        day=partner.day_figures(db.session, name, now),
+        receipt=partner.last_receipt(db.session, ids),
+        certificates=partner.certificates(db.session, party.id, now),
+        alerts=partner.open_alerts(db.session, name, ids),
+        profiles=[(k, shown[k.kind].get(party.id)) for k in kinds.values()],
+        day_limit=partner.DAY_LIMIT, active="ui.parties")
