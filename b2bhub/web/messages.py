@@ -16,6 +16,7 @@ from b2bhub.models import Delivery, utcnow
 from b2bhub.services import messages as svc
 from b2bhub.services import sending
 from b2bhub.services.errors import ServiceError
+from b2bhub.services.pages import Page
 from b2bhub.web import bp, requires
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, SendForm, show_service_error
@@ -100,7 +101,9 @@ def short(text: str | None, width: int = 120) -> str:
 def messages():
     filters, errors = message_filter(request.args)
     after = request.args.get("after", type=int)
-    page = svc.list_messages(db.session, filters, PAGE_SIZE, after)
+    # a filter with a mistake lists nothing: every message would look like a match
+    page = Page([], None) if errors else svc.list_messages(db.session, filters, PAGE_SIZE,
+                                                            after)
     args = {k: request.args.getlist(k) for k in FILTER_ARGS if request.args.get(k)}
     return render_template("ui/messages.html", page=page, errors=errors, args=args,
                            statuses=list(MessageStatus), first_page=after is None,
