@@ -134,15 +134,16 @@ def certificates(session: Session, party_id: int, now: datetime) -> list[PartyCe
         for row in rows]
 
 
-#: alerts about a party that name it at the start of their subject (the AS2 plugin's:
-#: a certificate of the party, a receipt from it that matched no message)
-SUBJECT_PREFIXES = {"certificate_expiring": "certificate:{name}:",
-                    "as2_unattributable_mdn": "{name} <"}
+#: alerts about a party that name it at the start of their subject, not on a message:
+#: a certificate of one of its profiles ending
+SUBJECT_PREFIXES = {"certificate_expiring": "certificate:{name}:"}
 
 
 def open_alerts(session: Session, name: str, ids: list[int]) -> list[Alert]:
     """Open alerts about the party: on its messages ``ids`` (failed, not routed,
-    stalled), and those whose subject names it (by the alerts' (kind, subject) index)."""
+    stalled; a receipt from it that matched no message is kept as a message of its own
+    and alerted on that), and those whose subject names it (by the alerts' (kind,
+    subject) index)."""
     found = {a.id: a for a in session.scalars(select(Alert).where(
         Alert.message_id.in_(ids), Alert.resolved_at.is_(None)).limit(ALERT_LIMIT))} \
         if ids else {}
