@@ -46,6 +46,8 @@ class Field:
 
     ``type`` is one of :data:`FIELD_TYPES`; ``min``/``max`` bound integer and number
     fields; ``validate`` gets the coerced value and returns an error message or None.
+    ``label`` is what a form calls it ("Base directory"); without one the form shows
+    the name with its underscores as spaces (:attr:`title`).
     """
 
     name: str
@@ -57,6 +59,12 @@ class Field:
     min: float | None = None
     max: float | None = None
     validate: Callable[[Any], str | None] | None = None
+    label: str = ""
+
+    @property
+    def title(self) -> str:
+        """The field's name for people: its label, else its name made readable."""
+        return self.label or self.name.replace("_", " ").capitalize()
 
     def __post_init__(self) -> None:
         if self.type not in FIELD_TYPES:
@@ -219,7 +227,8 @@ def schema_to_json(fields: Sequence[Field]) -> dict[str, Any]:
 
 
 def _property(field: Field) -> dict[str, Any]:
-    prop: dict[str, Any] = {"x-field-type": field.type, "description": field.help}
+    prop: dict[str, Any] = {"x-field-type": field.type, "title": field.title,
+                            "description": field.help}
     if field.type in JSON_TYPES:
         prop["type"] = JSON_TYPES[field.type]
     if field.type == "choice":

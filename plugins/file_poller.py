@@ -94,30 +94,34 @@ class FilePoller(Plugin):
     #: seconds one poll may go on scanning in this process (see :meth:`poll`)
     scan_budget = 20.0
     config_schema = [
-        Field("base_directory", "path", required=True,
+        Field("base_directory", "path", label="Base directory", required=True,
               help="the directory scanned; created when the instance starts"),
-        Field("polling_interval", "integer", default=10, min=1, max=86400,
+        Field("polling_interval", "integer", label="Polling interval (seconds)",
+              default=10, min=1, max=86400,
               help="seconds between two scans"),
-        Field("path_pattern", "string", default="{filename}", validate=_pattern_problem,
+        Field("path_pattern", "string", label="Path pattern",
+              default="{filename}", validate=_pattern_problem,
               help="where files are, relative to base_directory: elements separated by /, "
                    "each literal text or one of {from}, {to}, {filename}"),
-        Field("file_pattern", "string", default="*", validate=_file_pattern_problem,
+        Field("file_pattern", "string", label="File name pattern",
+              default="*", validate=_file_pattern_problem,
               help="a glob the file name must match (e.g. *.xml)"),
-        Field("from", "string", validate=_party_problem,
+        Field("from", "string", label="From party", validate=_party_problem,
               help="the sender, unless captured by {from}; left empty (and not captured) "
                    "it is the single organization"),
-        Field("to", "string", validate=_party_problem,
+        Field("to", "string", label="To party", validate=_party_problem,
               help="the business partner, unless captured by {to}"),
-        Field("correlation_pattern", "string", validate=_correlation_problem,
+        Field("correlation_pattern", "string", label="Correlation id pattern",
+              validate=_correlation_problem,
               help="a regular expression searched in the file name whose group named "
                    "correlation_id (else its first group) is the message's correlation "
                    "id, e.g. ^ORDERS_(?P<correlation_id>[0-9]+)\\.xml$; empty, or no "
                    "match: no correlation id"),
-        Field("archive_directory", "path",
+        Field("archive_directory", "path", label="Archive directory",
               help="empty: a file is removed once its message is stored; else it is moved "
                    "here, to the same relative path (a name already taken gets .1, .2, "
                    "...). Outside base_directory; created when the instance starts"),
-        Field("take_by_link", "boolean", default=False,
+        Field("take_by_link", "boolean", label="Take files by hard link", default=False,
               help="senders write each file elsewhere and rename it in, never rewrite "
                    "one in place: take files into the payload store by a hard link "
                    "instead of a copy (one file fewer per message; copied anyway from "

@@ -111,15 +111,16 @@ class FileWriter(Plugin):
     default_retry_policy = FILE_WRITER_DEFAULT
     claim_batch = 16
     config_schema = [
-        Field("base_directory", "path", required=True, validate=_absolute_problem,
+        Field("base_directory", "path", label="Base directory",
+              required=True, validate=_absolute_problem,
               help="absolute directory below which files are written; created if missing"),
-        Field("filename_pattern", "string", default=DEFAULT_PATTERN,
+        Field("filename_pattern", "string", label="File name pattern", default=DEFAULT_PATTERN,
               validate=_pattern_problem,
               help="file name below the base directory, e.g. {to}/{original_filename}; "
                    "{a|b} takes the first with a value; / makes subdirectories"),
-        Field("overwrite", "boolean", default=False,
+        Field("overwrite", "boolean", label="Overwrite an existing file", default=False,
               help="replace a file of the same name; when off such a message fails"),
-        Field("payload_stage", "choice", default="unpacked", choices=STAGES,
+        Field("payload_stage", "choice", label="Payload stage", default="unpacked", choices=STAGES,
               help="which recorded stage of the message is written"),
     ]
 

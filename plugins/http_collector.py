@@ -93,19 +93,21 @@ class HttpCollector(Plugin):
     roles = frozenset({"source"})
     description = "GETs a URL on a schedule and makes a message of each new answer."
     config_schema = [
-        Field("url", "string", required=True, validate=url_problem,
+        Field("url", "string", label="URL", required=True, validate=url_problem,
               help="the document fetched, e.g. https://erp.example.com/outbound/orders"),
-        Field("polling_interval", "integer", default=60, min=1, max=86400,
+        Field("polling_interval", "integer", label="Polling interval (seconds)",
+              default=60, min=1, max=86400,
               help="seconds between two fetches"),
-        Field("timeout", "number", default=30, min=0.1, max=3600,
+        Field("timeout", "number", label="Timeout (seconds)", default=30, min=0.1, max=3600,
               help="seconds to wait for the connection, and for each read of the answer"),
-        Field("headers", "json", default={}, validate=headers_problem,
+        Field("headers", "json", label="Request headers (JSON)",
+              default={}, validate=headers_problem,
               help='fixed extra headers, a JSON object such as {"Accept": "text/xml"}'),
-        Field("from", "string", required=True, validate=validate_name,
+        Field("from", "string", label="From party", required=True, validate=validate_name,
               help="the party the document comes from"),
-        Field("to", "string", required=True, validate=validate_name,
+        Field("to", "string", label="To party", required=True, validate=validate_name,
               help="the party the document is for"),
-        Field("filename", "string", default="",
+        Field("filename", "string", label="File name", default="",
               help="the messages' original file name; empty: the URL path's last part"),
         *AUTH_FIELDS,
     ]

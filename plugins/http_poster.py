@@ -109,16 +109,17 @@ def _secret_problem(value: str) -> str | None:
 
 #: how the hub authenticates to an HTTP peer and verifies it; shared by the HTTP plugins
 AUTH_FIELDS = [
-    Field("auth", "choice", default="none", choices=("none", "basic", "bearer"),
+    Field("auth", "choice", label="Authentication",
+          default="none", choices=("none", "basic", "bearer"),
           help="how the hub authenticates to the HTTP peer"),
-    Field("username", "string", default="", help="for basic authentication"),
-    Field("password", "secret", default="", help="for basic authentication"),
-    Field("token", "secret", default="", help="for bearer authentication"),
-    Field("client_cert", "path", default="",
+    Field("username", "string", label="User name", default="", help="for basic authentication"),
+    Field("password", "secret", label="Password", default="", help="for basic authentication"),
+    Field("token", "secret", label="Bearer token", default="", help="for bearer authentication"),
+    Field("client_cert", "path", label="Client certificate (PEM file)", default="",
           help="client certificate (PEM) for mutual TLS; may hold the key too"),
-    Field("client_key", "path", default="",
+    Field("client_key", "path", label="Client key (PEM file)", default="",
           help="the client certificate's private key (PEM), if not in client_cert"),
-    Field("ca_bundle", "path", default="",
+    Field("ca_bundle", "path", label="CA bundle (PEM file)", default="",
           help="CA certificates (PEM) to verify the HTTP peer; empty: the system's"),
 ]
 
@@ -148,31 +149,34 @@ class HttpPoster(Plugin):
     # hangs holds a batch for up to 16 x timeout, its leases renewed meanwhile.
     claim_batch = 16
     config_schema = [
-        Field("url", "string", required=True, validate=url_problem,
+        Field("url", "string", label="URL", required=True, validate=url_problem,
               help="the destination, e.g. https://erp.example.com/inbound"),
-        Field("payload_stage", "choice", default="unpacked", choices=STAGES,
+        Field("payload_stage", "choice", label="Payload stage", default="unpacked", choices=STAGES,
               help="which recorded stage of the message is posted"),
-        Field("timeout", "number", default=30, min=0.1, max=3600,
+        Field("timeout", "number", label="Timeout (seconds)", default=30, min=0.1, max=3600,
               help="seconds to wait for the connection, and for each read of the answer"),
-        Field("headers", "json", default={}, validate=headers_problem,
+        Field("headers", "json", label="Request headers (JSON)",
+              default={}, validate=headers_problem,
               help='fixed extra headers, a JSON object such as {"X-Api-Version": "2"}'),
-        Field("content_type", "string", default="",
+        Field("content_type", "string", label="Content-Type", default="",
               help="empty: guessed from the message's file name, else "
                    "application/octet-stream"),
         *AUTH_FIELDS,
-        Field("follow_redirects", "boolean", default=False,
+        Field("follow_redirects", "boolean", label="Follow redirects", default=False,
               help="follow 3xx answers; when off a 3xx fails the delivery"),
-        Field("signing_secret", "secret", default="", validate=_secret_problem,
+        Field("signing_secret", "secret", label="Signing secret",
+              default="", validate=_secret_problem,
               help="sign each request with Standard Webhooks headers (whsec_...)"),
-        Field("accepted_means", "choice", default="delivered",
+        Field("accepted_means", "choice", label="An accepted answer means", default="delivered",
               choices=("delivered", "awaiting_receipt"),
               help="what a 202 Accepted means: delivered, or awaiting the destination's "
                    "callback to the X-B2BHub-Callback-Url"),
-        Field("receipt_timeout", "integer", default=86400, min=1,
+        Field("receipt_timeout", "integer", label="Receipt timeout (seconds)", default=86400, min=1,
               help="seconds a delivery waits for its callback before it fails"),
-        Field("probe_url", "string", default="", validate=_optional_url_problem,
+        Field("probe_url", "string", label="Probe URL", default="", validate=_optional_url_problem,
               help="a URL whose 2xx says the destination is online; empty: no probe"),
-        Field("probe_method", "choice", default="HEAD", choices=("HEAD", "GET"),
+        Field("probe_method", "choice", label="Probe method",
+              default="HEAD", choices=("HEAD", "GET"),
               help="the probe's request method"),
     ]
 

@@ -551,17 +551,18 @@ class HttpReceiver(Plugin):
     description = ("Takes documents from our own systems at POST /in/<instance> with a "
                    "bearer token; async (202) or sync (delivered inside the request).")
     config_schema = [
-        Field("mode", "choice", default="async", choices=("async", "sync"),
+        Field("mode", "choice", label="Mode", default="async", choices=("async", "sync"),
               help="async: store and answer 202; sync: deliver inside the request"),
-        Field("target", "string", default="",
+        Field("target", "string", label="Target", default="",
               help="sync mode: the one target instance the messages go to"),
-        Field("from_party", "string", default="",
+        Field("from_party", "string", label="From party", default="",
               help="the sender when a request sends no X-B2BHub-From"),
-        Field("to_party", "string", default="",
+        Field("to_party", "string", label="To party", default="",
               help="the recipient when a request sends no X-B2BHub-To"),
-        Field("max_size", "integer", default=100 * 1024 * 1024, min=1,
+        Field("max_size", "integer", label="Largest body (bytes)", default=100 * 1024 * 1024, min=1,
               help="largest body taken, in bytes; larger ones get 413"),
-        Field("idempotency_hours", "number", default=24, min=0.01, max=24 * 365,
+        Field("idempotency_hours", "number", label="Idempotency-Key kept (hours)",
+              default=24, min=0.01, max=24 * 365,
               help="how long an Idempotency-Key is remembered"),
     ]
     endpoint_prefix = "in"

@@ -4,7 +4,9 @@ hub on loopback: gunicorn, a celery worker and beat (``tests/procs.py``).
 An admin sets the hub up through the pages alone, watches a dropped file's row reach
 Delivered on the open Messages list without a reload, sees a delivery fail and
 redelivers it from Delivery errors; a viewer sees no action and is refused one forced.
-Screenshots of each main page go to ``test-artifacts/`` for a person to look at.
+Deletes ask first on a page of their own, and a form shows every error at once.
+Screenshots of every page, at 1366 and at 1024 px wide, go to ``test-artifacts/`` for a
+person to look at.
 """
 
 from __future__ import annotations
@@ -66,7 +68,12 @@ def page_for(browser, url: str, user: str):
 
 
 def shot(page, name: str) -> None:
+    """The page as it is, at the context's width and at a laptop's 1024 px."""
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    size = page.viewport_size
+    page.set_viewport_size({"width": 1024, "height": 768})
+    page.screenshot(path=str(ARTIFACTS / f"{name}-1024.png"), full_page=True)
+    page.set_viewport_size(size)
 
 
 def fresh(stmt):
@@ -174,6 +181,8 @@ def test_an_admin_sets_up_the_hub_and_mends_a_failed_delivery(browser, hub_url, 
     shot(page, "08-delivery-errors")
     (out / "acme").unlink()
     page.click("#redeliver-selected")
+    assert "Redeliver the 1 selected delivery?" in page.inner_text("#confirm")
+    page.click("#confirm-yes")
     assert "1 delivery queued again" in page.inner_text("main")
     wait_until(lambda: (out / "acme" / "order-2.edi").exists(), 60, "redelivered")
     assert (out / "acme" / "order-2.edi").read_bytes() == b"UNB+UNOA:2+ACME'2"
@@ -332,3 +341,74 @@ def test_an_admin_sets_up_an_http_poster_and_a_message_is_posted(browser, hub_ur
         shot(page, "22-message-posted")
     finally:
         peer.close()
+
+
+def test_deletes_ask_first_and_a_form_shows_every_error_at_once(browser, hub_url, hub,
+                                                                 registry, tmp_path):
+    """Delete asks on a page of its own (Cancel keeps, the confirm button deletes); a
+    plugin form with several bad fields shows each error beside its field, once; every
+    page, at 1366 and at 1024 px, with the whole menu on one line at 1024."""
+    from plugins.file_writer import FileWriter
+    registry.register(FileWriter)
+    hub.parties()
+    hub.instance("inbox", "manual_source")
+    hub.instance("writer", "file_writer", config={"base_directory": str(tmp_path)})
+    route = hub.route("inbox", "*", "acme", "writer")
+    message = hub.message(from_party="mycompany", to_party="acme").id
+    page = page_for(browser, hub_url, "ada")
+
+    page.click("nav >> text=Routes")
+    row = f"#routes tr[data-route='{route.id}']"
+    page.click(f"{row} >> text=Delete…")
+    assert (f"Delete route {route.id}: inbox, * -> acme, writer?"
+            in page.inner_text("#confirm h1"))
+    shot(page, "23-confirm-delete-route")
+    page.click("#confirm >> text=Cancel")
+    assert page.locator(row).count() == 1  # cancelled: still there
+    page.click(f"{row} >> text=Delete…")
+    page.click("#confirm-yes")
+    assert f"Deleted route {route.id}" in page.inner_text("main")
+    assert page.locator(row).count() == 0
+
+    page.click("nav >> text=Plugins")
+    page.click("text=New file_writer…")
+    assert page.inner_text("main h1") == "New file_writer instance"
+    assert page.inner_text("label[for=config-base_directory]") == "Base directory (required)"
+    page.fill("#name", "Bad Name")
+    page.fill("#config-base_directory", "relative/dir")
+    page.fill("#max_concurrent_deliveries", "lots")
+    page.fill("#retry_policy", "{oops")
+    page.click("button:has-text('Save')")
+    for field_id, said in (("name", "must be 1-64 characters"),
+                           ("config-base_directory", "must be an absolute path"),
+                           ("max_concurrent_deliveries", "must be a whole number"),
+                           ("retry_policy", "invalid JSON")):
+        errors = page.locator(f".field.has-error:has(#{field_id}) .error")
+        assert errors.count() == 1, field_id
+        assert said in errors.inner_text(), field_id
+    assert page.locator(".field.has-error").count() == 4
+    assert page.input_value("#config-base_directory") == "relative/dir"
+    shot(page, "24-plugin-form-every-error")
+
+    for url, name in (("/ui/", "30-dashboard"), ("/ui/messages", "31-messages"),
+                      (f"/ui/messages/{message}", "32-message"),
+                      ("/ui/delivery-errors", "33-delivery-errors"),
+                      ("/ui/routes", "34-routes"), ("/ui/plugins", "35-plugins"),
+                      ("/ui/plugins/writer/edit", "36-plugin-form"),
+                      ("/ui/parties", "37-parties"), ("/ui/parties/acme", "38-partner"),
+                      ("/ui/parties/partner/acme/delete", "39-confirm-delete-party"),
+                      ("/ui/system/services", "40-services"),
+                      ("/ui/system/settings", "41-settings"),
+                      ("/ui/system/notifications", "42-notifications"),
+                      ("/ui/logs", "43-logs"), ("/ui/alerts", "44-alerts"),
+                      ("/ui/storage", "45-storage"), ("/ui/messages/send", "46-send"),
+                      ("/ui/no-such-page", "47-not-found")):
+        page.goto(url)
+        shot(page, name)
+    page.set_viewport_size({"width": 1024, "height": 768})
+    page.goto("/ui/messages")
+    link = page.locator("header.top nav a").first.bounding_box()
+    nav = page.locator("header.top").bounding_box()
+    assert nav["height"] < 2 * link["height"], "the menu wraps at 1024 px"
+    assert page.locator("#live-state").is_visible()
+

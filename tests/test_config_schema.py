@@ -174,11 +174,13 @@ def test_schema_to_json_describes_the_fields():
     assert props["base_directory"] == {
         "x-field-type": "path",
         "type": "string",
+        "title": "Base directory",
         "description": "Folder written to",
     }
     assert props["polling_interval"] == {
         "x-field-type": "integer",
         "type": "integer",
+        "title": "Polling interval",
         "description": "",
         "default": 10,
         "minimum": 1,
@@ -188,6 +190,28 @@ def test_schema_to_json_describes_the_fields():
     assert "type" not in props["headers"]
     assert props["password"]["writeOnly"] is True
     assert "default" not in props["password"]
+
+
+def test_a_field_is_called_by_its_label_else_by_its_name_made_readable():
+    assert Field("take_by_link", "boolean", label="Take files by hard link").title == \
+        "Take files by hard link"
+    assert Field("take_by_link", "boolean").title == "Take by link"
+    assert schema_to_json([Field("url", "string", label="URL")])["properties"]["url"][
+        "title"] == "URL"
+
+
+def test_every_built_in_plugin_field_has_a_label():
+    from plugins.as2.plugin import As2Receiver, As2Sender
+    from plugins.file_poller import FilePoller
+    from plugins.file_writer import FileWriter
+    from plugins.http_collector import HttpCollector
+    from plugins.http_poster import HttpPoster
+    from plugins.http_receiver import HttpReceiver
+    for cls in (As2Receiver, As2Sender, FilePoller, FileWriter, HttpCollector, HttpPoster,
+                HttpReceiver):
+        for field in cls.config_schema:
+            assert field.label and field.label[0].isupper(), (cls.type_name, field.name)
+            assert "_" not in field.label, (cls.type_name, field.name)
 
 
 def test_schema_problem():

@@ -266,9 +266,12 @@ def test_channels_through_the_ui(app, session, inbox):
     assert inbox.subjects() == ["b2bhub: test notification"]
     confirm = ui.get("/ui/system/notifications/ops-mail/delete")
     assert "Delete notification channel ops-mail" in confirm.text  # asked first
+    unconfirmed = ui.post("/ui/system/notifications/ops-mail/delete",
+                          data={"csrf_token": token})
+    assert 'name="confirm" value="yes"' in unconfirmed.text  # asked again, not deleted
     assert "ops-mail" in ui.get("/ui/system/notifications").text
     gone = ui.post("/ui/system/notifications/ops-mail/delete",
-                   data={"csrf_token": token}, follow_redirects=True)
+                   data={"csrf_token": token, "confirm": "yes"}, follow_redirects=True)
     assert "Deleted notification channel ops-mail" in gone.text
     assert "No channel yet" in gone.text
     actors = session.scalars(select(HistoryLine.actor).where(

@@ -258,7 +258,7 @@ def test_routes_are_created_edited_deleted_and_tested(setup, login, session):
         "source": "inbox", "from_party": "mycompany", "to_party": "globex",
         "target": "writer_a"})
     assert created.status_code == 400  # covered by route 1 (* -> *)
-    client.post("/ui/routes/1/delete")
+    client.post("/ui/routes/1/delete", data={"confirm": "yes"})
     assert client.post("/ui/routes/new", data={
         "source": "inbox", "from_party": "mycompany", "to_party": "globex",
         "target": "writer_a"}).status_code == 302
@@ -338,7 +338,8 @@ def test_enable_and_disable_keep_the_configuration(setup, login, session, record
     client.post("/ui/plugins/writer_a/enable")
     session.refresh(row)
     assert row.enabled
-    refused = client.post("/ui/plugins/writer_a/delete", follow_redirects=True)
+    refused = client.post("/ui/plugins/writer_a/delete", data={"confirm": "yes"},
+                          follow_redirects=True)
     assert "instance &#39;writer_a&#39; is used by route 1" in refused.text
 
 
@@ -460,7 +461,7 @@ def test_delivery_errors_bulk_redeliver_all_matching(setup, login, session, reco
     page = client.get("/ui/delivery-errors?target=writer_b").text
     assert "3 matching" in page
     done = client.post("/ui/delivery-errors/redeliver", data={
-        "all_matching": "y", "target": "writer_b"}, follow_redirects=True)
+        "all_matching": "y", "target": "writer_b", "confirm": "yes"}, follow_redirects=True)
     assert "3 deliveries queued again" in done.text
     states = dict(session.execute(select(Delivery.target, Delivery.state)
                                   .where(Delivery.state == "queued")).all())
@@ -468,7 +469,7 @@ def test_delivery_errors_bulk_redeliver_all_matching(setup, login, session, reco
     assert session.scalar(select(Delivery.id).where(
         Delivery.target == "writer_a", Delivery.state != "failed")) is None
     some = [i for i in ids if session.get(Delivery, i).target == "writer_a"][:1]
-    client.post("/ui/delivery-errors/redeliver", data={"delivery": some})
+    client.post("/ui/delivery-errors/redeliver", data={"delivery": some, "confirm": "yes"})
     session.expire_all()
     assert session.get(Delivery, some[0]).state == "queued"
     actors = set(session.scalars(select(HistoryLine.actor).where(

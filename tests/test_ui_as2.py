@@ -200,7 +200,7 @@ def test_deleting_a_profile_is_a_history_line(parties, login, session, pairs):
     client = login("admin", "ada")
     post(client, PARTNER, partner_form(
         certificate_file=upload(pairs["acme"][0].encode(), "acme.pem")))
-    gone = client.post(PARTNER + "/delete", follow_redirects=True)
+    gone = client.post(PARTNER + "/delete", data={"confirm": "yes"}, follow_redirects=True)
     assert "No AS2 profile yet" in gone.text
     assert "Deleted the AS2 profile of partner acme" in gone.text
     assert session.scalar(select(ProtocolProfile)) is None

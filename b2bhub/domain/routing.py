@@ -19,6 +19,10 @@ ANY = "*"
 NAME_RE = re.compile(r"[a-z0-9_-]{1,64}")
 
 
+#: the name rule as a form's help says it
+NAME_RULE = "1-64 characters of a-z, 0-9, '_' and '-'"
+
+
 def validate_name(name: str) -> str | None:
     """Return an error message when ``name`` breaks the name rule, else None.
 
@@ -27,7 +31,7 @@ def validate_name(name: str) -> str | None:
     """
     if isinstance(name, str) and NAME_RE.fullmatch(name):
         return None
-    return f"name {name!r} must be 1-64 characters of a-z, 0-9, '_' and '-'"
+    return f"name {name!r} must be {NAME_RULE}"
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,14 @@
-"""History lines and alerts: written inside the transaction of the change they record."""
+"""History lines and alerts: written inside the transaction of the change they record.
+
+The lines an operator would look for in the Logs page are also logged at info
+(logger ``b2bhub.history``): every configuration change, operator action (by whoever
+did it), delivery failure and retry, and every alert raised and resolved."""
 
 from __future__ import annotations
 
 import functools
 import json
+import logging
 from datetime import datetime
 
 from sqlalchemy import DateTime, bindparam, insert, select, text, update
@@ -14,6 +19,29 @@ from b2bhub.engine.rows import json_recordset
 from b2bhub.models import Alert, HistoryLine, utcnow
 
 _INSERT_LINES = insert(HistoryLine.__table__)
+
+log = logging.getLogger("b2bhub.history")
+
+#: history lines logged at info besides every ``*_requested`` (an operator's action)
+LOGGED_TYPES = frozenset({
+    "config_changed", "alert_acknowledged", "instance_started", "instance_stopped",
+    "instance_blocked", "instance_released", "user_created", "user_changed",
+    "user_deleted", "token_created", "token_revoked", "refused", "mdn_failed",
+    "mdn_retrying", "mdn_refused", "receipt_refused"})
+#: the delivery states a ``delivery_changed`` line is logged for: failures and retries
+LOGGED_STATES = frozenset({"failed", "retrying", "stalled"})
+
+
+def log_line(message_id: int | None, type_: str, text: str, actor: str = "",
+             delivery_id: int | None = None, data: dict | None = None) -> None:
+    """Log a history line at info when it is one an operator would look for."""
+    if not (type_ in LOGGED_TYPES or type_.endswith("_requested") or (
+            type_ == "delivery_changed" and (data or {}).get("state") in LOGGED_STATES)):
+        return
+    where = "".join((f" message {message_id}" if message_id else "",
+                     f" delivery {delivery_id}" if delivery_id else "",
+                     f" by {actor}" if actor and actor not in text else ""))
+    log.info("%s%s: %s", type_, where, text)
 
 
 def connection(session: Session) -> Connection:
@@ -31,6 +59,7 @@ def add_line(session: Session, message_id: int | None, type_: str, text: str = "
     """Add one history line; its id becomes the SSE event id."""
     session.add(HistoryLine(message_id=message_id, delivery_id=delivery_id, type=type_,
                             actor=actor, text=text, data=data, created_at=now or utcnow()))
+    log_line(message_id, type_, text, actor, delivery_id, data)
 
 
 def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -> None:
@@ -43,6 +72,9 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -
     Either way ``data`` is stored as the same JSON text the ORM stores."""
     if not rows:
         return
+    for row in rows:
+        log_line(row.get("message_id"), row["type"], row.get("text", ""), row.get("actor", ""),
+                 row.get("delivery_id"), row.get("data"))
     stamp = now or utcnow()
     conn = connection(session)
     if conn.dialect.name == "postgresql":
@@ -94,12 +126,15 @@ def raise_alert(session: Session, kind: str, subject: str, text: str,
         return False
     session.add(Alert(kind=kind, subject=subject, text=text, message_id=message_id,
                       created_at=now or utcnow()))
+    log.info("alert raised: %s %s: %s", kind, subject, text)
     return True
 
 
 def resolve_alert(session: Session, kind: str, subject: str,
                   now: datetime | None = None) -> None:
     """Close the open alert of this kind for the subject, when the condition is gone."""
-    session.execute(update(Alert).where(
+    resolved = session.execute(update(Alert).where(
         Alert.kind == kind, Alert.subject == subject, Alert.resolved_at.is_(None),
-    ).values(resolved_at=now or utcnow()))
+    ).values(resolved_at=now or utcnow())).rowcount
+    if resolved:
+        log.info("alert resolved: %s %s", kind, subject)

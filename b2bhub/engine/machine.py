@@ -53,6 +53,7 @@ from b2bhub.domain.retry import RetryPolicy
 from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
 from b2bhub.engine import blocking, presence, sequences, wakeups
 from b2bhub.engine.history import add_line, add_lines, connection, raise_alert
+from b2bhub.engine.history import log as history_log
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.models import Alert, Delivery, InstanceState, PluginInstance
@@ -240,8 +241,9 @@ def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
     ordered = bool(instance.ordered)
     claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered) for r in rows]
     stalled = [f"delivery:{c.delivery_id}" for c, r in zip(claims, rows, strict=True) if r[4]]
-    if stalled:
-        connection(session).execute(_RESOLVE_STALLED, {"subjects": stalled, "now": now})
+    if stalled and connection(session).execute(
+            _RESOLVE_STALLED, {"subjects": stalled, "now": now}).rowcount:
+        history_log.info("alert resolved: delivery_stalled %s (claimed again)", ", ".join(stalled))
     return claims, [
         {"message_id": c.message_id, "delivery_id": c.delivery_id,
          "type": "delivery_changed", "actor": c.owner,

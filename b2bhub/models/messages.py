@@ -16,12 +16,14 @@ class Message(Base):
         Index("ix_messages_status_id", "status", "id"),
         Index("ix_messages_created_at_id", "created_at", "id"),
         Index("ix_messages_source_external", "source", "external_id"),
+        Index("ix_messages_from_party_id", "from_party", "id"),
+        Index("ix_messages_to_party_id", "to_party", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     source: Mapped[str] = mapped_column(String(64))
-    from_party: Mapped[str] = mapped_column(String(64), index=True)
-    to_party: Mapped[str] = mapped_column(String(64), index=True)
+    from_party: Mapped[str] = mapped_column(String(64))
+    to_party: Mapped[str] = mapped_column(String(64))
     direction: Mapped[str] = mapped_column(String(16))  # inbound | outbound | internal
     original_filename: Mapped[str | None] = mapped_column(String(255), default=None)
     external_id: Mapped[str | None] = mapped_column(String(255), default=None)

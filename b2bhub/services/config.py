@@ -34,7 +34,9 @@ INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveri
 def _check_name(name: Any, what: str) -> str:
     error = routing.validate_name(name) if isinstance(name, str) else "must be a string"
     if error:
-        raise ServiceError(f"{what} name {name!r}: {error}", {"name": error})
+        # beside the field, where the name is shown: the rule alone
+        raise ServiceError(f"{what} name {name!r}: {error}",
+                           {"name": error.removeprefix(f"name {name!r} ")})
     return name
 
 
@@ -115,7 +117,12 @@ def save_instance(session: Session, registry, data: dict,
     unknown = set(data) - INSTANCE_FIELDS
     if unknown:
         raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
-    name = _check_name(data.get("name", existing.name if existing else None), "instance")
+    refusals: list[ServiceError] = []  # every mistake at once, so a form shows them all
+    name = data.get("name", existing.name if existing else None)
+    try:
+        _check_name(name, "instance")
+    except ServiceError as exc:
+        refusals.append(exc)
     if existing is not None and name != existing.name:
         raise ServiceError(f"instance '{existing.name}' cannot be renamed to '{name}': "
                            "routes and messages refer to it by name", {"name": "renamed"})
@@ -128,8 +135,9 @@ def save_instance(session: Session, registry, data: dict,
         known = ", ".join(sorted(registry.types()))
         raise ServiceError(f"unknown plugin type {type_name!r} (known: {known})")
     plugin_cls = registry.get(type_name)
-    if existing is None and _name_taken(session, PluginInstance, name):
-        raise Conflict(f"an instance named '{name}' exists already")
+    if not refusals and existing is None and _name_taken(session, PluginInstance, name):
+        refusals.append(Conflict(f"an instance named '{name}' exists already",
+                                 {"name": "taken by another instance"}))
     given = data.get("config") or {}
     if not isinstance(given, dict):
         raise ServiceError("config must be an object", {"config": "not an object"})
@@ -142,15 +150,15 @@ def save_instance(session: Session, registry, data: dict,
         if problems:
             raise ConfigError(problems)
     except ConfigError as exc:
-        # the rules' reasons too, so a form shows every mistake at once
-        rules_details = rules.details if isinstance(rules, ServiceError) else {}
-        raise ServiceError(f"invalid configuration: {exc}",
-                           {"config": exc.errors, **rules_details}) from exc
+        refusals.append(ServiceError(f"invalid configuration: {exc}", {"config": exc.errors}))
     if isinstance(rules, ServiceError):
-        raise rules
+        refusals.append(rules)
+    refusals += _delivery_field_problems(data, plugin_cls, existing)
+    if refusals:
+        raise together(refusals)
     row = existing or PluginInstance(name=name, type=type_name)
     row.config = config
-    _apply_delivery_fields(row, data, plugin_cls)
+    _apply_delivery_fields(row, data)
     if "business_rules" in data:
         row.business_rules = rules
     session.add(row)
@@ -192,25 +200,54 @@ def _config_problems(plugin_cls, config: dict) -> dict[str, str]:
     return check(config) if callable(check) else {}
 
 
-def _apply_delivery_fields(row: PluginInstance, data: dict, plugin_cls) -> None:
-    _check_types(data)
-    if "enabled" in data:
-        row.enabled = data["enabled"]
-    mcd = data.get("max_concurrent_deliveries", row.max_concurrent_deliveries or 4)
+def together(refusals: list[ServiceError]) -> ServiceError:
+    """One refusal of several, each reason said once: the one as it is, or all their
+    messages joined and their details merged (a form puts each beside its field)."""
+    if len(refusals) == 1:
+        return refusals[0]
+    details: dict = {}
+    for refusal in refusals:
+        details.update(refusal.details or {})
+    return ServiceError("; ".join(r.message for r in refusals), details)
+
+
+def _delivery_field_problems(data: dict, plugin_cls,
+                             existing: PluginInstance | None) -> list[ServiceError]:
+    """What is wrong with the delivery fields (each one's refusal, all at once)."""
+    problems = []
+    try:
+        _check_types(data)
+    except ServiceError as exc:
+        problems.append(exc)
+    mcd = data.get("max_concurrent_deliveries",
+                   (existing.max_concurrent_deliveries if existing else None) or 4)
     if not isinstance(mcd, int) or isinstance(mcd, bool) or mcd < 1:
-        raise ServiceError("max_concurrent_deliveries must be a whole number of at least 1")
-    row.max_concurrent_deliveries = mcd
+        problems.append(ServiceError(
+            "max_concurrent_deliveries must be a whole number of at least 1",
+            {"max_concurrent_deliveries": "must be a whole number of at least 1"}))
     if "retry_policy" in data:
         try:
             # optional on a plugin type, as for the runner that applies the policy
             RetryPolicy.from_dict(data["retry_policy"],
                                   getattr(plugin_cls, "default_retry_policy", None))
         except ValueError as exc:
-            raise ServiceError(f"invalid retry_policy: {exc}") from exc
-        row.retry_policy = data["retry_policy"] or None
+            problems.append(ServiceError(f"invalid retry_policy: {exc}",
+                                         {"retry_policy": str(exc)}))
     interval = data.get("probe_interval", 0)
-    if interval != 0 and interval < MIN_PROBE_INTERVAL:
-        raise ServiceError(PROBE_INTERVAL_RULE, {"probe_interval": PROBE_INTERVAL_RULE})
+    if isinstance(interval, int) and interval != 0 and interval < MIN_PROBE_INTERVAL:
+        problems.append(ServiceError(PROBE_INTERVAL_RULE,
+                                     {"probe_interval": PROBE_INTERVAL_RULE}))
+    return problems
+
+
+def _apply_delivery_fields(row: PluginInstance, data: dict) -> None:
+    """Set the delivery fields :func:`_delivery_field_problems` found right."""
+    if "enabled" in data:
+        row.enabled = data["enabled"]
+    row.max_concurrent_deliveries = data.get("max_concurrent_deliveries",
+                                             row.max_concurrent_deliveries or 4)
+    if "retry_policy" in data:
+        row.retry_policy = data["retry_policy"] or None
     for key in ("ordered", "queue", "probe_interval", "retention_days"):
         if key in data:
             setattr(row, key, data[key])

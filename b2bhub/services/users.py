@@ -7,7 +7,6 @@ their tokens stop working.
 
 from __future__ import annotations
 
-import logging
 import re
 from datetime import datetime
 
@@ -20,8 +19,6 @@ from b2bhub.models import User, utcnow
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
 from b2bhub.services.pages import Page, keyset_page
 from b2bhub.services.tokens import ROLES
-
-log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 MIN_PASSWORD = 8
@@ -74,13 +71,13 @@ def find_user(session: Session, name: str) -> User | None:
 
 
 # --- administration through the API ---------------------------------------------------
-# Each change is a history line (without a message) naming the admin, and a log record.
+# Each change is a history line (without a message) naming the admin, logged at info.
 
 def audit(session: Session, type_: str, text: str, actor: str, now: datetime,
           data: dict | None = None) -> None:
-    """Record an administrative action: a history line without a message, and the log."""
+    """Record an administrative action: a history line without a message (logged at
+    info with it, :func:`b2bhub.engine.history.log_line`)."""
     add_line(session, None, type_, text, actor=actor, data=data, now=now)
-    log.info("%s", text)
 
 
 def get_user(session: Session, name: str) -> User:

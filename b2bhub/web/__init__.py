@@ -24,6 +24,7 @@ from flask import (
     current_app,
     flash,
     g,
+    make_response,
     redirect,
     render_template,
     render_template_string,
@@ -130,6 +131,24 @@ def submit(form, change: Callable[[], object], describe: Callable[[object], str]
     return result
 
 
+def ask_first(question: str, detail: str, back: str, confirm: str = "Delete",
+              active: str | None = None) -> None:
+    """Show the confirm page of a delete or a bulk action unless this is its confirmed
+    POST (then return, and the view acts).
+
+    Such a view is reached by GET (a link) or by a POST of its list's form; both only
+    show this page, which works without JavaScript: its form posts the same fields again
+    (with a fresh CSRF token) and ``confirm=yes``, and only that POST acts. A POST
+    without it changes nothing."""
+    if request.method == "POST" and request.form.get("confirm") == "yes":
+        return
+    carried = [(key, value) for key in request.form if key not in ("csrf_token", "confirm")
+               for value in request.form.getlist(key)]
+    abort(make_response(render_template(
+        "ui/confirm.html", action=ActionForm(), question=question, detail=detail,
+        confirm=confirm, back=back, carried=carried, target=request.path, active=active)))
+
+
 def button(change: Callable[[], object], describe: Callable[[object], str],
            record: bool = True) -> None:
     """A button's POST (delete, enable, acknowledge): refused without its CSRF token;
@@ -176,8 +195,9 @@ def web_init_app(app: Flask) -> None:
     login_manager.login_view = "ui.login"
     app.register_blueprint(bp)
     app.add_url_rule("/", "root", lambda: redirect(url_for("ui.dashboard")))
-    app.jinja_env.globals.update(can=can, LABELS=LABELS)
+    app.jinja_env.globals.update(can=can, LABELS=LABELS, trouble=messages.trouble)
     app.jinja_env.filters.update(label=lambda value: LABELS.get(value, value or ""),
+                                 short=messages.short,
                                  when=_when, size=_size, trace_id=tracing.trace_id,
                                  levelname=lambda n: logging.getLevelName(n).lower())
 

@@ -8,7 +8,10 @@ from datetime import datetime, timedelta
 
 from markupsafe import Markup, escape
 
-WIDTH, HEIGHT, PAD = 600, 150, 28
+WIDTH, HEIGHT, PAD = 600, 170, 34
+#: label sizes in the drawing's units: a chart is drawn 450-650 px wide on a laptop,
+#: so 13 units read as 10-14 px
+LABEL, LEGEND = 13, 14
 COLOURS = ("#1f5fbf", "#1e7b3a", "#b3261e", "#a15c00")
 
 
@@ -30,13 +33,14 @@ def line_chart(points: list, series: list[tuple[str, str]], start: datetime,
         legend.append(f'<tspan fill="{colour}">■ {escape(label)}</tspan> ')
     axis = (f'<line x1="{PAD}" y1="{PAD + plot_h - 10}" x2="{WIDTH - 8}" '
             f'y2="{PAD + plot_h - 10}" stroke="#999"/>'
-            f'<text x="2" y="{PAD - 6}" font-size="10">{_number(top)}{escape(unit)}</text>'
-            f'<text x="2" y="{PAD + plot_h - 10}" font-size="10">0</text>'
-            f'<text x="{PAD}" y="{HEIGHT - 4}" font-size="10">{start:%H:%M}</text>'
-            f'<text x="{WIDTH - 8}" y="{HEIGHT - 4}" font-size="10" text-anchor="end">'
+            f'<text x="2" y="{PAD - 6}" font-size="{LABEL}">'
+            f'{_number(top)}{escape(unit)}</text>'
+            f'<text x="2" y="{PAD + plot_h - 10}" font-size="{LABEL}">0</text>'
+            f'<text x="{PAD}" y="{HEIGHT - 4}" font-size="{LABEL}">{start:%H:%M}</text>'
+            f'<text x="{WIDTH - 8}" y="{HEIGHT - 4}" font-size="{LABEL}" text-anchor="end">'
             f'{start + span:%H:%M} UTC</text>'
-            f'<text x="{PAD + 40}" y="{HEIGHT - 4}" font-size="11">{"".join(legend)}</text>')
-    empty = "" if points else (f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" font-size="12" '
+            f'<text x="{PAD + 56}" y="{HEIGHT - 4}" font-size="{LEGEND}">{"".join(legend)}</text>')
+    empty = "" if points else (f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" font-size="{LEGEND}" '
                                'text-anchor="middle" fill="#777">no figures yet</text>')
     return Markup(f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
                   f'{axis}{"".join(lines)}{empty}</svg>')

@@ -9,7 +9,7 @@ from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import delivery_errors as svc
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import bp, requires
+from b2bhub.web import ask_first, bp, requires
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import BulkRedeliverForm
 from b2bhub.web.messages import ui_time
@@ -55,22 +55,39 @@ def redeliver_errors():
     f, errors = _filter(request.form)
     ids = None if form.all_matching.data else [
         int(i) for i in request.form.getlist("delivery") if i.isdigit()]
+    args = {k: request.form.getlist(k) for k in FILTER_ARGS if request.form.get(k)}
     if errors or ids == []:
         flash("; ".join(errors.values()) or "Select deliveries to redeliver, or all "
               "matching.", "error")
+        return redirect(url_for("ui.delivery_errors", **args))
+    _confirm_redeliver(f, ids, url_for("ui.delivery_errors", **args))
+    try:
+        result = svc.redeliver_errors(db.session, f, ids, g.actor, utcnow())
+    except ServiceError as exc:
+        db.session.rollback()
+        flash(exc.message, "error")
     else:
-        try:
-            result = svc.redeliver_errors(db.session, f, ids, g.actor, utcnow())
-        except ServiceError as exc:
-            db.session.rollback()
-            flash(exc.message, "error")
-        else:
-            db.session.commit()
-            done, skipped = len(result.redelivered), len(result.skipped)
-            flash(f"{done} deliver{'y' if done == 1 else 'ies'} queued again"
-                  + (f"; {skipped} had changed meanwhile and were left as they are"
-                     if skipped else "")
-                  + (f" (at most {svc.BULK_LIMIT} at once; run it again for the rest)"
-                     if result.more else ""))
-    args = {k: request.form.getlist(k) for k in FILTER_ARGS if request.form.get(k)}
+        db.session.commit()
+        done, skipped = len(result.redelivered), len(result.skipped)
+        flash(f"{done} deliver{'y' if done == 1 else 'ies'} queued again"
+              + (f"; {skipped} had changed meanwhile and were left as they are"
+                 if skipped else "")
+              + (f" (at most {svc.BULK_LIMIT} at once; run it again for the rest)"
+                 if result.more else ""))
     return redirect(url_for("ui.delivery_errors", **args))
+
+
+def _confirm_redeliver(f: svc.ErrorFilter, ids: list[int] | None, back: str) -> None:
+    if ids is None:
+        try:
+            count = svc.count_errors(db.session, f)
+        except ServiceError:
+            count = 0
+        what = f"all {count} deliver{'y' if count == 1 else 'ies'} matching the filter"
+    else:
+        what = f"the {len(ids)} selected deliver{'y' if len(ids) == 1 else 'ies'}"
+    ask_first(f"Redeliver {what}?",
+              f"Each is queued again for a new attempt, in the name of {g.actor} "
+              f"(at most {svc.BULK_LIMIT} at once); one that changed meanwhile is "
+              f"left as it is.", back, confirm="Redeliver",
+              active="ui.delivery_errors")

@@ -9,6 +9,7 @@ with every value as the user left it and each error beside its field
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from flask_wtf import FlaskForm
@@ -27,7 +28,8 @@ from wtforms.validators import DataRequired, Length
 from wtforms.widgets import PasswordInput
 
 from b2bhub.config_schema import Field
-from b2bhub.services.config import SECRET_MASK
+from b2bhub.domain.routing import NAME_RULE
+from b2bhub.services.config import SECRET_MASK, together
 from b2bhub.services.errors import ServiceError
 
 
@@ -42,7 +44,7 @@ class ActionForm(FlaskForm):
 
 
 class PartyForm(FlaskForm):
-    name = StringField("Name", description="a-z, 0-9, _ and -; routes and messages use it")
+    name = StringField("Name", description=NAME_RULE)
     display_name = StringField("Display name")
 
 
@@ -81,7 +83,7 @@ class BulkRedeliverForm(FlaskForm):
 # --- plugin instances: a form drawn from the plugin type's config schema ---------------
 
 def _config_field(field: Field):
-    label, help_ = field.name, field.help + (" (required)" if field.required else "")
+    label, help_ = field.title + (" (required)" if field.required else ""), field.help
     if field.type == "boolean":
         return BooleanField(label, description=help_)
     if field.type == "choice":
@@ -104,7 +106,7 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
         setattr(ConfigForm, field.name, _config_field(field))
 
     class InstanceForm(FlaskForm):
-        name = StringField("Name", description="a-z, 0-9, _ and -")
+        name = StringField("Name", description=NAME_RULE)
         enabled = BooleanField("Enabled", default=True)
         config = FormField(ConfigForm, label="Configuration")
 
@@ -190,9 +192,28 @@ def _form_data(plugin_cls: type, data: dict) -> dict:
     return out
 
 
-def instance_data(form: FlaskForm, plugin_cls: type) -> dict:
+def save_instance_form(form: FlaskForm, plugin_cls: type, save: Callable[[dict], Any]):
+    """Save a submitted instance form with ``save(data)`` (the service), refusing it
+    with every mistake at once: the fields that are not even the right kind of value
+    (a number, JSON) are left out of ``data`` and their errors joined to the service's
+    refusal of the rest (or raised alone, the service's change rolled back by the
+    caller)."""
+    try:
+        instance_data(form, plugin_cls)
+    except ServiceError as local:
+        data = instance_data(form, plugin_cls, leave_out=set(local.details))
+        try:
+            save(data)
+        except ServiceError as refused:
+            raise together([refused, local]) from refused
+        raise local from None
+    return save(instance_data(form, plugin_cls))
+
+
+def instance_data(form: FlaskForm, plugin_cls: type, leave_out: set | None = None) -> dict:
     """The API shape of a submitted instance form; a field that is not even the right
-    kind of value (a number, JSON) gets its error and ServiceError is raised."""
+    kind of value (a number, JSON) gets its error and ServiceError is raised, unless
+    it is in ``leave_out`` (then it is left out of the shape)."""
     config = {field.name: form.config[field.name].data for field in plugin_cls.config_schema}
     data: dict[str, Any] = {"name": form.name.data.strip(), "type": plugin_cls.type_name,
                             "enabled": form.enabled.data, "config": config}
@@ -216,6 +237,9 @@ def instance_data(form: FlaskForm, plugin_cls: type) -> dict:
     if hasattr(form, "retention_days"):
         text = (form.retention_days.data or "").strip()
         data["retention_days"] = _whole(text, "retention_days", errors) if text else None
+    for key in leave_out or ():
+        data.pop(key, None)
+        errors.pop(key, None)
     if errors:
         raise ServiceError("; ".join(errors.values()), errors)  # one: shown as it is
     return data
@@ -244,24 +268,39 @@ def show_service_error(form: FlaskForm, exc: ServiceError, aliases: dict | None 
         prefix = exc.message.split(":", 1)[0]
         if aliases.get(prefix, prefix) in form:
             details = {prefix: exc.message}
-    placed = False
+    if not details:
+        form.form_errors.append(exc.message)
+        return
+    if len(details) == 1:
+        [(key, text)] = details.items()
+        if aliases.get(key, key) in form and isinstance(text, str):
+            # the reason once: "instance name 'X': must be ..." beside Name says the rule;
+            # a bare code ("renamed") gives way to the message that explains it
+            _add_error(form[aliases.get(key, key)],
+                       text if exc.message.endswith(text) else exc.message)
+            return
+    elsewhere = []
     for key, text in details.items():
-        if key == "config" and isinstance(text, dict) and "config" in form:
+        if key == "config" and isinstance(text, dict):  # a profile's fields are on top
+            fields = form.config.form if "config" in form else form
             for name, problem in text.items():
-                if name in form.config.form:
-                    _add_error(form.config.form[name], problem)
-                    placed = True
+                if name in fields:
+                    _add_error(fields[name], problem)
+                else:
+                    elsewhere.append(f"{name}: {problem}")
             continue
         name = aliases.get(key, key)
         if name in form and isinstance(text, dict):  # one reason per item (rule 2: ...)
             for where, problem in text.items():
                 _add_error(form[name], f"{where}: {problem}")
-            placed = True
-        elif name in form and isinstance(text, str):
-            _add_error(form[name], exc.message if len(details) == 1 else text)
-            placed = True
-    if not placed:
+        elif name in form:
+            _add_error(form[name], str(text))
+        else:
+            elsewhere.append(f"{key}: {text}")
+    if len(elsewhere) == len(details):  # none beside a field ({"route": 3}): the message
         form.form_errors.append(exc.message)
+    elif elsewhere:
+        form.form_errors.append("; ".join(elsewhere))
 
 
 def _add_error(field, text: str) -> None:

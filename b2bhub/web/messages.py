@@ -17,6 +17,7 @@ from b2bhub.models import Delivery, utcnow
 from b2bhub.services import messages as svc
 from b2bhub.services import sending
 from b2bhub.services.errors import ServiceError
+from b2bhub.services.pages import Page
 from b2bhub.web import bp, requires
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, SendForm, show_service_error
@@ -55,11 +56,55 @@ def message_filter(args: MultiDict) -> tuple[svc.MessageFilter, dict]:
     return filters, errors
 
 
+#: the delivery states that explain a message's trouble, the worst first
+TROUBLE = (DeliveryState.FAILED, DeliveryState.STALLED, DeliveryState.RETRYING)
+#: message statuses the list and the page explain with a reason
+EXPLAINED = frozenset({MessageStatus.ERROR, MessageStatus.BUSINESS_ERROR,
+                       MessageStatus.STALLED, MessageStatus.RETRYING, MessageStatus.REFUSED,
+                       MessageStatus.COLLECTION_ERROR, MessageStatus.NOT_ROUTED})
+
+
+def trouble(m) -> tuple[Delivery | None, str]:
+    """Why a message is where it is: the delivery that explains its status (failed
+    first, then stalled, then retrying) and that delivery's last result, or the
+    message's own status text (refused, not routed); ``(None, "")`` when all is well."""
+    if m.status not in EXPLAINED:
+        return None, ""
+    for state in TROUBLE:
+        for d in m.deliveries:
+            if d.state == state:
+                return d, d.last_result or ""
+    return None, m.status_text or ""
+
+
+def explaining_lines(history: list, deliveries: list) -> dict[int, int]:
+    """{delivery id: id of the history line that took it to its present state}: the
+    last line of the delivery that names that state, else its last line."""
+    states = {d.id: d.state for d in deliveries}
+    last: dict[int, int] = {}
+    naming: dict[int, int] = {}
+    for line in history:
+        if line.delivery_id in states:
+            last[line.delivery_id] = line.id
+            if (line.data or {}).get("state") == states[line.delivery_id]:
+                naming[line.delivery_id] = line.id
+    return {**last, **naming}
+
+
+def short(text: str | None, width: int = 120) -> str:
+    """A reason in one line of at most ``width`` characters (the page keeps the rest in
+    the element's title)."""
+    line = " ".join((text or "").split())
+    return line if len(line) <= width else line[:width - 1].rstrip() + "…"
+
+
 @bp.get("/messages")
 def messages():
     filters, errors = message_filter(request.args)
     after = request.args.get("after", type=int)
-    page = svc.list_messages(db.session, filters, PAGE_SIZE, after)
+    # a filter with a mistake lists nothing: every message would look like a match
+    page = Page([], None) if errors else svc.list_messages(db.session, filters, PAGE_SIZE,
+                                                            after)
     args = {k: request.args.getlist(k) for k in FILTER_ARGS if request.args.get(k)}
     return render_template("ui/messages.html", page=page, errors=errors, args=args,
                            statuses=list(MessageStatus), first_page=after is None,
@@ -84,8 +129,9 @@ def message(message_id: int):
         found = svc.get_message(db.session, message_id)
     except ServiceError:
         abort(404, f"no message {message_id}")
-    return render_template("ui/message.html", m=found, form=ActionForm(),
-                           history=svc.message_history(db.session, message_id),
+    history = svc.message_history(db.session, message_id)
+    return render_template("ui/message.html", m=found, form=ActionForm(), history=history,
+                           explained_by=explaining_lines(history, found.deliveries),
                            can_redispatch=_can_redispatch(found),
                            can_cancel=_can_cancel(found), D=DeliveryActions,
                            blocking={d.id for d in found.deliveries

@@ -12,7 +12,7 @@ from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import notifications as svc
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import bp, form_status, requires
+from b2bhub.web import ask_first, bp, form_status, requires
 from b2bhub.web.forms import ActionForm, show_service_error
 
 
@@ -54,16 +54,12 @@ def notifications():
 @bp.route("/system/notifications/<name>/delete", methods=["GET", "POST"])
 @requires("admin")
 def delete_channel(name: str):
-    """GET asks for confirmation (a page that works without JavaScript); POST deletes."""
+    """Asks for confirmation first (:func:`~b2bhub.web.confirmation`)."""
     channel = svc.channel_shape(_channel_or_404(name))
-    if request.method == "GET":
-        return render_template("ui/confirm.html", action=ActionForm(),
-                               question=f"Delete notification channel {name} "
-                                        f"({channel['url']})?",
-                               detail="Its pending notifications are dropped; alerts "
-                                      "then reach only the other channels.",
-                               confirm="Delete", back=url_for("ui.notifications"),
-                               active="ui.settings")
+    ask_first(f"Delete notification channel {name} ({channel['url']})?",
+              "Its pending notifications are dropped; alerts then reach only "
+              "the other channels.", url_for("ui.notifications"),
+              active="ui.settings")
     _check_form()
     svc.delete_channel(db.session, name, g.actor, utcnow())
     db.session.commit()

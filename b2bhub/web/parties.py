@@ -4,11 +4,13 @@ add (a protocol's page of its own, or one drawn from the kind's schema)."""
 from __future__ import annotations
 
 from flask import abort, flash, g, redirect, render_template, request, url_for
+from sqlalchemy import select
 
 from b2bhub import hub
 from b2bhub.extensions import db
-from b2bhub.models import ORGANIZATION, PARTNER, utcnow
+from b2bhub.models import ORGANIZATION, PARTNER, Party, utcnow
 from b2bhub.services import config as svc
+from b2bhub.services import partner
 from b2bhub.services.errors import NotFound, ServiceError
 from b2bhub.services.profiles import (
     addresses,
@@ -17,7 +19,7 @@ from b2bhub.services.profiles import (
     profile_kinds,
     run_connection_test,
 )
-from b2bhub.web import bp, button, form_status, submit
+from b2bhub.web import ask_first, bp, button, form_status, requires, submit
 from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form
 
 KINDS = {"organization": ORGANIZATION, "partner": PARTNER}
@@ -73,8 +75,18 @@ def edit_party(kind: str, name: str):
                            active="ui.parties"), form_status(form)
 
 
-@bp.post("/parties/<any(organization, partner):kind>/<name>/delete")
+@bp.route("/parties/<any(organization, partner):kind>/<name>/delete",
+          methods=["GET", "POST"])
+@requires("admin")
 def delete_party(kind: str, name: str):
+    try:
+        svc.get_party(db.session, kind, name)
+    except ServiceError as exc:
+        abort(404, exc.message)
+    ask_first(f"Delete {kind} {name}?",
+              "Its profiles go with it; routes that name it must go first, and "
+              "its messages and their history stay.", url_for("ui.parties"),
+              active="ui.parties")
     button(lambda: svc.delete_party(db.session, kind, name),
            lambda _none: f"deleted {kind} {name}")
     return redirect(url_for("ui.parties"))
@@ -130,9 +142,16 @@ def saved_line(found, kind: str, name: str, created: bool, saved: dict, extra: s
             f"{name}" + (f" ({described})" if described else "") + extra)
 
 
-@bp.post("/parties/<any(organization, partner):kind>/<name>/<protocol>/delete")
+@bp.route("/parties/<any(organization, partner):kind>/<name>/<protocol>/delete",
+          methods=["GET", "POST"])
+@requires("admin")
 def delete_profile(kind: str, name: str, protocol: str):
     found = _kind_or_404(protocol)
+    back = url_for("ui.profile", kind=kind, name=name, protocol=protocol)
+    ask_first(f"Delete the {found.label} profile of {kind} {name}?",
+              f"Its settings and certificates are removed for good; {name} has no "
+              f"{found.label} profile until a new one is saved.", back,
+              active="ui.parties")
     button(lambda: found.delete(db.session, kind, name),
            lambda _none: f"deleted the {found.label} profile of {kind} {name}")
     return redirect(url_for("ui.profile", kind=kind, name=name, protocol=protocol))
@@ -163,3 +182,25 @@ def _wait(text: str | None) -> int:
         return min(max(int(text or 20), 0), 120)
     except ValueError:
         return 20
+
+
+# --- a party's page: what an operator opens when a partner calls ---------------------
+
+@bp.get("/parties/<name>")
+def party_page(name: str):
+    party = db.session.scalar(select(Party).where(Party.name == name))
+    if party is None:
+        abort(404, f"no party named {name!r}")
+    now = utcnow()
+    ids = partner.newest_ids(db.session, name)
+    kinds = profile_kinds(hub.registry())
+    shown = addresses(db.session, kinds)
+    return render_template(
+        "ui/party.html", party=party, now=now,
+        messages=partner.recent_messages(db.session, name),
+        day=partner.day_figures(db.session, name, now),
+        receipt=partner.last_receipt(db.session, ids),
+        certificates=partner.certificates(db.session, party.id, now),
+        alerts=partner.open_alerts(db.session, name, ids),
+        profiles=[(k, shown[k.kind].get(party.id)) for k in kinds.values()],
+        day_limit=partner.DAY_LIMIT, active="ui.parties")

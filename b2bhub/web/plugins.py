@@ -3,6 +3,8 @@ disable."""
 
 from __future__ import annotations
 
+import json
+
 from flask import abort, redirect, render_template, url_for
 
 from b2bhub import hub
@@ -10,9 +12,10 @@ from b2bhub.api.shapes import instance_json
 from b2bhub.engine import blocking
 from b2bhub.extensions import db
 from b2bhub.services import config as svc
+from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import bp, button, form_status, submit
-from b2bhub.web.forms import ActionForm, instance_data, instance_form
+from b2bhub.web import ask_first, bp, button, form_status, requires, submit
+from b2bhub.web.forms import ActionForm, instance_form, save_instance_form
 
 
 @bp.get("/plugins")
@@ -21,8 +24,33 @@ def plugins():
     types = hub.registry().types()
     by_type = {name: [r for r in rows if r.type == name] for name in types}
     unknown = [r for r in rows if r.type not in types]
+    shown = {r.name: shown_config(types[r.type].config_schema, r.config or {})
+             for r in rows if r.type in types}
     return render_template("ui/plugins.html", types=types, by_type=by_type, unknown=unknown,
-                           form=ActionForm(), blocked=blocking.blocked_instances(db.session))
+                           form=ActionForm(), blocked=blocking.blocked_instances(db.session),
+                           shown=shown)
+
+
+def shown_config(schema: list, config: dict) -> list[tuple[str, str]]:
+    """An instance's configuration as people read it: each field by its label, yes/no
+    for a box, a secret masked; a box left off by default and empty values are left
+    out."""
+    shown = []
+    for field in schema:
+        value = config.get(field.name)
+        if value in (None, "", {}, []) or (field.type == "boolean" and not value
+                                            and not field.default):
+            continue
+        if field.type == "boolean":
+            text = "yes" if value else "no"
+        elif field.type == "secret":
+            text = SECRET_MASK
+        elif field.type == "json":
+            text = json.dumps(value, separators=(", ", ": "))
+        else:
+            text = str(value)
+        shown.append((field.title, text))
+    return shown
 
 
 def _plugin_class(type_name: str) -> type:
@@ -46,8 +74,8 @@ def edit_instance(type_name: str | None = None, name: str | None = None):
     if row is not None:
         form.name.render_kw = {"readonly": True}
     if form.validate_on_submit() and submit(
-            form, lambda: svc.save_instance(db.session, hub.registry(),
-                                            instance_data(form, plugin_cls), row),
+            form, lambda: save_instance_form(form, plugin_cls, lambda data: svc.save_instance(
+                db.session, hub.registry(), data, row)),
             lambda saved: f"{'created' if row is None else 'changed'} {saved.type} "
                           f"instance {saved.name}"):
         return redirect(url_for("ui.plugins"))
@@ -55,14 +83,27 @@ def edit_instance(type_name: str | None = None, name: str | None = None):
                            active="ui.plugins"), form_status(form)
 
 
-@bp.post("/plugins/<name>/<any(enable, disable, delete):action>")
+@bp.post("/plugins/<name>/<any(enable, disable):action>")
 def instance_action(name: str, action: str):
     def change() -> None:
-        if action == "delete":
-            svc.delete_instance(db.session, name)
-            return
         row = svc.get_instance(db.session, name)
         svc.save_instance(db.session, hub.registry(), {
             "enabled": action == "enable", "config": dict(row.config or {})}, row)
     button(change, lambda _none: f"{action}d instance {name}")
+    return redirect(url_for("ui.plugins"))
+
+
+@bp.route("/plugins/<name>/delete", methods=["GET", "POST"])
+@requires("admin")
+def delete_instance(name: str):
+    try:
+        row = svc.get_instance(db.session, name)
+    except ServiceError as exc:
+        abort(404, exc.message)
+    ask_first(f"Delete {row.type} instance {name}?",
+              "Its configuration is gone for good; routes that name it must go "
+              "first, and its messages and their history stay.",
+              url_for("ui.plugins"), active="ui.plugins")
+    button(lambda: svc.delete_instance(db.session, name),
+           lambda _none: f"deleted instance {name}")
     return redirect(url_for("ui.plugins"))

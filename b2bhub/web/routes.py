@@ -10,7 +10,7 @@ from b2bhub.extensions import db
 from b2bhub.models import Route
 from b2bhub.services import config as svc
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import bp, button, form_status, submit
+from b2bhub.web import ask_first, bp, button, form_status, requires, submit
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, RouteForm
 
@@ -73,8 +73,16 @@ def _describe(route: Route) -> str:
            f"{route.target}"
 
 
-@bp.post("/routes/<int:route_id>/delete")
+@bp.route("/routes/<int:route_id>/delete", methods=["GET", "POST"])
+@requires("admin")
 def delete_route(route_id: int):
+    route = db.session.get(Route, route_id)
+    if route is None:
+        abort(404, f"no route {route_id}")
+    ask_first(f"Delete {_describe(route)}?",
+              "Messages it would route afterwards are Not routed unless "
+              "another route matches them.", url_for("ui.routes"),
+              active="ui.routes")
     button(lambda: svc.delete_route(db.session, route_id),
            lambda _none: f"deleted route {route_id}")
     return redirect(url_for("ui.routes"))

@@ -55,7 +55,8 @@ class As2Receiver(Plugin):
     description = ("Receives AS2 messages from partners (and their MDNs for ours) at "
                    "POST /as2/<instance>.")
     config_schema = [
-        Field("max_size", "integer", default=100 * 1024 * 1024, min=1024,
+        Field("max_size", "integer", label="Largest message (bytes)",
+              default=100 * 1024 * 1024, min=1024,
               help="largest body taken, in bytes; larger ones are refused"),
     ]
     endpoint_prefix = "as2"
@@ -94,10 +95,10 @@ class As2Sender(Plugin):
     description = ("Sends messages to partners over AS2 (RFC 4130): signed, encrypted and "
                    "compressed per the partner's AS2 profile, with sync or async MDNs.")
     config_schema = [
-        Field("payload_stage", "choice", default="unpacked",
+        Field("payload_stage", "choice", label="Payload stage", default="unpacked",
               choices=("raw", "unpacked", "sent"),
               help="the stage of the message to send"),
-        Field("timeout", "integer", default=120, min=1, max=3600,
+        Field("timeout", "integer", label="Timeout (seconds)", default=120, min=1, max=3600,
               help="seconds to wait for the partner's answer (and a sync MDN)"),
     ]
     default_retry_policy = RetryPolicy(strategy=Strategy.EXPONENTIAL, base_delay=60,
