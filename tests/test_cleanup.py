@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 
 from b2bhub import hub as hub_module
 from b2bhub.domain.outcome import Outcome
+from b2bhub.domain.retention import BatchSizer
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.cleanup import cleanup_due, run_cleanup
@@ -138,6 +139,40 @@ def test_removes_final_messages_past_retention_and_keeps_the_rest(scene, session
     assert (run.state, run.messages_removed, run.files_removed) == ("finished", 4, 3)
     assert run.bytes_removed == len(b"delivered") + len(b"nobody") + len(b"short")
     assert report.bytes == run.bytes_removed
+
+
+def test_a_tight_budget_deletes_in_smaller_batches_and_removes_the_same(
+        scene, session, store):
+    """Batches sized to the time budget: one that took longer makes the next smaller,
+    and nothing else about the run changes (the same messages removed, the rest kept)."""
+    report = run_cleanup(session, store, at(days=40, seconds=60), "tests", batch=3,
+                         budget=1e-9)
+    assert report.messages == len(GONE)
+    # 5 candidates (error_open is final but has a delivery open): 3, then one at a time
+    assert (report.largest_batch, report.batches) == (3, 3)
+    for name in GONE:
+        assert not exists(session, scene[name]), name
+    for name in KEPT:
+        assert exists(session, scene[name]), name
+
+
+def test_batch_sizes_follow_the_time_each_full_batch_took():
+    sizer = BatchSizer(500, budget=0.1, smallest=20, largest=5000)
+    sizer.record(500, 0.4)  # four times the budget: cut in proportion, with a margin
+    assert sizer.size == 100
+    sizer.record(10, 5.0)  # a short batch (the last) says nothing of the size
+    assert sizer.size == 100
+    sizer.record(100, 0.07)  # within the budget but over half of it: kept
+    assert sizer.size == 100
+    sizer.record(100, 0.01)  # well under: grows by a quarter
+    assert sizer.size == 125
+    for _ in range(60):
+        sizer.record(sizer.size, 0.001)
+    assert sizer.size == 5000
+    for _ in range(60):
+        sizer.record(sizer.size, 60.0)
+    assert sizer.size == 20
+    assert BatchSizer(1, smallest=20).size == 20
 
 
 def test_dry_run_says_what_and_removes_nothing(scene, session, store):

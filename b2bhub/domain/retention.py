@@ -44,3 +44,28 @@ def describe(instance_days: int | None, default_days: int) -> str:
 def cutoff(now: datetime, days: int | None) -> datetime | None:
     """Messages created before this moment are past retention; None: none ever is."""
     return None if days is None else now - timedelta(days=days)
+
+
+class BatchSizer:
+    """How many messages the cleanup deletes in one transaction, sized to a time budget.
+
+    A deleting transaction holds its rows' locks until it commits, and what it costs per
+    message depends on the machine and on the work beside it (an intake writing at the
+    same time, a disk shared with other writers). A fixed size is too big on a busy
+    night and too small on a quiet one, so the size follows what each full batch took:
+    over ``budget`` seconds the next is cut in proportion (with a margin), under half
+    of it the next grows by a quarter, between ``smallest`` and ``largest``. A short
+    batch (the last of a run) says nothing of the size and changes nothing."""
+
+    def __init__(self, size: int = 500, budget: float = 0.1, smallest: int = 1,
+                 largest: int = 5000):
+        self.budget, self.smallest, self.largest = budget, max(1, smallest), largest
+        self.size = min(max(size, self.smallest), largest)
+
+    def record(self, rows: int, seconds: float) -> None:
+        if rows < self.size or seconds <= 0:
+            return
+        if seconds > self.budget:
+            self.size = max(self.smallest, int(self.size * self.budget / seconds * 0.8))
+        elif seconds < self.budget / 2:
+            self.size = min(self.largest, self.size + max(1, self.size // 4))

@@ -11,7 +11,9 @@ What it removes, in order:
 1. Messages in a final status (:data:`~b2bhub.domain.retention.FINAL_STATUSES`) created
    longer ago than their source's retention, and never one with a delivery still open
    (queued, in progress, retrying, awaiting a receipt, deferred, stalled), however old.
-   Each batch is one short transaction that deletes whole messages: their deliveries,
+   Each batch is one short transaction that deletes whole messages (as many as fit in
+   :data:`BATCH_BUDGET`, 100 ms, by what the last batch took: its locks are held that
+   long; :class:`~b2bhub.domain.retention.BatchSizer`): their deliveries,
    history, payload rows and AS2 records go by ``ON DELETE CASCADE``, the alerts that
    name them in the same statement list; the run's counts are updated in that same
    transaction. A run killed at any point leaves whole messages or none, and the next
@@ -44,7 +46,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, exists, func, literal, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from b2bhub.domain.retention import FINAL_STATUSES, OPEN_STATES, cutoff, effective_days
+from b2bhub.domain.retention import (
+    FINAL_STATUSES,
+    OPEN_STATES,
+    BatchSizer,
+    cutoff,
+    effective_days,
+)
 from b2bhub.engine.history import add_line
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.sweep import SweepGuard
@@ -64,7 +72,9 @@ log = logging.getLogger(__name__)
 ADVISORY_KEY = 0x62326263  # "b2bc"
 LOCK_NAME = "cleanup"
 #: messages deleted per transaction
-BATCH = 500
+BATCH = 500  # the first batch's size; then sized to BATCH_BUDGET (BatchSizer)
+#: seconds a deleting transaction may take: it holds the locks of the rows it deletes
+BATCH_BUDGET = 0.1
 #: seconds a payload file must be old before the cleanup may remove it unreferenced
 ORPHAN_GRACE = 3600.0
 
@@ -105,6 +115,9 @@ class CleanupReport:
     files: int = 0
     bytes: int = 0  # what left the disk (or would)
     orphan_files: int = 0  # of which no removed message had referenced
+    budget: float = BATCH_BUDGET  # seconds a deleting transaction may take
+    largest_batch: int = 0  # messages, the most one transaction deleted
+    batches: int = 0  # deleting transactions
     extra: dict[str, int] = field(default_factory=dict)
     references: tuple = _CORE_REFERENCES  # what keeps a payload file alive
 
@@ -129,12 +142,14 @@ def retention_cutoffs(session: Session, settings: DeliverySettings, now: datetim
 
 def run_cleanup(session: Session, store: PayloadStore, now: datetime, owner: str, *,
                 dry_run: bool = False, trigger: str = "schedule", actor: str = "cleanup",
-                batch: int = BATCH, orphan_grace: float = ORPHAN_GRACE,
+                batch: int = BATCH, budget: float = BATCH_BUDGET,
+                orphan_grace: float = ORPHAN_GRACE,
                 settings: DeliverySettings | None = None,
                 references: tuple = ()) -> CleanupReport:
     """One run under the guard (see the module docstring). ``references``: the payload
     references of plugins' tables (:func:`plugin_references`)."""
-    report = CleanupReport(dry_run=dry_run, references=_CORE_REFERENCES + tuple(references))
+    report = CleanupReport(dry_run=dry_run, references=_CORE_REFERENCES + tuple(references),
+                           budget=budget)
     guard = SweepGuard(session, owner, now, name=LOCK_NAME, key=ADVISORY_KEY)
     guard.lease = timedelta(minutes=2)
     if not guard.postgres:
@@ -252,20 +267,26 @@ def _remove_messages(session: Session, store: PayloadStore, guard: SweepGuard,
                      batch: int, grace: float) -> None:
     cutoffs, default = retention_cutoffs(session, settings, now)
     session.commit()
-    for ids in _candidates(session, cutoffs, default, batch):
+    sizer = BatchSizer(batch, budget=report.budget)
+    for ids in _candidates(session, cutoffs, default, sizer):
         if report.dry_run:
             _dry_batch(session, store, ids, report, grace)
             continue
+        began = time.perf_counter()
         digests = _delete_batch(session, ids, report)
         guard.renew(utcnow())
         session.commit()
+        sizer.record(len(ids), time.perf_counter() - began)
+        report.largest_batch = max(report.largest_batch, len(ids))
+        report.batches += 1
         if digests:
             _remove_files(session, store, report, digests, grace)
 
 
 def _candidates(session: Session, cutoffs: dict[str, datetime | None],
-                default: datetime | None, batch: int) -> Iterator[list[int]]:
-    """Batches of ids of final messages past retention, oldest first.
+                default: datetime | None, sizer: BatchSizer) -> Iterator[list[int]]:
+    """Batches of ids of final messages past retention, oldest first, each of the size
+    ``sizer`` holds when it is read.
 
     Walks the (created_at, id) index up to the latest cutoff in use, with a cursor
     that passes over what it has read, so messages kept (an open delivery, a longer
@@ -281,7 +302,7 @@ def _candidates(session: Session, cutoffs: dict[str, datetime | None],
     while True:
         query = (select(Message.id, Message.source, Message.created_at)
                  .where(Message.created_at < latest, Message.status.in_(_FINAL))
-                 .order_by(Message.created_at, Message.id).limit(batch))
+                 .order_by(Message.created_at, Message.id).limit(sizer.size))
         if forever:
             query = query.where(Message.source.not_in(forever))
         if cursor is not None:
