@@ -7,8 +7,8 @@ from flask import g, redirect, render_template, url_for
 from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import alerts as svc
-from b2bhub.web import bp, button, requires
 from b2bhub.web.forms import ActionForm
+from b2bhub.web.kit import bp, button, requires
 
 
 @bp.get("/alerts")

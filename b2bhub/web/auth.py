@@ -10,8 +10,8 @@ from flask_login import login_user, logout_user
 
 from b2bhub.extensions import db, login_manager
 from b2bhub.models import User
-from b2bhub.web import bp, requires
 from b2bhub.web.forms import LoginForm
+from b2bhub.web.kit import bp, requires
 
 
 @dataclass(frozen=True)

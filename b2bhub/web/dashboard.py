@@ -14,8 +14,8 @@ from b2bhub.services import alerts as alert_svc
 from b2bhub.services import config as config_svc
 from b2bhub.services import overview
 from b2bhub.services import profiles as profile_svc
-from b2bhub.web import bp
 from b2bhub.web.charts import line_chart
+from b2bhub.web.kit import bp
 
 SPANS = {"hour": timedelta(hours=1), "day": timedelta(days=1)}
 

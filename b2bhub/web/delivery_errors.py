@@ -9,9 +9,9 @@ from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import delivery_errors as svc
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import ask_first, bp, requires
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import BulkRedeliverForm
+from b2bhub.web.kit import ask_first, bp, requires
 from b2bhub.web.messages import ui_time
 
 PAGE_SIZE = 100

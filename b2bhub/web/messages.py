@@ -18,9 +18,9 @@ from b2bhub.services import messages as svc
 from b2bhub.services import sending
 from b2bhub.services.errors import ServiceError
 from b2bhub.services.pages import Page
-from b2bhub.web import bp, requires
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, SendForm, show_service_error
+from b2bhub.web.kit import bp, requires
 
 PAGE_SIZE = 50
 FILTER_ARGS = ("status", "from", "to", "source", "target", "since", "until", "q",

@@ -12,8 +12,8 @@ from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import notifications as svc
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import ask_first, bp, form_status, requires
 from b2bhub.web.forms import ActionForm, show_service_error
+from b2bhub.web.kit import ask_first, bp, form_status, requires
 
 
 class ChannelForm(FlaskForm):

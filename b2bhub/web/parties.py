@@ -19,8 +19,8 @@ from b2bhub.services.profiles import (
     profile_kinds,
     run_connection_test,
 )
-from b2bhub.web import ask_first, bp, button, form_status, requires, submit
 from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form
+from b2bhub.web.kit import ask_first, bp, button, form_status, requires, submit
 
 KINDS = {"organization": ORGANIZATION, "partner": PARTNER}
 

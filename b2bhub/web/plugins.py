@@ -14,8 +14,8 @@ from b2bhub.extensions import db
 from b2bhub.services import config as svc
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import ask_first, bp, button, form_status, requires, submit
 from b2bhub.web.forms import ActionForm, instance_form, save_instance_form
+from b2bhub.web.kit import ask_first, bp, button, form_status, requires, submit
 
 
 @bp.get("/plugins")

@@ -10,9 +10,9 @@ from b2bhub.extensions import db
 from b2bhub.models import Route
 from b2bhub.services import config as svc
 from b2bhub.services.errors import ServiceError
-from b2bhub.web import ask_first, bp, button, form_status, requires, submit
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, RouteForm
+from b2bhub.web.kit import ask_first, bp, button, form_status, requires, submit
 
 ALIASES = {"from": "from_party", "to": "to_party"}
 

@@ -12,8 +12,8 @@ from b2bhub.models import utcnow
 from b2bhub.services import config as config_svc
 from b2bhub.services.settings import settings_as_text, settings_from_text
 from b2bhub.services.storage import storage_report
-from b2bhub.web import bp, button, form_status, submit
 from b2bhub.web.forms import ActionForm, SettingsForm
+from b2bhub.web.kit import bp, button, form_status, submit
 
 
 @bp.get("/system/services")
