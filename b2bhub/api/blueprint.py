@@ -10,6 +10,7 @@ HTTP error of the whole app, UI pages included, in its own shape).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from flask import Flask
@@ -88,35 +89,91 @@ def _sentence(field: str, text) -> str:
     return f"{field}: {text}"
 
 
+#: the first path segment of a call -> its tag (the area it belongs to) and the tag's text
+AREAS = {
+    "organizations": "parties", "partners": "parties", "plugins": "plugins",
+    "routes": "routes", "messages": "messages", "deliveries": "deliveries",
+    "alerts": "alerts", "notifications": "notifications", "users": "users",
+    "tokens": "tokens", "events": "events", "logs": "logs", "processes": "system",
+    "stats": "system", "storage": "system", "health": "system", "metrics": "system",
+}
+TAGS = {
+    "parties": "Organizations (ours) and partners, and their protocol profiles",
+    "plugins": "Plugin types and their instances (sources and targets)",
+    "routes": "Routes from a source and parties to a target, and the route tester",
+    "messages": "Messages: the list, one message, sending by hand, operator actions",
+    "deliveries": "Deliveries of messages to targets, and the operator actions on them",
+    "alerts": "Alerts and acknowledging them",
+    "notifications": "Alert notification channels and the notifications sent",
+    "users": "UI users (admins only)",
+    "tokens": "API tokens (admins only)",
+    "events": "History lines as Server-Sent Events",
+    "logs": "Log records of every process",
+    "system": "Health, processes, figures, storage and Prometheus metrics",
+}
+#: the refusals an operation may name, by status
+REFUSALS = {400: "BAD_REQUEST", 404: "NOT_FOUND", 409: "CONFLICT", 413: "REQUEST_ENTITY_TOO_LARGE",
+            503: "SERVICE_UNAVAILABLE"}
+
+
+def area_of(rule: str) -> str:
+    first = rule.strip("/").split("/")[0]
+    return AREAS.get(first, "system")
+
+
+def summary_of(endpoint: str) -> str:
+    """``list_users`` -> "List users": the default summary of an operation."""
+    words = endpoint.split(".")[-1].replace("_", " ")
+    return words[:1].upper() + words[1:]
+
+
 class ApiBlueprint(SmorestBlueprint):
+    """flask-smorest's Blueprint documenting, for every operation: its ``operationId``
+    (the endpoint name), a summary (``summary=``, else made from the endpoint name) with
+    the docstring as description, its area's tag, the role it needs, and the refusals it
+    gives: 400 when it reads arguments, 404 when its path names an object (and any other
+    named with ``refusals=``), 401/403 unless it is public."""
+
     ARGUMENTS_PARSER = Parser()
 
     def add_url_rule(self, rule, endpoint=None, view_func=None,
-                     provide_automatic_options=None, **options):
+                     provide_automatic_options=None, *, summary: str | None = None,
+                     refusals: tuple[int, ...] = (), tags=None, **options):
         super().add_url_rule(rule, endpoint, view_func, provide_automatic_options,
-                             **options)
-        docs = self._docs[self._endpoints[-1]]
+                             tags=tags or [area_of(rule)], **options)
+        name = self._endpoints[-1]
+        docs = self._docs[name]
         for method, doc in docs.items():
             if method == "parameters":
                 continue
             role = role_for(view_func, method.upper())
             manual = doc.setdefault("manual_doc", {})
+            manual.setdefault("operationId", name)
+            text = (view_func.__doc__ or "").strip()
+            doc["docstring"] = {"summary": summary or summary_of(name),
+                                **({"description": inspect.cleandoc(text)} if text else {})}
             if "response" not in doc and not doc.get("success"):
                 # a plain view (no @bp.response): documented as a JSON object whose fields
                 # its docstring describes, so a client and a checker know what comes back
                 manual.setdefault("responses", {}).setdefault(200, {
                     "description": "OK",
                     "content": {"application/json": {"schema": {"type": "object"}}}})
+            responses = manual.setdefault("responses", {})
+            wanted = set(refusals)
+            if "<" in rule:
+                wanted.add(404)
+            if doc.get("arguments") or getattr(view_func, "reads_body", False):
+                wanted.add(400)
+            for status in sorted(wanted):
+                responses.setdefault(status, REFUSALS[status])
             if role is None:
                 manual.setdefault("security", [])
                 continue
             manual["x-required-role"] = role
-            responses = manual.setdefault("responses", {})
             responses.setdefault(401, "UNAUTHORIZED")
             responses.setdefault(403, "FORBIDDEN")
-            doc["docstring"].setdefault("description", "")
             doc["docstring"]["description"] = (
-                doc["docstring"]["description"] + f"\n\nRole: {role}.").strip()
+                doc["docstring"].get("description", "") + f"\n\nRole: {role}.").strip()
 
 
 class HubApi(Api):
@@ -145,4 +202,8 @@ def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
     HubApi.ERROR_SCHEMA = ErrorSchema
     api = HubApi(app)
     api.register_blueprint(blueprint)
+    # the areas' tags instead of one for the whole blueprint
+    api.spec._tags[:] = [tag for tag in api.spec._tags if tag["name"] != blueprint.name]
+    for name, text in TAGS.items():
+        api.spec.tag({"name": name, "description": text})
     return api

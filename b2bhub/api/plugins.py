@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from flask import g, jsonify, url_for
+from flask import g, url_for
 
 from b2bhub.api import bp
 from b2bhub.api import schemas as s
 from b2bhub.api.auth import requires
-from b2bhub.api.inputs import bad_request, json_object
 from b2bhub.api.shapes import instance_json, plugin_type_json
 from b2bhub.extensions import db
 from b2bhub.hub import registry
@@ -67,31 +66,35 @@ def delete_instance(name: str):
     db.session.commit()
 
 
-@bp.get("/plugins/configs/<name>/tokens")
+@bp.get("/plugins/configs/<name>/tokens", summary="List an instance's intake tokens",
+        refusals=(409,))
 @requires("admin")
+@bp.response(200, s.IntakeTokenPage)
 def list_intake_tokens(name: str):
-    """The named intake tokens of an instance whose type keeps them (never the tokens)."""
+    """The named intake tokens of an instance whose type keeps them (never the tokens);
+    409 for a type that keeps none."""
     keeper = token_keeper(db.session, registry(), name)
-    return jsonify({"items": keeper.list_tokens(db.session, name), "next_cursor": None})
+    return {"items": keeper.list_tokens(db.session, name), "next_cursor": None}
 
 
-@bp.post("/plugins/configs/<name>/tokens")
+@bp.post("/plugins/configs/<name>/tokens", summary="Create an intake token",
+         refusals=(409,))
 @requires("admin")
-def create_intake_token(name: str):
+@bp.arguments(s.IntakeTokenCreate)
+@bp.response(201, s.IntakeTokenCreated)
+def create_intake_token(body: dict, name: str):
     """A new intake token of an instance whose type keeps them, in the answer this once."""
     keeper = token_keeper(db.session, registry(), name)
-    body = json_object(("name",), ("name",))
-    if not isinstance(body["name"], str):
-        raise bad_request("name must be a string", "name")
     token = keeper.create_token(db.session, name, body["name"], g.actor)
     db.session.commit()
-    return jsonify({"instance": name, "name": body["name"], "token": token}), 201
+    return {"instance": name, "name": body["name"], "token": token}
 
 
-@bp.delete("/plugins/configs/<name>/tokens/<token_name>")
+@bp.delete("/plugins/configs/<name>/tokens/<token_name>", summary="Revoke an intake token",
+           refusals=(409,))
 @requires("admin")
+@bp.response(204)
 def revoke_intake_token(name: str, token_name: str):
     token_keeper(db.session, registry(), name).revoke_token(db.session, name, token_name,
                                                              g.actor)
     db.session.commit()
-    return "", 204

@@ -41,7 +41,9 @@ class UtcDateTime(fields.DateTime):
     string with or without an offset (one with an offset becomes naive UTC)."""
 
     def _serialize(self, value, attr, obj, **kwargs):
-        return None if value is None else value.isoformat() + "Z"
+        if value is None or isinstance(value, str):  # None, or written already
+            return value
+        return value.isoformat() + "Z"
 
     def _deserialize(self, value, attr, data, **kwargs):
         if not isinstance(value, str):
@@ -577,3 +579,247 @@ class TokenCreated(Token):
 class TokenArgs(SmallIdPageArgs):
     revoked = fields.Boolean(load_default=False,
                              metadata={"description": "include revoked tokens"})
+
+
+# --- the views that answer plain JSON: their shapes, for the document ---------------------
+# (they build their answers themselves; these schemas only describe them)
+
+def _counts(text: str) -> fields.Dict:
+    return fields.Dict(keys=fields.String(), values=fields.Integer(), required=True,
+                       metadata={"description": text})
+
+
+def _seconds(text: str) -> fields.Float:
+    return fields.Float(required=True, allow_none=True, metadata={"description": text})
+
+
+class StatsMessages(Schema):
+    by_status = _counts("messages by status")
+    total = fields.Integer(required=True)
+
+
+class StatsDeliveries(Schema):
+    by_state = _counts("deliveries by state")
+    total = fields.Integer(required=True)
+    due = fields.Integer(required=True, metadata={"description": "due, waiting for a claim"})
+    oldest_due_seconds = _seconds("how long the oldest due delivery has waited")
+
+
+class StatsInstance(Schema):
+    name = fields.String(required=True)
+    state = fields.String(required=True)
+    enabled = fields.Boolean(required=True)
+    online = fields.Boolean(required=True, allow_none=True)
+    probe_checked_at = UtcDateTime(required=True, allow_none=True)
+    blocked_by = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "the delivery whose business error blocks the instance"})
+
+
+class StatsInstances(Schema):
+    by_state = _counts("instances by state")
+    offline = fields.Integer(required=True)
+    blocked = fields.Integer(required=True)
+    items = fields.List(fields.Nested(StatsInstance), required=True)
+
+
+class StatsAttempts(Schema):
+    last_hour = fields.Integer(required=True)
+    delivered_last_hour = fields.Integer(required=True)
+    failures_last_hour = fields.Integer(required=True)
+    duration_avg_seconds = _seconds("average attempt duration over the last hour")
+    duration_max_seconds = _seconds("longest attempt over the last hour")
+
+
+class StatsPoint(Schema):
+    minute = UtcDateTime(required=True)
+    messages_in = fields.Integer(required=True)
+    attempts = fields.Integer(required=True)
+    delivered = fields.Integer(required=True)
+    failures = fields.Integer(required=True)
+    duration_avg_seconds = _seconds("average attempt duration in the minute")
+    duration_max_seconds = _seconds("longest attempt in the minute")
+    due = fields.Integer(required=True)
+    oldest_due_seconds = _seconds("the oldest due delivery's wait at the minute's end")
+
+
+class StatsSeries(Schema):
+    span = fields.String(required=True, validate=validate.OneOf(["hour", "day", "none"]))
+    points = fields.List(fields.Nested(StatsPoint), required=True)
+
+
+class Stats(Schema):
+    at = UtcDateTime(required=True)
+    messages = fields.Nested(StatsMessages, required=True)
+    deliveries = fields.Nested(StatsDeliveries, required=True)
+    instances = fields.Nested(StatsInstances, required=True)
+    attempts = fields.Nested(StatsAttempts, required=True)
+    processes = _counts("connected processes by kind")
+    series = fields.Nested(StatsSeries, required=True)
+
+
+class StatsArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    series = fields.String(load_default="hour", validate=validate.OneOf(
+        ["hour", "day", "none"], error="series must be hour, day or none"), metadata={
+        "description": "the per-minute series: the last 60 minutes, the last 1440, none"})
+
+
+class ProcessArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    all = fields.String(load_default="false", validate=validate.OneOf(
+        ["true", "false"], error="all must be true or false"), metadata={
+        "description": "true: also those stopped or gone (kept a day)"})
+
+
+class Process(Schema):
+    id = fields.String(required=True)
+    kind = fields.String(required=True, metadata={"description": "web, worker or beat"})
+    host = fields.String(required=True)
+    pid = fields.Integer(required=True)
+    started_at = UtcDateTime(required=True)
+    last_seen = UtcDateTime(required=True)
+    stopped_at = UtcDateTime(required=True, allow_none=True)
+    instances = fields.List(fields.String(), required=True)
+    state = fields.String(required=True)
+
+
+ProcessPage = page_of(Process, "ProcessPage")
+
+
+class InstanceState(Schema):
+    name = fields.String(required=True)
+    state = fields.String(required=True)
+    state_reason = fields.String(required=True, allow_none=True)
+    message = fields.String(required=True, metadata={"description": "what happened"})
+
+
+class IntakeToken(Schema):
+    name = fields.String(required=True)
+    created_by = fields.String(required=True)
+    created_at = UtcDateTime(required=True)
+
+
+IntakeTokenPage = page_of(IntakeToken, "IntakeTokenPage")
+
+
+class IntakeTokenCreate(Schema):
+    name = fields.String(required=True, validate=validate.Length(min=1, max=64))
+
+
+class IntakeTokenCreated(Schema):
+    instance = fields.String(required=True)
+    name = fields.String(required=True)
+    token = fields.String(required=True, metadata={
+        "description": "the bearer token senders use; shown this once"})
+
+
+LEVELS = ["debug", "info", "warning", "error", "critical"]
+
+
+def _level() -> fields.String:
+    return fields.String(validate=validate.OneOf(LEVELS, error=(
+        "level must be a log level: debug, info, warning, error or critical")), metadata={
+        "description": "that level and above"})
+
+
+def _process() -> fields.String:
+    return fields.String(metadata={"description": "a process id, or a kind: web, worker, "
+                                   "beat"})
+
+
+class LogArgs(IdPageArgs):
+    level = _level()
+    process = _process()
+
+
+class LogStreamArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    level = _level()
+    process = _process()
+    after = fields.String(metadata={"description": "resume after this record id",
+                                    "pattern": "^[0-9]+$"})
+
+
+class LogRecord(Schema):
+    id = fields.Integer(required=True)
+    created_at = UtcDateTime(required=True)
+    level = fields.String(required=True)
+    level_no = fields.Integer(required=True)
+    logger = fields.String(required=True)
+    message = fields.String(required=True)
+    process_id = fields.String(required=True, allow_none=True)
+    kind = fields.String(required=True, allow_none=True)
+    host = fields.String(required=True, allow_none=True)
+    pid = fields.Integer(required=True, allow_none=True)
+
+
+LogPage = page_of(LogRecord, "LogPage")
+
+
+class EventArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    after = fields.String(metadata={"description": "resume after this history line id "
+                                    "(or send Last-Event-ID)", "pattern": "^[0-9]+$"})
+    message = fields.String(metadata={"description": "only this message's lines",
+                                      "pattern": "^[0-9]+$"})
+    type = fields.String(metadata={"description": "only these line types, comma-separated"})
+
+
+class StorageTarget(Schema):
+    target = fields.String(required=True)
+    messages = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+
+
+class StorageSource(Schema):
+    source = fields.String(required=True)
+    messages = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+    retention_days = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "null: kept forever"})
+    retention = fields.String(required=True)
+    oldest_message_at = UtcDateTime(required=True, allow_none=True)
+    targets = fields.List(fields.Nested(StorageTarget), required=True)
+
+
+class StorageParty(Schema):
+    party = fields.String(required=True)
+    messages = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+    sources = fields.List(fields.Nested(StorageSource), required=True)
+
+
+class StorageStore(Schema):
+    measured_at = UtcDateTime(required=True, allow_none=True)
+    files = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+    referenced_files = fields.Integer(required=True)
+    referenced_bytes = fields.Integer(required=True)
+    unreferenced_files = fields.Integer(required=True)
+    unreferenced_bytes = fields.Integer(required=True)
+
+
+class Storage(Schema):
+    parties = fields.List(fields.Nested(StorageParty), required=True)
+    messages = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+    default_retention_days = fields.Integer(required=True, allow_none=True)
+    computed_at = UtcDateTime(required=True)
+    store = fields.Nested(StorageStore, required=True, allow_none=True, metadata={
+        "description": "the payload store as the last cleanup run found it; null before"})
+
+
+class StorageArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    fresh = fields.String(load_default="false", validate=validate.OneOf(["true", "false"]),
+                          metadata={"description": "true: compute the figures now"})
