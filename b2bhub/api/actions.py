@@ -57,6 +57,22 @@ for _name, _action in DELIVERY_ACTIONS.items():
                     methods=["POST"], summary=DELIVERY_TEXTS[_name][0], refusals=(409,))
 
 
+@bp.document_hook
+def document_bulk_rule(doc: dict, registry) -> None:
+    """The rule of BulkRedeliverArgs' validator in the schema: a filter given (not empty)
+    or ``all`` true."""
+    schema = doc["components"]["schemas"]["BulkRedeliverArgs"]
+    alternatives = [{"required": ["all"], "properties": {"all": {"enum": [True]}}}]
+    for name, prop in schema["properties"].items():
+        if name in ("all", "max"):
+            continue
+        given = {"minItems": 1} if prop.get("type") == "array" else \
+            {"minLength": 1} if prop.get("type") == "string" and "format" not in prop else {}
+        alternatives.append({"required": [name], **(
+            {"properties": {name: given}} if given else {})})
+    schema["anyOf"] = alternatives
+
+
 def _act(action, object_id: int) -> dict:
     result = action(db.session, object_id, g.actor, utcnow())
     db.session.commit()
@@ -97,7 +113,8 @@ def redeliver_matching(body: dict):
             "more": result.more}
 
 
-@bp.post("/messages", summary="Send a file by hand", refusals=(400, 413))
+@bp.post("/messages", summary="Send a file by hand", refusals=(400, 413),
+         server_checks=("from", "to", "target"))
 @requires("operator")
 @bp.doc(requestBody={"required": True, "content": {"multipart/form-data": {
     "schema": s.SendForm}}})

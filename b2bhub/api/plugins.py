@@ -14,6 +14,14 @@ from b2bhub.services import config as svc
 from b2bhub.services.intake_tokens import token_keeper
 
 
+@bp.document_hook
+def document_plugin_types(doc: dict, registry) -> None:
+    """An instance's ``type`` is one of the app's plugin types."""
+    if registry is not None:
+        doc["components"]["schemas"]["InstanceCreate"]["properties"]["type"]["enum"] = \
+            sorted(registry.types())
+
+
 @bp.get("/plugins/types")
 @bp.response(200, s.PluginTypePage)
 def list_plugin_types():
@@ -32,7 +40,11 @@ def list_instances(args: dict):
             "next_cursor": s.encode_cursor(page.next_key)}
 
 
-@bp.post("/plugins/configs")
+INSTANCE_CHECKS = ("name", "type", "config", "retry_policy", "business_rules", "queue",
+                   "probe_interval")
+
+
+@bp.post("/plugins/configs", refusals=(409,), server_checks=INSTANCE_CHECKS)
 @bp.arguments(s.InstanceCreate)
 @bp.response(201, s.Instance)
 def create_instance(body: dict):
@@ -48,8 +60,8 @@ def get_instance(name: str):
     return instance_json(svc.get_instance(db.session, name), registry())
 
 
-@bp.put("/plugins/configs/<name>")
-@bp.arguments(s.InstanceFields)
+@bp.put("/plugins/configs/<name>", server_checks=INSTANCE_CHECKS)
+@bp.arguments(s.InstanceFields, required=False)  # every field may be left out
 @bp.response(200, s.Instance)
 def update_instance(body: dict, name: str):
     """Change any field but ``name`` and ``type``; omitted fields keep their value."""
@@ -58,7 +70,7 @@ def update_instance(body: dict, name: str):
     return instance_json(row, registry())
 
 
-@bp.delete("/plugins/configs/<name>")
+@bp.delete("/plugins/configs/<name>", refusals=(409,))
 @bp.response(204)
 def delete_instance(name: str):
     """Refused (409 ``in_use``) while a route starts or ends at the instance."""

@@ -20,7 +20,7 @@ def list_routes(args: dict):
     return s.page_json(svc.list_routes(db.session, args["limit"], args.get("cursor")))
 
 
-@bp.post("/routes")
+@bp.post("/routes", refusals=(409,), server_checks=("source", "from", "to", "target"))
 @bp.arguments(s.RouteCreate)
 @bp.response(201, s.Route)
 def create_route(body: dict):

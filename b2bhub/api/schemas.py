@@ -12,15 +12,16 @@ the query ask for one.
 from __future__ import annotations
 
 import base64
-import binascii
-import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from b2bhub import tracing
+from b2bhub.domain import routing
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
+from b2bhub.services import users
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.tokens import ROLES
 
@@ -68,14 +69,15 @@ class CommaList(fields.String):
         kwargs.setdefault("metadata", {})
         kwargs["metadata"].setdefault(
             "description", "one or more of: " + ", ".join(choices) + " (comma-separated)")
-        kwargs["metadata"]["pattern"] = "^(" + "|".join(choices) + ")(,(" + \
-            "|".join(choices) + "))*$"
+        # empty: no filter, as a form's empty field sends it
+        kwargs["metadata"]["pattern"] = "^((" + "|".join(choices) + ")(,(" + \
+            "|".join(choices) + "))*)?$"
         super().__init__(**kwargs)
         self.choices = choices
 
     def _deserialize(self, value, attr, data, **kwargs):
-        given = [v.strip() for v in super()._deserialize(value, attr, data, **kwargs)
-                 .split(",") if v.strip()]
+        text = super()._deserialize(value, attr, data, **kwargs)
+        given = text.split(",") if text else []
         wrong = [v for v in given if v not in self.choices]
         if wrong:
             raise ValidationError(f"unknown value(s) {', '.join(wrong)} "
@@ -83,32 +85,44 @@ class CommaList(fields.String):
         return given or None
 
 
+#: a list by id: the cursor is the last id of the page (digits, fewer than a BIGINT's or an
+#: INTEGER's, so every cursor of the pattern is a position in the list)
+ID_CURSOR = "^[0-9]{1,18}$"
+SMALL_ID_CURSOR = "^[0-9]{1,9}$"
+#: a list by name: the last name, base64url without padding (any such text is a position)
+NAME_CURSOR = "^([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2,3})?$"
+
+
 class Cursor(fields.String):
-    """The opaque position a list handed out as ``next_cursor``; ``kind`` is the type of
-    the key it stands for (int or str)."""
+    """The position a list handed out as ``next_cursor``; ``kind`` is the type of the key
+    it stands for (int or str). Every text of the documented pattern is a position, and
+    anything else is refused: a client can tell a good cursor from a bad one."""
 
     def __init__(self, kind: type, max_key: int = MAX_ID, **kwargs):
-        super().__init__(metadata={"description": "next_cursor of the previous page"},
-                         **kwargs)
-        self.kind, self.max_key = kind, max_key
+        self.pattern = NAME_CURSOR if kind is str else \
+            SMALL_ID_CURSOR if max_key <= MAX_SMALL_ID else ID_CURSOR
+        super().__init__(metadata={"description": "next_cursor of the previous page",
+                                   "pattern": self.pattern,
+                                   **({"minLength": 2} if kind is str else {})}, **kwargs)
+        self.kind = kind
 
     def _deserialize(self, value, attr, data, **kwargs):
         value = super()._deserialize(value, attr, data, **kwargs)
-        try:
-            key = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
-        except (binascii.Error, ValueError):
-            key = None
-        if not isinstance(key, self.kind) or isinstance(key, bool) or \
-                (isinstance(key, int) and not 0 <= key <= self.max_key):
+        if not re.fullmatch(self.pattern, value) or (self.kind is str and len(value) < 2):
             raise ValidationError("cursor is not one this list handed out")
-        return key
+        if self.kind is int:
+            return int(value)
+        return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode(
+            "utf-8", "replace")
 
 
 def encode_cursor(key: Any) -> str | None:
-    """The opaque cursor for a page that starts after ``key``; None when no more pages."""
+    """The cursor for a page that starts after ``key``; None when no more pages."""
     if key is None:
         return None
-    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+    if isinstance(key, int):
+        return str(key)
+    return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
 
 
 class StrictBoolean(fields.Boolean):
@@ -129,8 +143,17 @@ def _id(**kwargs) -> fields.Integer:
     return fields.Integer(validate=validate.Range(1, MAX_ID), **kwargs)
 
 
+#: the name rule of parties and plugin instances (``b2bhub.domain.routing``)
+NAME_PATTERN = f"^{routing.NAME_RE.pattern}$"
+#: a route's ``from`` or ``to``: a party's name, or ``*`` for any
+PARTY_OR_ANY = f"^(\\*|{routing.NAME_RE.pattern})$"
+
+
 def _name(**kwargs) -> fields.String:
-    return fields.String(validate=validate.Length(min=1, max=64), **kwargs)
+    """A party's or instance's name: the services refuse any other (400)."""
+    metadata = {"pattern": NAME_PATTERN, **kwargs.pop("metadata", {})}
+    return fields.String(validate=validate.Length(min=1, max=64), metadata=metadata,
+                         **kwargs)
 
 
 # --- common -------------------------------------------------------------------------
@@ -303,17 +326,23 @@ InstancePage = page_of(Instance, "InstancePage")
 
 # --- routes -------------------------------------------------------------------------
 
+def _party_or_any(**kwargs) -> fields.String:
+    return fields.String(load_default="*", metadata={
+        "pattern": PARTY_OR_ANY, "description": "a party's name, or * (any)"}, **kwargs)
+
+
 class RouteCreate(Schema):
-    source = fields.String(required=True)
-    from_party = fields.String(data_key="from", load_default="*")
-    to_party = fields.String(data_key="to", load_default="*")
-    target = fields.String(required=True)
+    source = _name(required=True, metadata={"description": "a source instance"})
+    from_party = _party_or_any(data_key="from")
+    to_party = _party_or_any(data_key="to")
+    target = _name(required=True, metadata={"description": "a target instance"})
 
 
 class RouteTestArgs(Schema):
-    source = fields.String(required=True)
-    from_party = fields.String(data_key="from", load_default="*")
-    to_party = fields.String(data_key="to", load_default="*")
+    source = fields.String(required=True, validate=validate.Length(min=1))
+    from_party = fields.String(data_key="from", load_default="*",
+                               validate=validate.Length(min=1))
+    to_party = fields.String(data_key="to", load_default="*", validate=validate.Length(min=1))
 
 
 class Route(Schema):
@@ -491,8 +520,8 @@ class SendForm(Schema):
     """Send Message by hand: a multipart form."""
 
     file = fields.Raw(required=True, metadata={"type": "string", "format": "binary"})
-    from_party = fields.String(data_key="from", required=True)
-    to_party = fields.String(data_key="to", required=True)
+    from_party = fields.String(data_key="from", required=True, validate=validate.Length(min=1))
+    to_party = fields.String(data_key="to", required=True, validate=validate.Length(min=1))
     target = fields.String(metadata={
         "description": "needed when the routes from sender to recipient give not one"})
 
@@ -537,15 +566,20 @@ class User(Schema):
 UserPage = page_of(User, "UserPage")
 
 
+def _password(**kwargs) -> fields.String:
+    return fields.String(load_only=True, metadata={"minLength": users.MIN_PASSWORD,
+                                                   "format": "password"}, **kwargs)
+
+
 class UserCreate(Schema):
-    name = fields.String(required=True)
-    password = fields.String(required=True, load_only=True)
+    name = fields.String(required=True, metadata={"pattern": users.NAME_RE.pattern})
+    password = _password(required=True)
     role = fields.String(load_default="viewer", validate=validate.OneOf(ROLES))
 
 
 class UserUpdate(Schema):
     role = fields.String(validate=validate.OneOf(ROLES))
-    password = fields.String(load_only=True)
+    password = _password()
     disabled = StrictBoolean()
 
 
