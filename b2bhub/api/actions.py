@@ -62,14 +62,15 @@ def document_bulk_rule(doc: dict, registry) -> None:
     """The rule of BulkRedeliverArgs' validator in the schema: a filter given (not empty)
     or ``all`` true."""
     schema = doc["components"]["schemas"]["BulkRedeliverArgs"]
-    alternatives = [{"required": ["all"], "properties": {"all": {"enum": [True]}}}]
+    alternatives = [{"type": "object", "required": ["all"], "properties": {
+        "all": {"type": "boolean", "enum": [True]}}}]
     for name, prop in schema["properties"].items():
         if name in ("all", "max"):
             continue
         given = {"minItems": 1} if prop.get("type") == "array" else \
             {"minLength": 1} if prop.get("type") == "string" and "format" not in prop else {}
-        alternatives.append({"required": [name], **(
-            {"properties": {name: given}} if given else {})})
+        alternatives.append({"type": "object", "required": [name],
+                             "properties": {name: {**prop, **given}}})
     schema["anyOf"] = alternatives
 
 
