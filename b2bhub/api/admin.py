@@ -41,7 +41,7 @@ def create_user(body: dict):
     return user, 201, {"Location": url_for(".get_user", name=user.name)}
 
 
-@bp.put("/users/<name>")
+@bp.put("/users/<name>", refusals=(409,))
 @bp.arguments(s.UserUpdate, required=False)  # every field may be left out
 @bp.response(200, s.User)
 def update_user(body: dict, name: str):
@@ -52,7 +52,7 @@ def update_user(body: dict, name: str):
     return user
 
 
-@bp.delete("/users/<name>")
+@bp.delete("/users/<name>", refusals=(409,))
 @bp.response(204)
 def delete_user(name: str):
     """Delete the user and the user's tokens."""
