@@ -112,8 +112,9 @@ class Cursor(fields.String):
             raise ValidationError("cursor is not one this list handed out")
         if self.kind is int:
             return int(value)
+        # any bytes are a position among names; no name holds a NUL (PostgreSQL takes none)
         return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode(
-            "utf-8", "replace")
+            "utf-8", "replace").replace("\x00", "")
 
 
 def encode_cursor(key: Any) -> str | None:
