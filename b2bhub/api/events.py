@@ -36,7 +36,7 @@ def sse_doc(event: str, schema: str) -> dict:
 @bp.get("/events", summary="Stream history lines (Server-Sent Events)", refusals=(503,))
 @bp.arguments(s.EventArgs, location="query")
 @bp.doc(responses={200: sse_doc("the history line's type", "HistoryLine")})
-def events(args: dict):
+def stream_events(args: dict):
     """A client that reconnects with ``Last-Event-ID`` (or ``?after=<id>``) gets every
     line after it once, in id order; without either, the stream starts with the lines
     committed after it opened."""

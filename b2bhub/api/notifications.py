@@ -91,7 +91,7 @@ def delete_channel(name: str):
     db.session.commit()
 
 
-@bp.post("/notifications/channels/<name>/test")
+@bp.post("/notifications/channels/<name>/test", summary="Send a test notification")
 @requires("admin")
 @bp.response(200, TestResult)
 def test_channel(name: str):
@@ -101,7 +101,7 @@ def test_channel(name: str):
     return {"sent": error is None, "error": error}
 
 
-@bp.get("/notifications")
+@bp.get("/notifications", summary="List the latest notifications")
 @bp.response(200, NotificationList)
 def list_notifications():
     """The latest 50 notifications, newest first."""

@@ -39,7 +39,7 @@ def delete_route(route_id: int):
     db.session.commit()
 
 
-@bp.post("/routes/test")
+@bp.post("/routes/test", summary="Test which targets a message would reach")
 @requires("viewer")  # it changes nothing: whoever may read routes may test them
 @bp.arguments(s.RouteTestArgs)
 @bp.response(200, s.RouteTestResult)
