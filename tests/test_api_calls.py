@@ -108,6 +108,27 @@ def test_every_operation_has_an_id_a_summary_and_its_area_tag(spec):
     assert set(metrics) == {"text/plain"}
 
 
+def test_a_204_has_no_body_and_no_content_type_and_a_405_says_what_is_allowed(
+        app, registry, api, hub):
+    from plugins.as2.plugin import As2Receiver
+    from tests.as2kit import make_pair
+    registry.register(As2Receiver)
+    hub.parties(partners=("acme",))
+    pem, _key = make_pair("acme")
+    assert api.put("/api/v1/partners/acme/profiles/as2", json={
+        "as2_id": "ACME", "url": "http://127.0.0.1:9/as2",
+        "certificate": {"pem": pem}}).status_code == 200
+    for url in ("/api/v1/partners/acme/profiles/as2", "/api/v1/partners/acme"):
+        gone = api.delete(url)
+        assert gone.status_code == 204 and gone.data == b"", url
+        assert "Content-Type" not in gone.headers, (url, gone.headers)
+    for method in ("TRACE", "PATCH"):
+        refused = api.open("/api/v1/messages", method=method)
+        assert refused.status_code == 405
+        assert set(refused.headers["Allow"].split(", ")) == {"GET", "HEAD", "OPTIONS", "POST"}
+        assert refused.get_json()["error"]["code"] == "method_not_allowed"
+
+
 def test_a_profile_kind_of_a_plugin_gets_its_paths_and_schemas(app, registry, api):
     from plugins.as2.plugin import As2Receiver
     registry.register(As2Receiver)

@@ -4,10 +4,11 @@ document has any), positive and negative data, against the app served on loopbac
 every documented operation of a hub with a little data (AS2 profiles included). No
 answer is a 5xx; every status code, content type, header and body is the document's;
 data the document calls valid is accepted and data it calls invalid is refused; a method
-the document does not list answers 405 with ``Allow``. Two checks of our own: every 4xx
-is one the operation lists (not only ``default``), and a 400 for data the schema calls
-valid names only fields the operation lists in ``x-server-checks`` (those only the hub
-can judge: a name that must exist, a certificate that must parse). Bounded: a few
+the document does not list answers 405 with ``Allow``. Checks of our own: a 204 has no
+content type; every 4xx is one the operation lists (not only ``default``); a 400 for
+data the schema calls valid names only fields the operation lists in
+``x-server-checks`` (those only the hub can judge: a name that must exist, a
+certificate that must parse). Bounded: a few
 examples per operation and phase, no deadline (shared CI machines), on whichever
 backend the suite runs on: about a minute here."""
 
@@ -59,6 +60,14 @@ def refusal_is_documented(ctx, response, case):
             raise RefusalNotDocumented(
                 f"{case.method} {case.path} answered {response.status_code}, which it does "
                 f"not list (lists {sorted(listed)}): {response.content[:300]!r}")
+
+
+@schemathesis.check
+def no_content_has_no_type(ctx, response, case):
+    """A 204 has neither a body nor a content type."""
+    if response.status_code == 204 and (response.content or response.headers.get(
+            "content-type")):
+        raise AssertionError(f"{case.method} {case.path}: 204 with {response.headers}")
 
 
 @schemathesis.check

@@ -135,6 +135,14 @@ def summary_of(endpoint: str) -> str:
     return words[:1].upper() + words[1:]
 
 
+def _no_content_no_type(response):
+    """A 204 has no body, so it says no content type (Flask would say text/html)."""
+    if response.status_code == 204:
+        response.headers.pop("Content-Type", None)
+        response.headers.pop("Content-Length", None)
+    return response
+
+
 class ApiBlueprint(SmorestBlueprint):
     """flask-smorest's Blueprint documenting, for every operation: its ``operationId``
     (the endpoint name), a summary (``summary=``, else made from the endpoint name) with
@@ -150,6 +158,7 @@ class ApiBlueprint(SmorestBlueprint):
         #: ``hook(doc, registry)`` calls that complete the served document with what only
         #: the app's plugin registry knows (the profile kinds' paths)
         self.document_hooks: list[Callable] = []
+        self.after_request(_no_content_no_type)
 
     def document_hook(self, hook: Callable) -> Callable:
         self.document_hooks.append(hook)
