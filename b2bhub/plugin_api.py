@@ -345,6 +345,19 @@ class ProfileKind:
         """A few words naming a saved profile in its history line."""
         return ""
 
+    def json_schemas(self) -> dict[str, dict]:
+        """The API's shapes of the profile as JSON Schema, for the OpenAPI document:
+        ``{"body": what a PUT takes, "answer": what GET and PUT answer}``, and
+        ``"server_checks"``: the body fields only ``save`` can judge (a certificate that
+        must parse, one required when the profile is new). Default: the
+        :attr:`schema`'s fields, none required (a PUT changes the fields it names), and
+        an object. A kind says more by overriding this; the constraints it writes
+        should be the ones ``save`` enforces, so a client can tell a good body from a
+        bad one before sending it."""
+        from b2bhub.config_schema import schema_to_json
+        return {"body": {**schema_to_json(self.schema), "required": []},
+                "answer": {"type": "object"}}
+
     #: ``ui_page(party, shown, defaults) -> response`` may be set to draw the page itself
 
     #: whether :meth:`test_connection` is offered (for partners' profiles)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -149,6 +150,22 @@ def record_dir(tmp_path):
     path = tmp_path / "attempts"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def served(app):
+    """The app served on loopback by a real HTTP server; its base URL."""
+    from werkzeug.serving import make_server
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+    # each test's app has its own engine: close its pooled connections now, not at
+    # garbage collection (PostgreSQL counts them against max_connections meanwhile)
+    app.extensions["sqlalchemy"].session.remove()
+    app.extensions["sqlalchemy"].engines[None].dispose()
 
 
 @pytest.fixture

@@ -376,6 +376,24 @@ def test_default_limit_and_limit_bounds(api, configured):
     error_of(api.get("/api/v1/routes?cursor=InhfIg"), 400)  # a string key for an id list
 
 
+def test_every_cursor_of_the_documented_pattern_is_a_position(api, configured):
+    """What the document says a cursor is, is what the API takes: any text of a list's
+    pattern is a place in it, anything else a 400 (a client can check before asking)."""
+    names = [p["name"] for p in collect_pages(api, "/api/v1/partners", 1)]
+    assert names == ["acme", "globex"]
+    after_acme = api.get("/api/v1/partners?cursor=YWNtZQ").get_json()  # "acme"
+    assert [p["name"] for p in after_acme["items"]] == ["globex"]
+    # bytes that are no text, NUL bytes: still positions (before every name here)
+    for cursor in ("_-_-", "AAAA", "xI8Asl2tvZVDiA6ID13j"):
+        answer = api.get(f"/api/v1/partners?cursor={cursor}")
+        assert answer.status_code == 200, (cursor, answer.get_json())
+    for cursor in ("", "a", "abcde", "a=", "%%%"):
+        error_of(api.get(f"/api/v1/partners?cursor={cursor}"), 400, "invalid")
+    assert api.get("/api/v1/routes?cursor=999999999").status_code == 200
+    for cursor in ("", "1234567890", "-1", "1.0", "MTIz"):
+        error_of(api.get(f"/api/v1/routes?cursor={cursor}"), 400, "invalid")
+
+
 def test_message_filters(api, configured):
     configured.route("inbox", "acme", "*", "writer_a")
     routed = configured.message(from_party="acme", now=T0)

@@ -19,6 +19,7 @@ from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.history import raise_alert
 from b2bhub.models import Alert, ApiToken, Delivery, HistoryLine, User, utcnow
+from b2bhub.services.profiles import profile_kinds
 from b2bhub.services.users import check_login, create_user
 from tests.test_api import error_of, token_client
 
@@ -62,10 +63,14 @@ def test_the_openapi_document_is_valid_and_lists_every_api_route(app, spec):
     documented = {(re.sub(r"{\w+}", "{}", path), method.upper())
                   for path, method, _ in operations(spec)}
     served = set()
+    kinds = profile_kinds(app.extensions["b2bhub.registry"])
     for rule in app.url_map.iter_rules():
-        if rule.endpoint.startswith("api."):
+        if rule.endpoint.startswith("api.") or rule.endpoint == "metrics.metrics":
             path = re.sub(r"<[^>]+>", "{}", rule.rule)
-            served |= {(path, m) for m in rule.methods - {"HEAD", "OPTIONS"}}
+            # a profile rule takes any kind; the document has a path per registered kind
+            paths = [path.replace("/profiles/{}", f"/profiles/{kind}") for kind in kinds] \
+                if path.endswith("/profiles/{}") else [path]
+            served |= {(p, m) for p in paths for m in rule.methods - {"HEAD", "OPTIONS"}}
     assert served and served == documented
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
     error = spec["components"]["schemas"]["Error"]
@@ -77,6 +82,66 @@ def test_the_openapi_document_is_valid_and_lists_every_api_route(app, spec):
         else:
             assert operation["x-required-role"] in ROLES, (path, method)
             assert {"401", "403"} <= set(operation["responses"]), (path, method)
+
+
+def test_every_operation_has_an_id_a_summary_and_its_area_tag(spec):
+    tags = {tag["name"] for tag in spec["tags"]}
+    ids = [operation["operationId"] for _, _, operation in operations(spec)]
+    assert len(ids) == len(set(ids))
+    for path, method, operation in operations(spec):
+        assert operation["summary"] and "\n" not in operation["summary"], (path, method)
+        assert len(operation["tags"]) == 1 and operation["tags"][0] in tags, (path, method)
+    by_id = {operation["operationId"]: (path, method) for path, method, operation
+             in operations(spec)}
+    assert by_id["redeliver_delivery"] == ("/api/v1/deliveries/{delivery_id}/redeliver", "post")
+    assert by_id["send_again_delivery"][0] == "/api/v1/deliveries/{delivery_id}/send-again"
+    assert by_id["redispatch_message"][0] == "/api/v1/messages/{message_id}/redispatch"
+    assert by_id["list_partners"] == ("/api/v1/partners", "get")
+    assert by_id["stop_instance"][0] == "/api/v1/plugins/configs/{name}/stop"
+    assert not any("{collection}" in path or "{action}" in path for path in spec["paths"])
+    stats = spec["paths"]["/api/v1/stats"]["get"]["responses"]["200"]
+    assert stats["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Stats"}
+    events = spec["paths"]["/api/v1/events"]["get"]["responses"]["200"]["content"]
+    assert set(events) == {"text/event-stream"}
+    metrics = spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert set(metrics) == {"text/plain"}
+
+
+def test_a_204_has_no_body_and_no_content_type_and_a_405_says_what_is_allowed(
+        app, registry, api, hub):
+    from plugins.as2.plugin import As2Receiver
+    from tests.as2kit import make_pair
+    registry.register(As2Receiver)
+    hub.parties(partners=("acme",))
+    pem, _key = make_pair("acme")
+    assert api.put("/api/v1/partners/acme/profiles/as2", json={
+        "as2_id": "ACME", "url": "http://127.0.0.1:9/as2",
+        "certificate": {"pem": pem}}).status_code == 200
+    for url in ("/api/v1/partners/acme/profiles/as2", "/api/v1/partners/acme"):
+        gone = api.delete(url)
+        assert gone.status_code == 204 and gone.data == b"", url
+        assert "Content-Type" not in gone.headers, (url, gone.headers)
+    for method in ("TRACE", "PATCH"):
+        refused = api.open("/api/v1/messages", method=method)
+        assert refused.status_code == 405
+        assert set(refused.headers["Allow"].split(", ")) == {"GET", "HEAD", "OPTIONS", "POST"}
+        assert refused.get_json()["error"]["code"] == "method_not_allowed"
+
+
+def test_a_profile_kind_of_a_plugin_gets_its_paths_and_schemas(app, registry, api):
+    from plugins.as2.plugin import As2Receiver
+    registry.register(As2Receiver)
+    spec = api.get("/api/v1/openapi.json").get_json()
+    validate_openapi(spec)
+    item = spec["paths"]["/api/v1/partners/{name}/profiles/as2"]
+    assert {item[m]["operationId"] for m in ("get", "put", "delete")} == {
+        "get_partner_as2_profile", "put_partner_as2_profile", "delete_partner_as2_profile"}
+    body = spec["components"]["schemas"]["As2ProfileIn"]
+    assert body["properties"]["mdn_mode"]["enum"] == ["none", "sync", "async"]
+    assert body["properties"]["as2_id"]["maxLength"] == 128
+    assert item["put"]["x-server-checks"]
+    assert set(item["delete"]["responses"]) >= {"204", "401", "403", "404"}
 
 
 def test_the_document_describes_filters_and_pages(spec):

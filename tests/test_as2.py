@@ -24,7 +24,6 @@ import pytest
 import requests
 from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
-from werkzeug.serving import make_server
 
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
@@ -91,20 +90,6 @@ class Partner:
     def release_async(self) -> int:
         """Post the async MDNs held back (a partner that answers late)."""
         return requests.post(self.url + "/release", timeout=30).json()["posted"]
-
-
-@pytest.fixture
-def served(app):
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    server.server_close()
-    # each test's app has its own engine: close its pooled connections now, not at
-    # garbage collection (PostgreSQL counts them against max_connections meanwhile)
-    app.extensions["sqlalchemy"].session.remove()
-    app.extensions["sqlalchemy"].engines[None].dispose()
 
 
 @pytest.fixture

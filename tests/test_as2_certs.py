@@ -26,7 +26,7 @@ from sqlalchemy import select
 from b2bhub.models import Alert, utcnow
 from plugins.as2 import lib, profiles
 from tests import test_ui
-from tests.test_as2 import DATA, as2, certs, partner, served
+from tests.test_as2 import DATA, as2, certs, partner
 from tests.test_as2_keywrap import peer
 
 NOW = utcnow()

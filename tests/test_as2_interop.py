@@ -23,7 +23,6 @@ from tests.test_as2 import (  # noqa: F401  (fixtures)
     certs,
     partner,
     post,
-    served,
     wait_for,
 )
 

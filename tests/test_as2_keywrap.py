@@ -28,7 +28,6 @@ from tests.test_as2 import (
     certs,
     openssl,
     partner,
-    served,
 )
 
 WRAPS = {"rsa_pkcs1v15": (), "rsaes_oaep_sha1": ("sha1",), "rsaes_oaep_sha256": ("sha256",),

@@ -24,10 +24,9 @@ from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, PluginInstance, utcnow
 from plugins.http_poster import HttpPoster
 from plugins.http_receiver import HttpReceiver, IdempotencyKey, create_token
-from tests import test_as2, test_http_poster
+from tests import test_http_poster
 from tests.http_peer import Script
 
-served = test_as2.served  # the hub on a loopback port (werkzeug, threaded)
 peer = test_http_poster.peer  # the destination
 BODY = b"<order id='7'>\xc3\xa9t\xc3\xa9</order>\n" * 50
 

@@ -20,24 +20,58 @@ from b2bhub.services import sending
 MESSAGE_ACTIONS, DELIVERY_ACTIONS = operator.MESSAGE_ACTIONS, operator.DELIVERY_ACTIONS
 
 
-@bp.post("/messages/<int:message_id>/<any(redispatch, cancel):action>")
-@requires("operator")
-@bp.response(200, s.ActionResult)
-def message_action(message_id: int, action: str):
-    """``redispatch``: match the routes again (new deliveries, stalled ones re-queued);
-    ``cancel``: cancel every delivery not final yet. 409 when it does not apply."""
-    return _act(MESSAGE_ACTIONS[action], message_id)
+#: each action: (summary, description); one operation per action, 409 when it does not
+#: apply to the object as it is
+MESSAGE_TEXTS = {
+    "redispatch": ("Match a message's routes again", "New deliveries for targets the "
+                   "routes now give; stalled ones re-queued."),
+    "cancel": ("Cancel a message", "Cancel every delivery of the message not final yet."),
+}
+DELIVERY_TEXTS = {
+    "redeliver": ("Redeliver a delivery", "A failed, stalled or retrying delivery is "
+                  "queued again."),
+    "send-again": ("Send a delivered delivery again", "A delivered one is sent once more."),
+    "cancel": ("Cancel a delivery", "A delivery not final yet is cancelled."),
+    "resubmit": ("Resubmit a blocking delivery", "The failed delivery that blocks its "
+                 "ordered sequence (or its instance) is tried again."),
+    "skip": ("Skip a blocking delivery", "The failed delivery that blocks its ordered "
+             "sequence (or its instance) is given up, so the next ones go."),
+}
 
 
-@bp.post("/deliveries/<int:delivery_id>/<any(redeliver, 'send-again', cancel, resubmit, skip)"
-         ":action>")
-@requires("operator")
-@bp.response(200, s.ActionResult)
-def delivery_action(delivery_id: int, action: str):
-    """``redeliver`` a failed, stalled or retrying delivery; ``send-again`` a delivered
-    one; ``cancel`` one not final; ``resubmit`` or ``skip`` the failed delivery that
-    blocks its ordered sequence. 409 when it does not apply."""
-    return _act(DELIVERY_ACTIONS[action], delivery_id)
+def _action_view(action, id_name: str, texts: tuple[str, str]):
+    def view(**ids):
+        return _act(action, ids[id_name])
+    view.__doc__ = texts[1] + " History line naming the operator; 409 when it does not apply."
+    return bp.response(200, s.ActionResult)(requires("operator")(view))
+
+
+for _name, _action in MESSAGE_ACTIONS.items():
+    bp.add_url_rule(f"/messages/<int:message_id>/{_name}", f"{_name}_message",
+                    _action_view(_action, "message_id", MESSAGE_TEXTS[_name]),
+                    methods=["POST"], summary=MESSAGE_TEXTS[_name][0], refusals=(409,))
+for _name, _action in DELIVERY_ACTIONS.items():
+    bp.add_url_rule(f"/deliveries/<int:delivery_id>/{_name}",
+                    f"{_name.replace('-', '_')}_delivery",
+                    _action_view(_action, "delivery_id", DELIVERY_TEXTS[_name]),
+                    methods=["POST"], summary=DELIVERY_TEXTS[_name][0], refusals=(409,))
+
+
+@bp.document_hook
+def document_bulk_rule(doc: dict, registry) -> None:
+    """The rule of BulkRedeliverArgs' validator in the schema: a filter given (not empty)
+    or ``all`` true."""
+    schema = doc["components"]["schemas"]["BulkRedeliverArgs"]
+    alternatives = [{"type": "object", "required": ["all"], "properties": {
+        "all": {"type": "boolean", "enum": [True]}}}]
+    for name, prop in schema["properties"].items():
+        if name in ("all", "max"):
+            continue
+        given = {"minItems": 1} if prop.get("type") == "array" else \
+            {"minLength": 1} if prop.get("type") == "string" and "format" not in prop else {}
+        alternatives.append({"type": "object", "required": [name],
+                             "properties": {name: {**prop, **given}}})
+    schema["anyOf"] = alternatives
 
 
 def _act(action, object_id: int) -> dict:
@@ -47,7 +81,8 @@ def _act(action, object_id: int) -> dict:
             "deliveries": result.deliveries}
 
 
-@bp.post("/deliveries/<int:delivery_id>/receipt")
+@bp.post("/deliveries/<int:delivery_id>/receipt", summary="Report a delivery's receipt",
+         refusals=(409,))
 @requires("operator")
 @bp.arguments(s.ReceiptArgs)
 @bp.response(200, s.ActionResult)
@@ -61,7 +96,7 @@ def report_receipt(body: dict, delivery_id: int):
         session, object_id, completed, body["text"], actor, now), delivery_id)
 
 
-@bp.post("/deliveries/redeliver")
+@bp.post("/deliveries/redeliver", summary="Redeliver every delivery matching filters")
 @requires("operator")
 @bp.arguments(s.BulkRedeliverArgs)
 @bp.response(200, s.BulkRedeliverResult)
@@ -79,7 +114,8 @@ def redeliver_matching(body: dict):
             "more": result.more}
 
 
-@bp.post("/messages")
+@bp.post("/messages", summary="Send a file by hand", refusals=(400, 413),
+         server_checks=("from", "to", "target"))
 @requires("operator")
 @bp.doc(requestBody={"required": True, "content": {"multipart/form-data": {
     "schema": s.SendForm}}})
@@ -104,7 +140,7 @@ def send_message():
     return message, 201, {"Location": f"{bp.url_prefix}/messages/{message.id}"}
 
 
-@bp.get("/messages/<int:message_id>/payload")
+@bp.get("/messages/<int:message_id>/payload", summary="Download a payload stage")
 @bp.arguments(s.PayloadArgs, location="query")
 @bp.doc(responses={200: {"description": "the payload stage's bytes", "content": {
     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})

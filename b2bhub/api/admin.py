@@ -30,7 +30,7 @@ def get_user(name: str):
     return svc.get_user(db.session, name)
 
 
-@bp.post("/users")
+@bp.post("/users", refusals=(409,))
 @bp.arguments(s.UserCreate)
 @bp.response(201, s.User)
 def create_user(body: dict):
@@ -41,8 +41,8 @@ def create_user(body: dict):
     return user, 201, {"Location": url_for(".get_user", name=user.name)}
 
 
-@bp.put("/users/<name>")
-@bp.arguments(s.UserUpdate)
+@bp.put("/users/<name>", refusals=(409,))
+@bp.arguments(s.UserUpdate, required=False)  # every field may be left out
 @bp.response(200, s.User)
 def update_user(body: dict, name: str):
     """Change the role, set a new password, or disable (``disabled: true``: no login,
@@ -52,7 +52,7 @@ def update_user(body: dict, name: str):
     return user
 
 
-@bp.delete("/users/<name>")
+@bp.delete("/users/<name>", refusals=(409,))
 @bp.response(204)
 def delete_user(name: str):
     """Delete the user and the user's tokens."""
@@ -70,7 +70,7 @@ def list_tokens(args: dict):
                                           args["revoked"]))
 
 
-@bp.post("/tokens")
+@bp.post("/tokens", refusals=(404,), server_checks=("role",))
 @bp.arguments(s.TokenCreate)
 @bp.response(201, s.TokenCreated)
 def create_token(body: dict):
@@ -91,7 +91,7 @@ def create_token(body: dict):
     return row, 201
 
 
-@bp.delete(f"/tokens/<{s.SMALL_ID}:token_id>")
+@bp.delete(f"/tokens/<{s.SMALL_ID}:token_id>", refusals=(409,))
 @bp.response(204)
 def revoke_token(token_id: int):
     """Revoke a token: it stops working at once. The row stays for the record."""

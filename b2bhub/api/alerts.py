@@ -21,7 +21,8 @@ def list_alerts(args: dict):
                                        args["limit"], args.get("cursor")))
 
 
-@bp.post("/alerts/<int:alert_id>/acknowledge")
+@bp.post("/alerts/<int:alert_id>/acknowledge", summary="Acknowledge an alert",
+         refusals=(409,))
 @requires("operator")
 @bp.response(200, s.Alert)
 def acknowledge_alert(alert_id: int):

@@ -10,9 +10,12 @@ HTTP error of the whole app, UI pages included, in its own shape).
 
 from __future__ import annotations
 
+import inspect
+import json
 from collections.abc import Callable
+from copy import deepcopy
 
-from flask import Flask
+from flask import Flask, current_app
 from flask_smorest import Api
 from flask_smorest import Blueprint as SmorestBlueprint
 from webargs.flaskparser import FlaskParser
@@ -88,40 +91,155 @@ def _sentence(field: str, text) -> str:
     return f"{field}: {text}"
 
 
+#: the first path segment of a call -> its tag (the area it belongs to) and the tag's text
+AREAS = {
+    "organizations": "parties", "partners": "parties", "plugins": "plugins",
+    "routes": "routes", "messages": "messages", "deliveries": "deliveries",
+    "alerts": "alerts", "notifications": "notifications", "users": "users",
+    "tokens": "tokens", "events": "events", "logs": "logs", "processes": "system",
+    "stats": "system", "storage": "system", "health": "system", "metrics": "system",
+}
+TAGS = {
+    "parties": "Organizations (ours) and partners, and their protocol profiles",
+    "plugins": "Plugin types and their instances (sources and targets)",
+    "routes": "Routes from a source and parties to a target, and the route tester",
+    "messages": "Messages: the list, one message, sending by hand, operator actions",
+    "deliveries": "Deliveries of messages to targets, and the operator actions on them",
+    "alerts": "Alerts and acknowledging them",
+    "notifications": "Alert notification channels and the notifications sent",
+    "users": "UI users (admins only)",
+    "tokens": "API tokens (admins only)",
+    "events": "History lines as Server-Sent Events",
+    "logs": "Log records of every process",
+    "system": "Health, processes, figures, storage and Prometheus metrics",
+}
+#: the refusals an operation may name, by status
+REFUSALS = {400: "BAD_REQUEST", 404: "NOT_FOUND", 409: "CONFLICT", 413: "REQUEST_ENTITY_TOO_LARGE",
+            503: "SERVICE_UNAVAILABLE"}
+
+
+#: the operation's body fields whose validity depends on what the hub holds (a name that
+#: must exist, a certificate that must parse, a plugin type's settings): a 400 naming only
+#: these may answer a body the schema calls valid
+SERVER_CHECKS = "x-server-checks"
+
+
+def area_of(rule: str) -> str:
+    first = rule.strip("/").split("/")[0]
+    return AREAS.get(first, "system")
+
+
+def summary_of(endpoint: str) -> str:
+    """``list_users`` -> "List users": the default summary of an operation."""
+    words = endpoint.split(".")[-1].replace("_", " ")
+    return words[:1].upper() + words[1:]
+
+
+def _no_content_no_type(response):
+    """A 204 has no body, so it says no content type (Flask would say text/html)."""
+    if response.status_code == 204:
+        response.headers.pop("Content-Type", None)
+        response.headers.pop("Content-Length", None)
+    return response
+
+
 class ApiBlueprint(SmorestBlueprint):
+    """flask-smorest's Blueprint documenting, for every operation: its ``operationId``
+    (the endpoint name), a summary (``summary=``, else made from the endpoint name) with
+    the docstring as description, its area's tag, the role it needs, and the refusals it
+    gives: 400 when it reads arguments, 404 when its path names an object (and any other
+    named with ``refusals=``), 401/403 unless it is public; ``server_checks=`` names the
+    body fields only the hub can judge (``x-server-checks``)."""
+
     ARGUMENTS_PARSER = Parser()
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        #: ``hook(doc, registry)`` calls that complete the served document with what only
+        #: the app's plugin registry knows (the profile kinds' paths)
+        self.document_hooks: list[Callable] = []
+        self.after_request(_no_content_no_type)
+
+    def document_hook(self, hook: Callable) -> Callable:
+        self.document_hooks.append(hook)
+        return hook
+
     def add_url_rule(self, rule, endpoint=None, view_func=None,
-                     provide_automatic_options=None, **options):
+                     provide_automatic_options=None, *, summary: str | None = None,
+                     refusals: tuple[int, ...] = (), server_checks: tuple[str, ...] = (),
+                     tags=None, **options):
         super().add_url_rule(rule, endpoint, view_func, provide_automatic_options,
-                             **options)
-        docs = self._docs[self._endpoints[-1]]
+                             tags=tags or [area_of(rule)], **options)
+        name = self._endpoints[-1]
+        docs = self._docs[name]
         for method, doc in docs.items():
             if method == "parameters":
                 continue
             role = role_for(view_func, method.upper())
             manual = doc.setdefault("manual_doc", {})
+            manual.setdefault("operationId", name)
+            if server_checks:
+                manual[SERVER_CHECKS] = list(server_checks)
+            text = (view_func.__doc__ or "").strip()
+            doc["docstring"] = {"summary": summary or summary_of(name),
+                                **({"description": inspect.cleandoc(text)} if text else {})}
             if "response" not in doc and not doc.get("success"):
                 # a plain view (no @bp.response): documented as a JSON object whose fields
                 # its docstring describes, so a client and a checker know what comes back
                 manual.setdefault("responses", {}).setdefault(200, {
                     "description": "OK",
                     "content": {"application/json": {"schema": {"type": "object"}}}})
+            responses = manual.setdefault("responses", {})
+            wanted = set(refusals)
+            if "<" in rule:
+                wanted.add(404)
+            if doc.get("arguments") or getattr(view_func, "reads_body", False):
+                wanted.add(400)
+            for status in sorted(wanted):
+                responses.setdefault(status, REFUSALS[status])
             if role is None:
                 manual.setdefault("security", [])
                 continue
             manual["x-required-role"] = role
-            responses = manual.setdefault("responses", {})
             responses.setdefault(401, "UNAUTHORIZED")
             responses.setdefault(403, "FORBIDDEN")
-            doc["docstring"].setdefault("description", "")
             doc["docstring"]["description"] = (
-                doc["docstring"]["description"] + f"\n\nRole: {role}.").strip()
+                doc["docstring"].get("description", "") + f"\n\nRole: {role}.").strip()
+
+
+def document_operation(operation: dict, role: str | None) -> None:
+    """Complete an operation written into the served document by a hook as
+    :meth:`ApiBlueprint.add_url_rule` does for a view: refusals (given as
+    ``{status: None}``) as references, the role and its 401/403, the default answer."""
+    responses = operation.setdefault("responses", {})
+    if role is None:
+        operation["security"] = []
+    else:
+        operation["x-required-role"] = role
+        responses.update({401: None, 403: None})
+        operation["description"] = f"{operation.get('description', '')}\n\nRole: {role}."
+    responses["default"] = {"$ref": "#/components/responses/DEFAULT_ERROR"}
+    for status, answer in list(responses.items()):
+        if answer is None:
+            name = REFUSALS.get(status) or {401: "UNAUTHORIZED", 403: "FORBIDDEN"}[status]
+            responses[status] = {"$ref": f"#/components/responses/{name}"}
+    operation["responses"] = {str(k): v for k, v in responses.items()}
 
 
 class HubApi(Api):
+    document_hooks: list[Callable] = []
+
     def _register_error_handlers(self):
         """The blueprint's handlers answer in the API's shape; nothing app-wide here."""
+
+    def _openapi_json(self):
+        """The document, completed by the blueprint's hooks for this app's plugins."""
+        doc = deepcopy(self.spec.to_dict())
+        registry = current_app.extensions.get("b2bhub.registry")
+        for hook in self.document_hooks:
+            hook(doc, registry)
+        return current_app.response_class(json.dumps(doc, indent=2),
+                                          mimetype="application/json")
 
 
 def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
@@ -136,7 +254,11 @@ def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
                  "`Authorization: Bearer <token>` (`b2bhub token create`); "
                  "`x-required-role` names the least role it needs (viewer < operator "
                  "< admin). Errors: `{\"error\": {\"code\", \"message\", \"details\"}}`. "
-                 "Lists: `limit` and `cursor` (the `next_cursor` of the previous page)."},
+                 "Lists: `limit` and `cursor` (the `next_cursor` of the previous page). "
+                 "A body the schemas call valid is accepted, except that the fields an "
+                 "operation lists in `x-server-checks` are also judged against what the "
+                 "hub holds (a name that must exist, a certificate that must parse): a "
+                 "400 then names them in `details`."},
         "security": [{SECURITY_SCHEME: []}],
         "components": {"securitySchemes": {SECURITY_SCHEME: {
             "type": "http", "scheme": "bearer",
@@ -145,4 +267,9 @@ def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
     HubApi.ERROR_SCHEMA = ErrorSchema
     api = HubApi(app)
     api.register_blueprint(blueprint)
+    api.document_hooks = blueprint.document_hooks  # also those added after this call
+    # the areas' tags instead of one for the whole blueprint
+    api.spec._tags[:] = [tag for tag in api.spec._tags if tag["name"] != blueprint.name]
+    for name, text in TAGS.items():
+        api.spec.tag({"name": name, "description": text})
     return api

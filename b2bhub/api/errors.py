@@ -60,4 +60,7 @@ def http_error(exc: HTTPException):
     if not request.path.startswith(bp.url_prefix + "/") and request.path != bp.url_prefix:
         return exc
     code = (exc.name or "error").lower().replace(" ", "_")
-    return error_response(exc.code or 500, code, exc.description or exc.name)
+    body, status = error_response(exc.code or 500, code, exc.description or exc.name)
+    # what the exception says besides its body: Allow on a 405 (RFC 9110), for one
+    headers = [(k, v) for k, v in exc.get_headers() if k.lower() != "content-type"]
+    return body, status, headers

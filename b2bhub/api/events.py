@@ -13,6 +13,7 @@ import threading
 from flask import Response, current_app, request
 
 from b2bhub.api import bp
+from b2bhub.api import schemas as s
 from b2bhub.api.errors import ApiError
 from b2bhub.api.inputs import bad_request, int_arg, list_arg
 from b2bhub.engine.events import FeedFilter, latest_id
@@ -25,8 +26,20 @@ _lock = threading.Lock()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-@bp.get("/events")
-def events():
+def sse_doc(event: str, schema: str) -> dict:
+    """The document's answer of a stream: text/event-stream, each event's data JSON."""
+    return {"description": f"Server-Sent Events: ``event: {event}``, ``id:`` to resume "
+            f"from, ``data:`` a {schema} as JSON; a comment line every 15 s keeps it open",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+
+
+@bp.get("/events", summary="Stream history lines (Server-Sent Events)", refusals=(503,))
+@bp.arguments(s.EventArgs, location="query")
+@bp.doc(responses={200: sse_doc("the history line's type", "HistoryLine")})
+def stream_events(args: dict):
+    """A client that reconnects with ``Last-Event-ID`` (or ``?after=<id>``) gets every
+    line after it once, in id order; without either, the stream starts with the lines
+    committed after it opened."""
     after = resume_point()
     filters = FeedFilter(message_id=int_arg("message"), types=list_arg("type") or [])
     engine = db.engine

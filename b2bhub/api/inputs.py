@@ -1,24 +1,18 @@
-"""Reading requests for the views without a marshmallow schema (event and log streams,
-processes, stats, AS2 profiles): a JSON object body, query filters, ``limit`` and
-``cursor``. The other views declare their input in :mod:`b2bhub.api.schemas`.
+"""Reading requests for the views without a marshmallow schema (the event stream's
+filters, the bodies of profiles of the kinds plugins add). The other views declare
+their input in :mod:`b2bhub.api.schemas`.
 
 Every refusal is an :class:`ApiError` 400 that says which field is wrong and why.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Iterable
 from typing import Any
 
 from flask import request
 
 from b2bhub.api.errors import ApiError
-
-DEFAULT_LIMIT = 50
-MAX_LIMIT = 500
 
 
 def bad_request(message: str, field: str | None = None) -> ApiError:
@@ -41,11 +35,6 @@ def json_object(allowed: Iterable[str], required: Iterable[str] = ()) -> dict[st
     return body
 
 
-def text_arg(name: str) -> str | None:
-    value = request.args.get(name)
-    return value if value else None
-
-
 def list_arg(name: str) -> list[str] | None:
     """A filter that takes several values, comma-separated (``status=error,stalled``)."""
     value = request.args.get(name)
@@ -60,26 +49,3 @@ def int_arg(name: str) -> int | None:
         return int(value)
     except ValueError:
         raise bad_request(f"{name} must be a whole number", name) from None
-
-
-def limit_arg() -> int:
-    value = request.args.get("limit")
-    if value is None:
-        return DEFAULT_LIMIT
-    if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
-        raise bad_request(f"limit must be a whole number from 1 to {MAX_LIMIT}", "limit")
-    return int(value)
-
-
-def cursor_arg(kind: type) -> Any:
-    """The key the ``cursor`` argument stands for; it must be a ``kind`` (int or str)."""
-    value = request.args.get("cursor")
-    if not value:
-        return None
-    try:
-        key = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
-    except (binascii.Error, ValueError):
-        key = None
-    if not isinstance(key, kind) or isinstance(key, bool):
-        raise bad_request("cursor is not one this list handed out", "cursor")
-    return key

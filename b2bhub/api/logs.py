@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from flask import jsonify, request
-
 from b2bhub.api import bp
-from b2bhub.api.events import open_stream, resume_point
-from b2bhub.api.inputs import bad_request, cursor_arg, limit_arg, text_arg
-from b2bhub.api.shapes import iso, page_json
+from b2bhub.api import schemas as s
+from b2bhub.api.events import open_stream, resume_point, sse_doc
+from b2bhub.api.shapes import iso
 from b2bhub.engine import presence
 from b2bhub.engine.events import IdFeed
 from b2bhub.extensions import db
@@ -23,15 +21,25 @@ from b2bhub.models import LogRecord
 from b2bhub.services.streams import sse_event
 
 
-@bp.get("/logs")
-def list_logs():
-    page = presence.list_log_records(db.session, _filters(), limit_arg(), cursor_arg(int))
-    return jsonify(page_json(page, log_json))
+@bp.get("/logs", summary="List log records")
+@bp.arguments(s.LogArgs, location="query")
+@bp.response(200, s.LogPage)
+def list_logs(args: dict):
+    """Newest first."""
+    page = presence.list_log_records(db.session, _filters(args), args["limit"],
+                                     args.get("cursor"))
+    return {"items": [log_json(row) for row in page.items],
+            "next_cursor": s.encode_cursor(page.next_key)}
 
 
-@bp.get("/logs/stream")
-def stream_logs():
-    filters = _filters()
+@bp.get("/logs/stream", summary="Stream log records (Server-Sent Events)",
+        refusals=(503,))
+@bp.arguments(s.LogStreamArgs, location="query")
+@bp.doc(responses={200: sse_doc("log", "LogRecord")})
+def stream_logs(args: dict):
+    """Event ``log``, id the record id, data a log record as JSON; from
+    ``Last-Event-ID`` (or ``?after=``), else from now."""
+    filters = _filters(args)
     after = resume_point()
     if after is None:
         after = presence.latest_log_id(db.session)
@@ -40,7 +48,7 @@ def stream_logs():
         table = LogRecord.__table__
         rows = conn.execute(db.select(table).where(table.c.id > after_id)
                             .order_by(table.c.id).limit(limit))
-        return [log_json(row) for row in rows]
+        return [log_json(row, iso) for row in rows]
 
     def keep(item: dict) -> bool:
         return item["level_no"] >= filters.min_level and (
@@ -51,20 +59,15 @@ def stream_logs():
                                                 for item in feed.poll(conn)])
 
 
-def _filters() -> presence.LogFilter:
-    level = request.args.get("level", "")
-    try:
-        min_level = presence.level_number(level) if level else 0
-    except ValueError:
-        raise bad_request("level must be a log level: debug, info, warning, error or "
-                          "critical", "level") from None
-    return presence.LogFilter(min_level=min_level, process=text_arg("process"))
+def _filters(args: dict) -> presence.LogFilter:
+    level = args.get("level")
+    return presence.LogFilter(min_level=presence.level_number(level) if level else 0,
+                              process=args.get("process") or None)
 
 
-def log_json(row: LogRecord) -> dict:
-    return {"id": row.id, "created_at": iso(row.created_at),
+def log_json(row: LogRecord, moment=lambda m: m) -> dict:
+    return {"id": row.id, "created_at": moment(row.created_at),
             "level": logging.getLevelName(row.level).lower(), "level_no": row.level,
             "logger": row.logger,
             "message": row.message, "process_id": row.process_id, "kind": row.kind,
             "host": row.host, "pid": row.pid}
-

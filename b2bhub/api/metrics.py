@@ -13,7 +13,9 @@ from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from b2bhub.api import bp
 from b2bhub.api.auth import authenticate_request
+from b2bhub.api.blueprint import document_operation, role_for
 from b2bhub.api.errors import ApiError, api_error_response
 from b2bhub.engine import stats
 from b2bhub.extensions import db
@@ -29,6 +31,21 @@ def metrics():
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HubCollector(db.session))
     return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+@bp.document_hook
+def document_metrics(doc: dict, registry) -> None:
+    """``/metrics`` is outside the API's prefix, but callers need it described too."""
+    operation = {
+        "operationId": "get_metrics", "tags": ["system"],
+        "summary": "Prometheus metrics",
+        "description": "The hub's figures in the Prometheus text exposition format, read "
+                       "from the database at the scrape (any web process answers for the "
+                       "whole hub).",
+        "responses": {200: {"description": "the metrics", "content": {"text/plain": {
+            "schema": {"type": "string"}}}}}}
+    document_operation(operation, role_for(metrics, "GET"))
+    doc["paths"]["/metrics"] = {"get": operation}
 
 
 class HubCollector:

@@ -15,8 +15,9 @@ from b2bhub.services import notifications as svc
 
 
 class ChannelIn(Schema):
-    name = fields.String(required=True, metadata={"description": "1-64 of a-z 0-9 _ -"})
-    url = fields.String(required=True, metadata={
+    name = fields.String(required=True, metadata={"description": "1-64 of a-z 0-9 _ -",
+                                                  "pattern": svc.NAME.pattern})
+    url = fields.String(required=True, validate=validate.Length(min=1), metadata={
         "description": "an Apprise URL: mailto://, json://, slack://, msteams://, ..."})
     kinds = fields.List(fields.String(validate=validate.OneOf(svc.ALERT_KINDS)),
                         load_default=list, metadata={
@@ -70,7 +71,7 @@ def list_channels():
     return {"items": [svc.channel_shape(c) for c in svc.list_channels(db.session)]}
 
 
-@bp.post("/notifications/channels")
+@bp.post("/notifications/channels", refusals=(409,), server_checks=("url",))
 @requires("admin")
 @bp.arguments(ChannelIn)
 @bp.response(201, Channel)
@@ -90,7 +91,7 @@ def delete_channel(name: str):
     db.session.commit()
 
 
-@bp.post("/notifications/channels/<name>/test")
+@bp.post("/notifications/channels/<name>/test", summary="Send a test notification")
 @requires("admin")
 @bp.response(200, TestResult)
 def test_channel(name: str):
@@ -100,7 +101,7 @@ def test_channel(name: str):
     return {"sent": error is None, "error": error}
 
 
-@bp.get("/notifications")
+@bp.get("/notifications", summary="List the latest notifications")
 @bp.response(200, NotificationList)
 def list_notifications():
     """The latest 50 notifications, newest first."""

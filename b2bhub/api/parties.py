@@ -2,53 +2,43 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict
 
-from flask import g, jsonify, url_for
+from flask import Blueprint, Response, g, jsonify, url_for
 
 from b2bhub import hub
 from b2bhub.api import bp
 from b2bhub.api import schemas as s
-from b2bhub.api.blueprint import ApiError
+from b2bhub.api.blueprint import SERVER_CHECKS, ApiError, document_operation, role_for
 from b2bhub.api.inputs import json_object
 from b2bhub.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.services import config as svc
-from b2bhub.services.profiles import profile_kind, run_connection_test
+from b2bhub.services.profiles import profile_kind, profile_kinds, run_connection_test
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
-COLLECTION = "/<any(organizations, partners):collection>"
 
 
-@bp.get(COLLECTION)
-@bp.arguments(s.NamePageArgs, location="query")
-@bp.response(200, s.PartyPage)
 def list_parties(args: dict, collection: str):
-    """Organizations (ours) or partners, by name."""
+    """By name."""
     return s.page_json(svc.list_parties(db.session, KINDS[collection], args["limit"],
                                         args.get("cursor")))
 
 
-@bp.post(COLLECTION)
-@bp.arguments(s.PartyCreate)
-@bp.response(201, s.Party)
 def create_party(body: dict, collection: str):
+    """Refused (409 ``conflict``) when the name is taken."""
     party = svc.create_party(db.session, KINDS[collection], body["name"],
                              body["display_name"])
     db.session.commit()
-    return party, 201, {"Location": url_for(".get_party", collection=collection,
+    return party, 201, {"Location": url_for(f".get_{KINDS[collection]}",
                                             name=party.name)}
 
 
-@bp.get(COLLECTION + "/<name>")
-@bp.response(200, s.Party)
 def get_party(collection: str, name: str):
     return svc.get_party(db.session, KINDS[collection], name)
 
 
-@bp.put(COLLECTION + "/<name>")
-@bp.arguments(s.PartyUpdate)
-@bp.response(200, s.Party)
 def update_party(body: dict, collection: str, name: str):
     """Change the display name; the name itself cannot change."""
     if body.get("name", name) != name:
@@ -59,29 +49,50 @@ def update_party(body: dict, collection: str, name: str):
     return party
 
 
-@bp.delete(COLLECTION + "/<name>")
-@bp.response(204)
 def delete_party(collection: str, name: str):
     """Refused (409 ``in_use``) while a route names the party."""
     svc.delete_party(db.session, KINDS[collection], name)
     db.session.commit()
 
 
+# One path per collection, the same views behind both (``collection`` as a default).
+VIEWS = (
+    ("", "GET", "list_{many}", "List {many}",
+     bp.arguments(s.NamePageArgs, location="query")(bp.response(200, s.PartyPage)(
+         list_parties)), ()),
+    ("", "POST", "create_{one}", "Create an {one}",
+     bp.arguments(s.PartyCreate)(bp.response(201, s.Party)(create_party)), (409,)),
+    ("/<name>", "GET", "get_{one}", "Get an {one}",
+     bp.response(200, s.Party)(get_party), ()),
+    ("/<name>", "PUT", "update_{one}", "Change an {one}'s display name",
+     bp.arguments(s.PartyUpdate)(bp.response(200, s.Party)(update_party)), ()),
+    ("/<name>", "DELETE", "delete_{one}", "Delete an {one}",
+     bp.response(204)(delete_party), (409,)),
+)
+
+for _many, _one in KINDS.items():
+    for _tail, _method, _endpoint, _summary, _view, _refusals in VIEWS:
+        bp.add_url_rule(f"/{_many}{_tail}", _endpoint.format(one=_one, many=_many), _view,
+                        methods=[_method], defaults={"collection": _many},
+                        server_checks=("name",) if _method == "PUT" else (),
+                        summary=_summary.format(one=_one, many=_many).replace(
+                            "an partner", "a partner"), refusals=_refusals)
+
+
 # --- party profiles of the kinds plugins add (SPEC 2, SPEC 3) --------------------------
+# The kinds are the app's registry's, known only once plugins are registered: the URL rule
+# takes any kind (an unknown one is a 404 naming the known ones) and the document gets a
+# path per kind and collection when it is served (``document_profiles``).
 
-PROFILE = COLLECTION + "/<name>/profiles/<kind>"
-
-
-@bp.get(PROFILE)
 def get_profile(collection: str, name: str, kind: str):
-    """A party's profile of a kind a plugin adds (``as2``); secrets are never shown."""
+    """Secrets are never shown."""
     found = profile_kind(hub.registry(), kind)
     return jsonify(found.get(db.session, KINDS[collection], name))
 
 
-@bp.put(PROFILE)
 def put_profile(collection: str, name: str, kind: str):
-    """Create or replace the choices given; a private key or password is never shown."""
+    """Create the profile, or change the fields given; a private key or password is
+    never shown again."""
     found = profile_kind(hub.registry(), kind)
     body = json_object(found.fields())
     shown = found.save(db.session, KINDS[collection], name, body)
@@ -89,11 +100,57 @@ def put_profile(collection: str, name: str, kind: str):
     return jsonify(shown)
 
 
-@bp.delete(PROFILE)
 def delete_profile(collection: str, name: str, kind: str):
     profile_kind(hub.registry(), kind).delete(db.session, KINDS[collection], name)
     db.session.commit()
-    return "", 204
+    return Response(status=204)
+
+
+PROFILE_VIEWS = {"GET": get_profile, "PUT": put_profile, "DELETE": delete_profile}
+for _many in KINDS:
+    for _method, _view in PROFILE_VIEWS.items():
+        # Flask's own add_url_rule: flask-smorest would document the rule as it is
+        Blueprint.add_url_rule(bp, f"/{_many}/<name>/profiles/<kind>",
+                               f"{_method.lower()}_{_many}_profile", _view,
+                               methods=[_method], defaults={"collection": _many})
+
+
+@bp.document_hook
+def document_profiles(doc: dict, registry) -> None:
+    """A path per profile kind and collection, with the kind's own schemas."""
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for kind, found in profile_kinds(registry).items():
+        title = "".join(part.capitalize() for part in kind.split("_"))
+        shapes = found.json_schemas()
+        schemas[f"{title}Profile"] = shapes["answer"]
+        schemas[f"{title}ProfileIn"] = shapes["body"]
+        answer = {"content": {"application/json": {"schema": {
+            "$ref": f"#/components/schemas/{title}Profile"}}}}
+        for many, one in KINDS.items():
+            an = "an" if one[0] in "aeiou" else "a"
+            label = f"{found.label or kind} profile"
+            operations = {
+                "get": {"summary": f"Get {an} {one}'s {label}",
+                        "responses": {200: {"description": "OK", **answer}, 404: None}},
+                "put": {"summary": f"Create or change {an} {one}'s {label}",
+                        "requestBody": {"required": True, "content": {"application/json": {
+                            "schema": {"$ref": f"#/components/schemas/{title}ProfileIn"}}}},
+                        "responses": {200: {"description": "OK", **answer}, 400: None,
+                                      404: None, 409: None}},
+                "delete": {"summary": f"Delete {an} {one}'s {label}",
+                           "responses": {204: {"description": "No Content"}, 404: None}},
+            }
+            for method, operation in operations.items():
+                view = PROFILE_VIEWS[method.upper()]
+                operation.update(
+                    operationId=f"{method}_{one}_{kind}_profile", tags=["parties"],
+                    description=inspect.cleandoc(view.__doc__ or "") or operation["summary"])
+                document_operation(operation, role_for(view, method.upper()))
+            if shapes.get("server_checks"):
+                operations["put"][SERVER_CHECKS] = list(shapes["server_checks"])
+            doc["paths"][f"{bp.url_prefix}/{many}/{{name}}/profiles/{kind}"] = {
+                **operations, "parameters": [{"in": "path", "name": "name", "required": True,
+                                              "schema": {"type": "string", "minLength": 1}}]}
 
 
 @bp.post("/partners/<name>/profiles/<kind>/test")

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from flask import g, jsonify, url_for
+from flask import g, url_for
 
 from b2bhub.api import bp
 from b2bhub.api import schemas as s
 from b2bhub.api.auth import requires
-from b2bhub.api.inputs import bad_request, json_object
 from b2bhub.api.shapes import instance_json, plugin_type_json
 from b2bhub.extensions import db
 from b2bhub.hub import registry
 from b2bhub.services import config as svc
 from b2bhub.services.intake_tokens import token_keeper
+
+
+@bp.document_hook
+def document_plugin_types(doc: dict, registry) -> None:
+    """An instance's ``type`` is one of the app's plugin types."""
+    if registry is not None:
+        doc["components"]["schemas"]["InstanceCreate"]["properties"]["type"]["enum"] = \
+            sorted(registry.types())
 
 
 @bp.get("/plugins/types")
@@ -33,7 +40,11 @@ def list_instances(args: dict):
             "next_cursor": s.encode_cursor(page.next_key)}
 
 
-@bp.post("/plugins/configs")
+INSTANCE_CHECKS = ("name", "type", "config", "retry_policy", "business_rules", "queue",
+                   "probe_interval")
+
+
+@bp.post("/plugins/configs", refusals=(409,), server_checks=INSTANCE_CHECKS)
 @bp.arguments(s.InstanceCreate)
 @bp.response(201, s.Instance)
 def create_instance(body: dict):
@@ -49,8 +60,8 @@ def get_instance(name: str):
     return instance_json(svc.get_instance(db.session, name), registry())
 
 
-@bp.put("/plugins/configs/<name>")
-@bp.arguments(s.InstanceFields)
+@bp.put("/plugins/configs/<name>", server_checks=INSTANCE_CHECKS)
+@bp.arguments(s.InstanceFields, required=False)  # every field may be left out
 @bp.response(200, s.Instance)
 def update_instance(body: dict, name: str):
     """Change any field but ``name`` and ``type``; omitted fields keep their value."""
@@ -59,7 +70,7 @@ def update_instance(body: dict, name: str):
     return instance_json(row, registry())
 
 
-@bp.delete("/plugins/configs/<name>")
+@bp.delete("/plugins/configs/<name>", refusals=(409,))
 @bp.response(204)
 def delete_instance(name: str):
     """Refused (409 ``in_use``) while a route starts or ends at the instance."""
@@ -67,31 +78,35 @@ def delete_instance(name: str):
     db.session.commit()
 
 
-@bp.get("/plugins/configs/<name>/tokens")
+@bp.get("/plugins/configs/<name>/tokens", summary="List an instance's intake tokens",
+        refusals=(409,))
 @requires("admin")
+@bp.response(200, s.IntakeTokenPage)
 def list_intake_tokens(name: str):
-    """The named intake tokens of an instance whose type keeps them (never the tokens)."""
+    """The named intake tokens of an instance whose type keeps them (never the tokens);
+    409 for a type that keeps none."""
     keeper = token_keeper(db.session, registry(), name)
-    return jsonify({"items": keeper.list_tokens(db.session, name), "next_cursor": None})
+    return {"items": keeper.list_tokens(db.session, name), "next_cursor": None}
 
 
-@bp.post("/plugins/configs/<name>/tokens")
+@bp.post("/plugins/configs/<name>/tokens", summary="Create an intake token",
+         refusals=(409,))
 @requires("admin")
-def create_intake_token(name: str):
+@bp.arguments(s.IntakeTokenCreate)
+@bp.response(201, s.IntakeTokenCreated)
+def create_intake_token(body: dict, name: str):
     """A new intake token of an instance whose type keeps them, in the answer this once."""
     keeper = token_keeper(db.session, registry(), name)
-    body = json_object(("name",), ("name",))
-    if not isinstance(body["name"], str):
-        raise bad_request("name must be a string", "name")
     token = keeper.create_token(db.session, name, body["name"], g.actor)
     db.session.commit()
-    return jsonify({"instance": name, "name": body["name"], "token": token}), 201
+    return {"instance": name, "name": body["name"], "token": token}
 
 
-@bp.delete("/plugins/configs/<name>/tokens/<token_name>")
+@bp.delete("/plugins/configs/<name>/tokens/<token_name>", summary="Revoke an intake token",
+           refusals=(409,))
 @requires("admin")
+@bp.response(204)
 def revoke_intake_token(name: str, token_name: str):
     token_keeper(db.session, registry(), name).revoke_token(db.session, name, token_name,
                                                              g.actor)
     db.session.commit()
-    return "", 204

@@ -15,7 +15,7 @@ class Health(Schema):
     database = fields.String(required=True, metadata={"description": "sqlite or postgresql"})
 
 
-@bp.get("/health")
+@bp.get("/health", summary="Check the web process and its database")
 @public
 @bp.response(200, Health)
 def health():

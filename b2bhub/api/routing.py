@@ -20,7 +20,7 @@ def list_routes(args: dict):
     return s.page_json(svc.list_routes(db.session, args["limit"], args.get("cursor")))
 
 
-@bp.post("/routes")
+@bp.post("/routes", refusals=(409,), server_checks=("source", "from", "to", "target"))
 @bp.arguments(s.RouteCreate)
 @bp.response(201, s.Route)
 def create_route(body: dict):
@@ -39,7 +39,7 @@ def delete_route(route_id: int):
     db.session.commit()
 
 
-@bp.post("/routes/test")
+@bp.post("/routes/test", summary="Test which targets a message would reach")
 @requires("viewer")  # it changes nothing: whoever may read routes may test them
 @bp.arguments(s.RouteTestArgs)
 @bp.response(200, s.RouteTestResult)

@@ -12,16 +12,17 @@ the query ask for one.
 from __future__ import annotations
 
 import base64
-import binascii
-import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from b2bhub import tracing
+from b2bhub.domain import routing
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.plugin_api import STEP_STATES
+from b2bhub.services import users
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.tokens import ROLES
 
@@ -42,7 +43,9 @@ class UtcDateTime(fields.DateTime):
     string with or without an offset (one with an offset becomes naive UTC)."""
 
     def _serialize(self, value, attr, obj, **kwargs):
-        return None if value is None else value.isoformat() + "Z"
+        if value is None or isinstance(value, str):  # None, or written already
+            return value
+        return value.isoformat() + "Z"
 
     def _deserialize(self, value, attr, data, **kwargs):
         if not isinstance(value, str):
@@ -67,14 +70,15 @@ class CommaList(fields.String):
         kwargs.setdefault("metadata", {})
         kwargs["metadata"].setdefault(
             "description", "one or more of: " + ", ".join(choices) + " (comma-separated)")
-        kwargs["metadata"]["pattern"] = "^(" + "|".join(choices) + ")(,(" + \
-            "|".join(choices) + "))*$"
+        # empty: no filter, as a form's empty field sends it
+        kwargs["metadata"]["pattern"] = "^((" + "|".join(choices) + ")(,(" + \
+            "|".join(choices) + "))*)?$"
         super().__init__(**kwargs)
         self.choices = choices
 
     def _deserialize(self, value, attr, data, **kwargs):
-        given = [v.strip() for v in super()._deserialize(value, attr, data, **kwargs)
-                 .split(",") if v.strip()]
+        text = super()._deserialize(value, attr, data, **kwargs)
+        given = text.split(",") if text else []
         wrong = [v for v in given if v not in self.choices]
         if wrong:
             raise ValidationError(f"unknown value(s) {', '.join(wrong)} "
@@ -82,32 +86,45 @@ class CommaList(fields.String):
         return given or None
 
 
+#: a list by id: the cursor is the last id of the page (digits, fewer than a BIGINT's or an
+#: INTEGER's, so every cursor of the pattern is a position in the list)
+ID_CURSOR = "^[0-9]{1,18}$"
+SMALL_ID_CURSOR = "^[0-9]{1,9}$"
+#: a list by name: the last name, base64url without padding (any such text is a position)
+NAME_CURSOR = "^([A-Za-z0-9_-]{4})*([A-Za-z0-9_-]{2,3})?$"
+
+
 class Cursor(fields.String):
-    """The opaque position a list handed out as ``next_cursor``; ``kind`` is the type of
-    the key it stands for (int or str)."""
+    """The position a list handed out as ``next_cursor``; ``kind`` is the type of the key
+    it stands for (int or str). Every text of the documented pattern is a position, and
+    anything else is refused: a client can tell a good cursor from a bad one."""
 
     def __init__(self, kind: type, max_key: int = MAX_ID, **kwargs):
-        super().__init__(metadata={"description": "next_cursor of the previous page"},
-                         **kwargs)
-        self.kind, self.max_key = kind, max_key
+        self.pattern = NAME_CURSOR if kind is str else \
+            SMALL_ID_CURSOR if max_key <= MAX_SMALL_ID else ID_CURSOR
+        super().__init__(metadata={"description": "next_cursor of the previous page",
+                                   "pattern": self.pattern,
+                                   **({"minLength": 2} if kind is str else {})}, **kwargs)
+        self.kind = kind
 
     def _deserialize(self, value, attr, data, **kwargs):
         value = super()._deserialize(value, attr, data, **kwargs)
-        try:
-            key = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
-        except (binascii.Error, ValueError):
-            key = None
-        if not isinstance(key, self.kind) or isinstance(key, bool) or \
-                (isinstance(key, int) and not 0 <= key <= self.max_key):
+        if not re.fullmatch(self.pattern, value) or (self.kind is str and len(value) < 2):
             raise ValidationError("cursor is not one this list handed out")
-        return key
+        if self.kind is int:
+            return int(value)
+        # any bytes are a position among names; no name holds a NUL (PostgreSQL takes none)
+        return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode(
+            "utf-8", "replace").replace("\x00", "")
 
 
 def encode_cursor(key: Any) -> str | None:
-    """The opaque cursor for a page that starts after ``key``; None when no more pages."""
+    """The cursor for a page that starts after ``key``; None when no more pages."""
     if key is None:
         return None
-    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+    if isinstance(key, int):
+        return str(key)
+    return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
 
 
 class StrictBoolean(fields.Boolean):
@@ -128,8 +145,17 @@ def _id(**kwargs) -> fields.Integer:
     return fields.Integer(validate=validate.Range(1, MAX_ID), **kwargs)
 
 
+#: the name rule of parties and plugin instances (``b2bhub.domain.routing``)
+NAME_PATTERN = f"^{routing.NAME_RE.pattern}$"
+#: a route's ``from`` or ``to``: a party's name, or ``*`` for any
+PARTY_OR_ANY = f"^(\\*|{routing.NAME_RE.pattern})$"
+
+
 def _name(**kwargs) -> fields.String:
-    return fields.String(validate=validate.Length(min=1, max=64), **kwargs)
+    """A party's or instance's name: the services refuse any other (400)."""
+    metadata = {"pattern": NAME_PATTERN, **kwargs.pop("metadata", {})}
+    return fields.String(validate=validate.Length(min=1, max=64), metadata=metadata,
+                         **kwargs)
 
 
 # --- common -------------------------------------------------------------------------
@@ -332,17 +358,23 @@ InstancePage = page_of(Instance, "InstancePage")
 
 # --- routes -------------------------------------------------------------------------
 
+def _party_or_any(**kwargs) -> fields.String:
+    return fields.String(load_default="*", metadata={
+        "pattern": PARTY_OR_ANY, "description": "a party's name, or * (any)"}, **kwargs)
+
+
 class RouteCreate(Schema):
-    source = fields.String(required=True)
-    from_party = fields.String(data_key="from", load_default="*")
-    to_party = fields.String(data_key="to", load_default="*")
-    target = fields.String(required=True)
+    source = _name(required=True, metadata={"description": "a source instance"})
+    from_party = _party_or_any(data_key="from")
+    to_party = _party_or_any(data_key="to")
+    target = _name(required=True, metadata={"description": "a target instance"})
 
 
 class RouteTestArgs(Schema):
-    source = fields.String(required=True)
-    from_party = fields.String(data_key="from", load_default="*")
-    to_party = fields.String(data_key="to", load_default="*")
+    source = fields.String(required=True, validate=validate.Length(min=1))
+    from_party = fields.String(data_key="from", load_default="*",
+                               validate=validate.Length(min=1))
+    to_party = fields.String(data_key="to", load_default="*", validate=validate.Length(min=1))
 
 
 class Route(Schema):
@@ -520,8 +552,8 @@ class SendForm(Schema):
     """Send Message by hand: a multipart form."""
 
     file = fields.Raw(required=True, metadata={"type": "string", "format": "binary"})
-    from_party = fields.String(data_key="from", required=True)
-    to_party = fields.String(data_key="to", required=True)
+    from_party = fields.String(data_key="from", required=True, validate=validate.Length(min=1))
+    to_party = fields.String(data_key="to", required=True, validate=validate.Length(min=1))
     target = fields.String(metadata={
         "description": "needed when the routes from sender to recipient give not one"})
 
@@ -566,15 +598,20 @@ class User(Schema):
 UserPage = page_of(User, "UserPage")
 
 
+def _password(**kwargs) -> fields.String:
+    return fields.String(load_only=True, metadata={"minLength": users.MIN_PASSWORD,
+                                                   "format": "password"}, **kwargs)
+
+
 class UserCreate(Schema):
-    name = fields.String(required=True)
-    password = fields.String(required=True, load_only=True)
+    name = fields.String(required=True, metadata={"pattern": users.NAME_RE.pattern})
+    password = _password(required=True)
     role = fields.String(load_default="viewer", validate=validate.OneOf(ROLES))
 
 
 class UserUpdate(Schema):
     role = fields.String(validate=validate.OneOf(ROLES))
-    password = fields.String(load_only=True)
+    password = _password()
     disabled = StrictBoolean()
 
 
@@ -608,3 +645,247 @@ class TokenCreated(Token):
 class TokenArgs(SmallIdPageArgs):
     revoked = fields.Boolean(load_default=False,
                              metadata={"description": "include revoked tokens"})
+
+
+# --- the views that answer plain JSON: their shapes, for the document ---------------------
+# (they build their answers themselves; these schemas only describe them)
+
+def _counts(text: str) -> fields.Dict:
+    return fields.Dict(keys=fields.String(), values=fields.Integer(), required=True,
+                       metadata={"description": text})
+
+
+def _seconds(text: str) -> fields.Float:
+    return fields.Float(required=True, allow_none=True, metadata={"description": text})
+
+
+class StatsMessages(Schema):
+    by_status = _counts("messages by status")
+    total = fields.Integer(required=True)
+
+
+class StatsDeliveries(Schema):
+    by_state = _counts("deliveries by state")
+    total = fields.Integer(required=True)
+    due = fields.Integer(required=True, metadata={"description": "due, waiting for a claim"})
+    oldest_due_seconds = _seconds("how long the oldest due delivery has waited")
+
+
+class StatsInstance(Schema):
+    name = fields.String(required=True)
+    state = fields.String(required=True)
+    enabled = fields.Boolean(required=True)
+    online = fields.Boolean(required=True, allow_none=True)
+    probe_checked_at = UtcDateTime(required=True, allow_none=True)
+    blocked_by = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "the delivery whose business error blocks the instance"})
+
+
+class StatsInstances(Schema):
+    by_state = _counts("instances by state")
+    offline = fields.Integer(required=True)
+    blocked = fields.Integer(required=True)
+    items = fields.List(fields.Nested(StatsInstance), required=True)
+
+
+class StatsAttempts(Schema):
+    last_hour = fields.Integer(required=True)
+    delivered_last_hour = fields.Integer(required=True)
+    failures_last_hour = fields.Integer(required=True)
+    duration_avg_seconds = _seconds("average attempt duration over the last hour")
+    duration_max_seconds = _seconds("longest attempt over the last hour")
+
+
+class StatsPoint(Schema):
+    minute = UtcDateTime(required=True)
+    messages_in = fields.Integer(required=True)
+    attempts = fields.Integer(required=True)
+    delivered = fields.Integer(required=True)
+    failures = fields.Integer(required=True)
+    duration_avg_seconds = _seconds("average attempt duration in the minute")
+    duration_max_seconds = _seconds("longest attempt in the minute")
+    due = fields.Integer(required=True)
+    oldest_due_seconds = _seconds("the oldest due delivery's wait at the minute's end")
+
+
+class StatsSeries(Schema):
+    span = fields.String(required=True, validate=validate.OneOf(["hour", "day", "none"]))
+    points = fields.List(fields.Nested(StatsPoint), required=True)
+
+
+class Stats(Schema):
+    at = UtcDateTime(required=True)
+    messages = fields.Nested(StatsMessages, required=True)
+    deliveries = fields.Nested(StatsDeliveries, required=True)
+    instances = fields.Nested(StatsInstances, required=True)
+    attempts = fields.Nested(StatsAttempts, required=True)
+    processes = _counts("connected processes by kind")
+    series = fields.Nested(StatsSeries, required=True)
+
+
+class StatsArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    series = fields.String(load_default="hour", validate=validate.OneOf(
+        ["hour", "day", "none"], error="series must be hour, day or none"), metadata={
+        "description": "the per-minute series: the last 60 minutes, the last 1440, none"})
+
+
+class ProcessArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    all = fields.String(load_default="false", validate=validate.OneOf(
+        ["true", "false"], error="all must be true or false"), metadata={
+        "description": "true: also those stopped or gone (kept a day)"})
+
+
+class Process(Schema):
+    id = fields.String(required=True)
+    kind = fields.String(required=True, metadata={"description": "web, worker or beat"})
+    host = fields.String(required=True)
+    pid = fields.Integer(required=True)
+    started_at = UtcDateTime(required=True)
+    last_seen = UtcDateTime(required=True)
+    stopped_at = UtcDateTime(required=True, allow_none=True)
+    instances = fields.List(fields.String(), required=True)
+    state = fields.String(required=True)
+
+
+ProcessPage = page_of(Process, "ProcessPage")
+
+
+class InstanceState(Schema):
+    name = fields.String(required=True)
+    state = fields.String(required=True)
+    state_reason = fields.String(required=True, allow_none=True)
+    message = fields.String(required=True, metadata={"description": "what happened"})
+
+
+class IntakeToken(Schema):
+    name = fields.String(required=True)
+    created_by = fields.String(required=True)
+    created_at = UtcDateTime(required=True)
+
+
+IntakeTokenPage = page_of(IntakeToken, "IntakeTokenPage")
+
+
+class IntakeTokenCreate(Schema):
+    name = fields.String(required=True, validate=validate.Length(min=1, max=64))
+
+
+class IntakeTokenCreated(Schema):
+    instance = fields.String(required=True)
+    name = fields.String(required=True)
+    token = fields.String(required=True, metadata={
+        "description": "the bearer token senders use; shown this once"})
+
+
+LEVELS = ["debug", "info", "warning", "error", "critical"]
+
+
+def _level() -> fields.String:
+    return fields.String(validate=validate.OneOf(LEVELS, error=(
+        "level must be a log level: debug, info, warning, error or critical")), metadata={
+        "description": "that level and above"})
+
+
+def _process() -> fields.String:
+    return fields.String(metadata={"description": "a process id, or a kind: web, worker, "
+                                   "beat"})
+
+
+class LogArgs(IdPageArgs):
+    level = _level()
+    process = _process()
+
+
+class LogStreamArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    level = _level()
+    process = _process()
+    after = fields.String(metadata={"description": "resume after this record id",
+                                    "pattern": "^[0-9]+$"})
+
+
+class LogRecord(Schema):
+    id = fields.Integer(required=True)
+    created_at = UtcDateTime(required=True)
+    level = fields.String(required=True)
+    level_no = fields.Integer(required=True)
+    logger = fields.String(required=True)
+    message = fields.String(required=True)
+    process_id = fields.String(required=True, allow_none=True)
+    kind = fields.String(required=True, allow_none=True)
+    host = fields.String(required=True, allow_none=True)
+    pid = fields.Integer(required=True, allow_none=True)
+
+
+LogPage = page_of(LogRecord, "LogPage")
+
+
+class EventArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    after = fields.String(metadata={"description": "resume after this history line id "
+                                    "(or send Last-Event-ID)", "pattern": "^[0-9]+$"})
+    message = fields.String(metadata={"description": "only this message's lines",
+                                      "pattern": "^[0-9]+$"})
+    type = fields.String(metadata={"description": "only these line types, comma-separated"})
+
+
+class StorageTarget(Schema):
+    target = fields.String(required=True)
+    messages = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+
+
+class StorageSource(Schema):
+    source = fields.String(required=True)
+    messages = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+    retention_days = fields.Integer(required=True, allow_none=True, metadata={
+        "description": "null: kept forever"})
+    retention = fields.String(required=True)
+    oldest_message_at = UtcDateTime(required=True, allow_none=True)
+    targets = fields.List(fields.Nested(StorageTarget), required=True)
+
+
+class StorageParty(Schema):
+    party = fields.String(required=True)
+    messages = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+    sources = fields.List(fields.Nested(StorageSource), required=True)
+
+
+class StorageStore(Schema):
+    measured_at = UtcDateTime(required=True, allow_none=True)
+    files = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+    referenced_files = fields.Integer(required=True)
+    referenced_bytes = fields.Integer(required=True)
+    unreferenced_files = fields.Integer(required=True)
+    unreferenced_bytes = fields.Integer(required=True)
+
+
+class Storage(Schema):
+    parties = fields.List(fields.Nested(StorageParty), required=True)
+    messages = fields.Integer(required=True)
+    bytes = fields.Integer(required=True)
+    default_retention_days = fields.Integer(required=True, allow_none=True)
+    computed_at = UtcDateTime(required=True)
+    store = fields.Nested(StorageStore, required=True, allow_none=True, metadata={
+        "description": "the payload store as the last cleanup run found it; null before"})
+
+
+class StorageArgs(Schema):
+    class Meta:
+        unknown = RAISE
+
+    fresh = fields.String(load_default="false", validate=validate.OneOf(["true", "false"]),
+                          metadata={"description": "true: compute the figures now"})

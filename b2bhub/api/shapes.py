@@ -11,23 +11,14 @@ from flask import url_for
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
-from b2bhub.api.schemas import encode_cursor
 from b2bhub.config_schema import schema_to_json
 from b2bhub.models import Delivery, PluginInstance
 from b2bhub.services.config import SECRET_MASK
-from b2bhub.services.pages import Page
 
 
 def iso(moment: datetime | None) -> str | None:
-    """A time as ISO 8601 UTC with a ``Z`` (the views without a schema: events, logs,
-    processes, stats)."""
+    """A time as ISO 8601 UTC with a ``Z`` (the log stream's events)."""
     return moment.isoformat() + "Z" if moment is not None else None
-
-
-def page_json(page: Page, shape) -> dict[str, Any]:
-    """A list response: ``items`` and the ``next_cursor`` (null on the last page)."""
-    return {"items": [shape(item) for item in page.items],
-            "next_cursor": encode_cursor(page.next_key)}
 
 
 def plugin_type_json(cls: type) -> dict[str, Any]:
@@ -55,9 +46,8 @@ def blocked_by_json(row: PluginInstance) -> dict[str, Any] | None:
     message_id = object_session(row).scalar(select(Delivery.message_id).where(
         Delivery.id == delivery_id))
     return {"delivery_id": delivery_id, "message_id": message_id,
-            "resubmit": url_for("api.delivery_action", delivery_id=delivery_id,
-                                action="resubmit"),
-            "skip": url_for("api.delivery_action", delivery_id=delivery_id, action="skip")}
+            "resubmit": url_for("api.resubmit_delivery", delivery_id=delivery_id),
+            "skip": url_for("api.skip_delivery", delivery_id=delivery_id)}
 
 
 def _masked(row: PluginInstance, registry) -> dict[str, Any]:

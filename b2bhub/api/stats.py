@@ -10,11 +10,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from flask import jsonify, request
-
 from b2bhub.api import bp
-from b2bhub.api.inputs import bad_request
-from b2bhub.api.shapes import iso
+from b2bhub.api import schemas as s
 from b2bhub.engine import stats
 from b2bhub.extensions import db
 from b2bhub.models import StatsMinute, utcnow
@@ -22,19 +19,22 @@ from b2bhub.models import StatsMinute, utcnow
 SPANS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "none": None}
 
 
-@bp.get("/stats")
-def get_stats():
-    span_name = request.args.get("series", "hour")
-    if span_name not in SPANS:
-        raise bad_request("series must be hour, day or none", "series")
+@bp.get("/stats", summary="The dashboard's figures and per-minute series")
+@bp.arguments(s.StatsArgs, location="query")
+@bp.response(200, s.Stats)
+def get_stats(args: dict):
+    """Figures now: messages by status, deliveries by state (and those due), instances
+    (each with its last probe), attempts over the last hour, connected processes; and
+    the per-minute series of the last hour or day."""
+    span_name = args["series"]
     now = utcnow()
     now_figures = stats.current(db.session, now)
     span = SPANS[span_name]
     points = stats.series(db.session, now, span) if span else []
     last_hour = points if span_name == "hour" else stats.series(
         db.session, now, SPANS["hour"])
-    return jsonify({
-        "at": iso(now),
+    return {
+        "at": now,
         "messages": {"by_status": now_figures.messages,
                      "total": sum(now_figures.messages.values())},
         "deliveries": {"by_state": now_figures.deliveries,
@@ -46,13 +46,13 @@ def get_stats():
                       "blocked": len(now_figures.blocked),
                       "items": [{"name": i.name, "state": i.state, "enabled": i.enabled,
                                  "online": i.online,
-                                 "probe_checked_at": iso(i.probe_checked_at),
+                                 "probe_checked_at": i.probe_checked_at,
                                  "blocked_by": now_figures.blocked.get(i.name)}
                                 for i in now_figures.instance_states]},
         "attempts": _attempts(last_hour),
         "processes": now_figures.processes,
         "series": {"span": span_name, "points": [point_json(p) for p in points]},
-    })
+    }
 
 
 def _attempts(points: list[StatsMinute]) -> dict:
@@ -70,7 +70,7 @@ def _attempts(points: list[StatsMinute]) -> dict:
 
 
 def point_json(point: StatsMinute) -> dict:
-    return {"minute": iso(point.minute), "messages_in": point.messages_in,
+    return {"minute": point.minute, "messages_in": point.messages_in,
             "attempts": point.attempts, "delivered": point.delivered,
             "failures": point.failures, "duration_avg_seconds": point.duration_avg,
             "duration_max_seconds": point.duration_max, "due": point.due,

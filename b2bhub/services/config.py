@@ -133,7 +133,8 @@ def save_instance(session: Session, registry, data: dict,
                            "change (create a new instance instead)", {"type": "changed"})
     if not isinstance(type_name, str) or type_name not in registry:
         known = ", ".join(sorted(registry.types()))
-        raise ServiceError(f"unknown plugin type {type_name!r} (known: {known})")
+        raise ServiceError(f"unknown plugin type {type_name!r} (known: {known})",
+                           {"type": "unknown"})
     plugin_cls = registry.get(type_name)
     if not refusals and existing is None and _name_taken(session, PluginInstance, name):
         refusals.append(Conflict(f"an instance named '{name}' exists already",
@@ -323,13 +324,14 @@ def _check_route_fields(**values: object) -> None:
 def _check_route_end(session: Session, registry, name: str, role: str) -> None:
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == name))
     if row is None:
-        raise ServiceError(f"{role}: no plugin instance named {name!r}")
+        raise ServiceError(f"{role}: no plugin instance named {name!r}", {role: "unknown"})
     if not row.enabled:
-        raise ServiceError(f"{role}: instance {name!r} is disabled")
+        raise ServiceError(f"{role}: instance {name!r} is disabled", {role: "disabled"})
     able = row.type in registry and role in registry.get(row.type).roles
     if not able:
         raise ServiceError(f"{role}: instance {name!r} ({row.type}) cannot "
-                           f"{'start' if role == 'source' else 'end'} a route")
+                           f"{'start' if role == 'source' else 'end'} a route",
+                           {role: "wrong role"})
 
 
 def list_routes(session: Session, limit: int, after: int | None = None) -> Page:

@@ -38,7 +38,7 @@ def create_channel(session: Session, data: dict, actor: str, now: datetime
     """Check every field, then add the channel; a ServiceError names each bad field."""
     problems = {}
     name = (data.get("name") or "").strip()
-    if not NAME.match(name):
+    if not NAME.fullmatch(name):
         problems["name"] = "1-64 of a-z 0-9 _ -"
     elif session.scalar(select(NotificationChannel.id).where(NotificationChannel.name == name)):
         raise Conflict(f"a channel named '{name}' exists", {"name": "taken"})

@@ -28,7 +28,7 @@ _DUMMY_HASH = generate_password_hash("not a password of anyone")
 
 
 def validate(name: str, password: str | None, role: str) -> None:
-    if not NAME_RE.match(name or ""):
+    if not NAME_RE.fullmatch(name or ""):
         msg = "a user name is 1-64 letters, digits or . _ @ - and starts with one of the first two"
         raise ServiceError(msg, {"name": msg})
     if role not in ROLES:

@@ -31,6 +31,9 @@ class As2Profiles(ProfileKind):
     def delete(self, session: Session, party_kind: str, name: str) -> None:
         profiles.delete_profile(session, party_kind, name)
 
+    def json_schemas(self) -> dict[str, dict]:
+        return profiles.json_schemas()
+
     def describe(self, profile: dict) -> str:
         return f"AS2 ID {profile['as2_id']}"
 

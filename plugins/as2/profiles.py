@@ -146,6 +146,84 @@ CHOICES: dict[str, tuple[Any, Any]] = {
 FIELDS = {"as2_id", "certificate", "certificates", "add_certificate", "tls_client_certificate",
           *CHOICES}
 ROLES = ("both", "signing", "encryption")
+
+# --- the same rules as JSON Schema, for the API's document ---------------------------
+
+#: RFC 4130 5.1: an AS2 ID is 1 to 128 printable ASCII characters (spaces inside only)
+AS2_ID_PATTERN = "^[!-~]([ -~]*[!-~])?$"
+_BOOL = {"type": "boolean"}
+
+
+def _nullable(schema: dict) -> dict:
+    return {**schema, "nullable": True}
+
+
+def _texts(limit: int, lines: bool = True) -> dict:
+    return _nullable({"type": "string", "maxLength": limit,
+                      "pattern": "^[^\\x00]*$" if lines else "^[^\\x00\\r\\n]*$"})
+
+
+#: choice -> its JSON Schema; each states what the choice's check in CHOICES accepts
+CHOICE_SCHEMAS: dict[str, dict] = {
+    "url": _nullable({"type": "string", "pattern": "^https?://", "maxLength": 1999}),
+    "mdn_url": _nullable({"type": "string", "pattern": "^https?://", "maxLength": 1999}),
+    "sign": _BOOL, "digest_alg": {"type": "string", "enum": list(DIGESTS)},
+    "encrypt": _BOOL, "encryption_alg": {"type": "string", "enum": list(CIPHERS)},
+    "key_encryption": {"type": "string", "enum": list(KEY_ENCRYPTIONS)},
+    "compress": _BOOL, "mdn_mode": {"type": "string", "enum": list(MDN_MODES)},
+    "mdn_signed": _BOOL, "mdn_digest_alg": {"type": "string", "enum": list(DIGESTS)},
+    "receipt_timeout": {"type": "integer", "minimum": 1, "maximum": 90 * 86400},
+    "canonicalize_as_binary": _BOOL, "chunked": _BOOL,
+    "accept_expired_certificates": _BOOL,
+    "content_type": {"type": "string", "maxLength": 200},
+    "subject": {"type": "string", "maxLength": 200},
+    "message_id_domain": _nullable({"type": "string", "minLength": 1, "maxLength": 200,
+                                    "pattern": "^[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)*$"}),
+    "disposition_notification_to": _texts(200, lines=False),
+    "mdn_text": _texts(2000), "mdn_failed_text": _texts(2000),
+    "accept_mdn_without_mic": _BOOL,
+}
+#: a certificate as a PUT takes it; whether it is one (and its key belongs to it) only
+#: reading it tells: such a refusal is a 400 naming the certificate field
+UPLOAD_SCHEMA = {"type": "object", "description": "a PEM certificate (with its private key "
+                 "for an organization) or a base64 PKCS#12; role: both (default), signing or "
+                 "encryption", "properties": {
+                     "pem": {"type": "string"}, "private_key_pem": {"type": "string"},
+                     "pkcs12": {"type": "string", "format": "byte"},
+                     "password": _nullable({"type": "string"}),
+                     "role": {"type": "string", "enum": list(ROLES)}}}
+CERTIFICATE_SCHEMA = {"type": "object", "properties": {
+    "id": {"type": "integer"}, "usage": {"type": "string"},
+    "role": {"type": "string", "enum": list(ROLES)}, "subject": {"type": "string"},
+    "issuer": {"type": "string"},
+    "not_before": _nullable({"type": "string", "format": "date-time"}),
+    "not_after": _nullable({"type": "string", "format": "date-time"}),
+    "valid": _BOOL, "days_left": _nullable({"type": "integer"}), "expiring": _BOOL,
+    "has_private_key": _BOOL}}
+
+
+def json_schemas() -> dict[str, dict]:
+    """What PUT takes and what GET and PUT answer (see ``ProfileKind.json_schemas``)."""
+    body = {"type": "object", "additionalProperties": False, "properties": {
+        "as2_id": {"type": "string", "minLength": 1, "maxLength": 128,
+                   "pattern": AS2_ID_PATTERN},
+        **CHOICE_SCHEMAS,
+        "certificate": _nullable(UPLOAD_SCHEMA),
+        "certificates": _nullable({"type": "array", "items": UPLOAD_SCHEMA, "minItems": 1}),
+        "add_certificate": _nullable(UPLOAD_SCHEMA)},
+        "description": "Choices left out keep their stored values; a new profile needs "
+                       "as2_id and a certificate (a partner's its url too)."}
+    answer = {"type": "object", "required": ["party", "kind", "as2_id", *CHOICES,
+                                             "certificates"], "properties": {
+        "party": {"type": "string"},
+        "kind": {"type": "string", "enum": ["organization", "partner"]},
+        "as2_id": {"type": "string"},
+        **{name: {k: v for k, v in schema.items() if k not in ("pattern", "maxLength")}
+           for name, schema in CHOICE_SCHEMAS.items()},
+        "certificates": {"type": "array", "items": CERTIFICATE_SCHEMA}}}
+    # a certificate's content, what a new profile needs, an AS2 ID another profile has
+    return {"body": body, "answer": answer, "server_checks": [
+        "certificate", "certificates", "add_certificate", "as2_id", "url"]}
 _LEGACY_BOTH = ("own", "partner")
 
 
@@ -233,10 +311,10 @@ class As2Profile:
 
 
 def _check_as2_id(value: Any) -> str:
-    if (not isinstance(value, str) or not 1 <= len(value) <= 128
+    if (not isinstance(value, str) or not 1 <= len(value) <= 128 or not value.isascii()
             or not value.isprintable() or value != value.strip()):
-        raise ServiceError("as2_id must be 1 to 128 printable characters without leading or "
-                           "trailing spaces", {"as2_id": "invalid"})
+        raise ServiceError("as2_id must be 1 to 128 printable ASCII characters without "
+                           "leading or trailing spaces (RFC 4130)", {"as2_id": "invalid"})
     return value
 
 
