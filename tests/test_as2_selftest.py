@@ -26,7 +26,7 @@ from plugins.as2.mdn_out import send_due_mdns
 from plugins.as2.selftest import SUBJECT, TEST_HEADER
 from tests import test_ui
 from tests.as2kit import make_ca, make_issued, make_pair
-from tests.test_as2 import DATA, ROOT, as2, certs, partner, served, wait_for
+from tests.test_as2 import DATA, ROOT, as2, certs, partner, wait_for
 
 login, fresh_user_per_request = test_ui.login, test_ui.fresh_user_per_request
 STEPS = ["dns", "tcp", "tls", "message", "http", "mdn", "mdn_signature", "mic"]
