@@ -1,10 +1,6 @@
 """The REST API under /api/v1, documented at /api/v1/openapi.json."""
 
-from b2bhub.api.blueprint import ApiBlueprint
-
-bp = ApiBlueprint("api", __name__, url_prefix="/api/v1", description="b2bhub REST API")
-
-from b2bhub.api import (  # noqa: E402,F401
+from b2bhub.api import (  # noqa: F401
     actions,
     admin,
     alerts,
@@ -22,3 +18,4 @@ from b2bhub.api import (  # noqa: E402,F401
     stats,
     storage,
 )
+from b2bhub.api.blueprint import bp  # noqa: F401  (the views register on it)

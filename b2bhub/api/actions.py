@@ -5,11 +5,10 @@ from __future__ import annotations
 from flask import g, request, send_file
 from sqlalchemy import select
 
+import b2bhub.api.schemas as s
 from b2bhub import hub
-from b2bhub.api import bp
-from b2bhub.api import schemas as s
 from b2bhub.api.auth import requires
-from b2bhub.api.blueprint import ApiError
+from b2bhub.api.blueprint import ApiError, bp
 from b2bhub.api.messages import delivery_filter
 from b2bhub.engine import operator
 from b2bhub.extensions import db

@@ -14,8 +14,7 @@ from collections.abc import Callable
 from flask import current_app, g, request
 from flask_login import current_user
 
-from b2bhub.api import bp
-from b2bhub.api.blueprint import READ_METHODS, ApiError, role_for
+from b2bhub.api.blueprint import READ_METHODS, ApiError, bp, role_for
 from b2bhub.extensions import db
 from b2bhub.services import tokens
 

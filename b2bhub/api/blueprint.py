@@ -273,3 +273,8 @@ def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
     for name, text in TAGS.items():
         api.spec.tag({"name": name, "description": text})
     return api
+
+
+#: the API's blueprint: the view modules of :mod:`b2bhub.api` add their routes to it, and
+#: the package imports them (so no view imports its package)
+bp = ApiBlueprint("api", "b2bhub.api", url_prefix="/api/v1", description="b2bhub REST API")

@@ -12,8 +12,8 @@ import threading
 
 from flask import Response, current_app, request
 
-from b2bhub.api import bp
-from b2bhub.api import schemas as s
+import b2bhub.api.schemas as s
+from b2bhub.api.blueprint import bp
 from b2bhub.api.errors import ApiError
 from b2bhub.api.inputs import bad_request, int_arg, list_arg
 from b2bhub.engine.events import FeedFilter, latest_id

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 
-from b2bhub.api import bp
-from b2bhub.api import schemas as s
+import b2bhub.api.schemas as s
+from b2bhub.api.blueprint import bp
 from b2bhub.api.events import open_stream, resume_point, sse_doc
 from b2bhub.api.shapes import iso
 from b2bhub.engine import presence

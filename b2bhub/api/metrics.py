@@ -13,9 +13,8 @@ from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from b2bhub.api import bp
 from b2bhub.api.auth import authenticate_request
-from b2bhub.api.blueprint import document_operation, role_for
+from b2bhub.api.blueprint import bp, document_operation, role_for
 from b2bhub.api.errors import ApiError, api_error_response
 from b2bhub.engine import stats
 from b2bhub.extensions import db

@@ -6,8 +6,8 @@ from __future__ import annotations
 from flask import g
 from marshmallow import Schema, fields, validate
 
-from b2bhub.api import bp
 from b2bhub.api.auth import requires
+from b2bhub.api.blueprint import bp
 from b2bhub.api.schemas import UtcDateTime
 from b2bhub.extensions import db
 from b2bhub.models import utcnow

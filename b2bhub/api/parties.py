@@ -7,10 +7,9 @@ from dataclasses import asdict
 
 from flask import Blueprint, Response, g, jsonify, url_for
 
+import b2bhub.api.schemas as s
 from b2bhub import hub
-from b2bhub.api import bp
-from b2bhub.api import schemas as s
-from b2bhub.api.blueprint import SERVER_CHECKS, ApiError, document_operation, role_for
+from b2bhub.api.blueprint import SERVER_CHECKS, ApiError, bp, document_operation, role_for
 from b2bhub.api.inputs import json_object
 from b2bhub.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER

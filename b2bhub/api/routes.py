@@ -5,8 +5,8 @@ from __future__ import annotations
 from marshmallow import Schema, fields
 from sqlalchemy import text
 
-from b2bhub.api import bp
 from b2bhub.api.auth import public
+from b2bhub.api.blueprint import bp
 from b2bhub.extensions import db
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from flask import g
 
-from b2bhub.api import bp
-from b2bhub.api import schemas as s
+import b2bhub.api.schemas as s
 from b2bhub.api.auth import requires
+from b2bhub.api.blueprint import bp
 from b2bhub.extensions import db
 from b2bhub.hub import registry
 from b2bhub.services import config as svc

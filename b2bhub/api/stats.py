@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from b2bhub.api import bp
-from b2bhub.api import schemas as s
+import b2bhub.api.schemas as s
+from b2bhub.api.blueprint import bp
 from b2bhub.engine import stats
 from b2bhub.extensions import db
 from b2bhub.models import StatsMinute, utcnow

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from b2bhub.api import bp
-from b2bhub.api import schemas as s
+import b2bhub.api.schemas as s
+from b2bhub.api.blueprint import bp
 from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services.storage import storage_report

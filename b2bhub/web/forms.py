@@ -275,9 +275,9 @@ def show_service_error(form: FlaskForm, exc: ServiceError, aliases: dict | None 
         [(key, text)] = details.items()
         if aliases.get(key, key) in form and isinstance(text, str):
             # the reason once: "instance name 'X': must be ..." beside Name says the rule;
-            # a bare code ("renamed") gives way to the message that explains it
-            _add_error(form[aliases.get(key, key)],
-                       text if exc.message.endswith(text) else exc.message)
+            # a bare code ("renamed", "disabled") gives way to the message that explains it
+            said = exc.message.endswith(text) and " " in text.strip()
+            _add_error(form[aliases.get(key, key)], text if said else exc.message)
             return
     elsewhere = []
     for key, text in details.items():
