@@ -155,6 +155,19 @@ def test_unknown_ui_address_gets_the_sites_404_page(viewer, api):
     assert resp.status_code == 404 and resp.get_json()["error"]["code"] == "not_found"
 
 
+def test_a_page_that_fails_gets_the_sites_500_page(viewer, app, monkeypatch):
+    def fails():
+        raise RuntimeError("the page's query went wrong")
+
+    monkeypatch.setitem(app.view_functions, "ui.alerts", fails)
+    monkeypatch.setitem(app.config, "PROPAGATE_EXCEPTIONS", False)  # as when deployed
+    page = viewer.get("/ui/alerts")
+    assert page.status_code == 500
+    assert "500 Something went wrong" in page.text and "in the log" in page.text
+    assert 'href="/ui/messages"' in page.text  # the site's navigation, not a bare 500
+    assert "RuntimeError" not in page.text  # the traceback is for the log only
+
+
 def test_the_instance_form_takes_keep_forever_and_refuses_less(setup, app, session):
     create_user(session, "root", PASSWORD, "admin")
     session.commit()

@@ -87,6 +87,18 @@ def _error_page(exc: HTTPException):
                            description=exc.description), exc.code
 
 
+@bp.errorhandler(500)
+def _failure_page(exc: HTTPException):
+    """A page that failed on our side: the site's page with its navigation, not a bare
+    500. Flask has logged what failed, with its traceback; what the request had not
+    committed is rolled back."""
+    db.session.rollback()
+    return render_template("ui/error.html", code=500, name="Something went wrong",
+                           description="The hub could not show this page. What failed is "
+                                       "in the log (Logs); try again, or tell whoever "
+                                       "runs the hub."), 500
+
+
 @bp.app_errorhandler(404)
 def _unknown_address(exc: HTTPException):
     """An address under /ui/ that matches no page gets the site's own 404 page, with
