@@ -155,6 +155,25 @@ def test_the_document_describes_filters_and_pages(spec):
     assert set(page["properties"]) == {"items", "next_cursor"}
 
 
+def test_retry_policies_and_business_rules_are_typed_as_the_hub_reads_them(spec):
+    """A client generated from the document gets the policy's and the rules' fields,
+    with the choices the hub accepts, not a bare object."""
+    schemas = spec["components"]["schemas"]
+    for shape in ("InstanceFields", "Instance"):
+        policy = schemas[shape]["properties"]["retry_policy"]
+        assert policy["additionalProperties"] is False
+        assert set(policy["properties"]) == {"strategy", "base_delay", "max_delay",
+                                             "max_attempts", "jitter", "schedule", "rules"}
+        assert policy["properties"]["strategy"]["enum"] == [
+            "fixed", "linear", "exponential", "schedule"]
+        assert policy["properties"]["rules"]["items"]["properties"]["action"]["enum"] == [
+            "retry", "fail"]
+        rule = schemas[shape]["properties"]["business_rules"]["items"]
+        assert set(rule["properties"]) == {"name", "status", "body_regex", "json_path",
+                                           "json_value", "block"}
+        assert {"none", "sequence", "instance"} <= set(rule["properties"]["block"]["enum"])
+
+
 def test_a_plain_flask_view_on_an_api_blueprint_is_served_and_documented(tmp_path):
     bp = ApiBlueprint("probe", __name__, url_prefix="/probe")
 

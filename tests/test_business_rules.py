@@ -94,6 +94,16 @@ def test_the_body_is_decoded_by_its_charset():
     assert br.check(rules, Answer(200, body, "text/plain; charset=no-such")) is None
 
 
+def test_block_is_one_of_its_choices_or_left_out():
+    for left_out in ({}, {"block": None}, {"block": ""}):
+        [rule] = br.parse_rules([{"name": "x", "status": 500, **left_out}])
+        assert rule.block == "none"
+    for wrong in (False, 0, "never", []):
+        with pytest.raises(br.RulesError, match="block must be one of"):
+            br.parse_rules([{"name": "x", "status": 500, "block": wrong}])
+
+
+
 @pytest.mark.parametrize(("rules", "where", "reason"), [
     ([{"name": "x", "body_regex": "(unclosed"}], "rule 1 (x)",
      "body_regex is not a valid regular expression: missing ) at position 9"),
@@ -111,6 +121,8 @@ def test_the_body_is_decoded_by_its_charset():
     ([{"name": "x", "status": 200, "regex": "a"}], "rule 1 (x)", "unknown field(s) regex"),
     ({"name": "x"}, "business_rules", "must be a list of rule objects"),
 ])
+
+
 def test_bad_rules_are_refused_with_the_reason(rules, where, reason):
     with pytest.raises(br.RulesError) as refused:
         br.parse_rules(rules)

@@ -19,7 +19,7 @@ from typing import Any
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 from b2bhub import tracing
-from b2bhub.domain import routing
+from b2bhub.domain import business_rules, retry, routing
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.plugin_api import STEP_STATES
 from b2bhub.services import users
@@ -284,6 +284,55 @@ class PluginType(Schema):
 PluginTypePage = page_of(PluginType, "PluginTypePage")
 
 
+#: a target's retry policy as the API takes and gives it (b2bhub.domain.retry); keys left
+#: out come from the type's default. One rule JSON Schema cannot say is left to the
+#: hub (``x-server-checks``): the ``schedule`` strategy needs a non-empty ``schedule``.
+RETRY_POLICY = {
+    "type": "object", "nullable": True, "additionalProperties": False,
+    "description": "how failed attempts are retried; keys left out come from the type's "
+                   "default; null: the default",
+    "properties": {
+        "strategy": {"type": "string", "enum": [str(x) for x in retry.Strategy]},
+        "base_delay": {"type": "number", "minimum": 0, "description": "seconds"},
+        "max_delay": {"type": "number", "minimum": 0, "nullable": True,
+                      "description": "seconds; null: no cap"},
+        "max_attempts": {"type": "integer", "minimum": 1},
+        "jitter": {"type": "number", "minimum": 0, "maximum": 1,
+                   "description": "a fraction of the delay, at random"},
+        "schedule": {"type": "array", "items": {"type": "number", "minimum": 0},
+                     "description": "the delay before each retry (strategy schedule)"},
+        "rules": {"type": "array", "description": "retry or fail an error class", "items": {
+            "type": "object", "additionalProperties": False, "required": ["match", "action"],
+            "properties": {"match": {"type": "string", "minLength": 1,
+                                     "description": "connection, http_5xx, http_404, ..."},
+                           "action": {"type": "string", "enum": list(retry.ACTIONS)}}}},
+    },
+}
+
+#: one business-error rule (b2bhub.domain.business_rules); what the hub alone can judge
+#: (the regular expression and JSONPath compile, at least one condition, a json_value
+#: only with a json_path, unique names) is left to it (``x-server-checks``)
+BUSINESS_RULE = {
+    "type": "object", "additionalProperties": False, "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 100},
+        "status": {"nullable": True, "description": "an HTTP status (100-599) or a class "
+                                                    "such as '4xx'; null or '': any",
+                   "oneOf": [{"type": "integer", "minimum": 100, "maximum": 599},
+                             {"type": "string"}]},
+        "body_regex": {"type": "string", "nullable": True,
+                       "description": "searched in the decoded body"},
+        "json_path": {"type": "string", "nullable": True,
+                      "description": "RFC 9535 JSONPath over the JSON body"},
+        "json_value": {"description": "the value expected at json_path; without it the "
+                                      "path matching anything is enough"},
+        "block": {"type": "string", "nullable": True,
+                  "enum": [*business_rules.BLOCKS, "", None],
+                  "description": "none (default), sequence or instance"},
+    },
+}
+
+
 class InstanceFields(Schema):
     """What a plugin instance takes; the type's own schema checks ``config``."""
 
@@ -294,8 +343,7 @@ class InstanceFields(Schema):
         "description": f"the type's settings; a secret shown as {SECRET_MASK} and sent "
                        "back unchanged keeps its stored value"})
     max_concurrent_deliveries = _int(validate=validate.Range(min=1))
-    retry_policy = fields.Dict(allow_none=True, metadata={
-        "description": "strategy (fixed, exponential), base_delay, max_attempts, ..."})
+    retry_policy = fields.Dict(allow_none=True, metadata=RETRY_POLICY)
     ordered = StrictBoolean()
     queue = fields.String(allow_none=True)
     probe_interval = _int(validate=validate.Range(min=0), metadata={
@@ -304,7 +352,7 @@ class InstanceFields(Schema):
         "description": "days a source's messages are kept once final; null or 0: the "
                        "retention_days setting; -1: kept forever"})
     business_rules = fields.Raw(allow_none=True, metadata={
-        "type": "array", "items": {"type": "object"},
+        "type": "array", "nullable": True, "items": BUSINESS_RULE,
         "description": "a target's business-error rules, checked in order on every "
                        "answer: name, status (200 or '4xx'), body_regex, json_path, "
                        "json_value, block (none, sequence, instance); each refused with "
@@ -329,7 +377,7 @@ class Instance(Schema):
     enabled = fields.Boolean(required=True)
     config = fields.Dict(required=True)
     max_concurrent_deliveries = fields.Integer(required=True)
-    retry_policy = fields.Dict(required=True, allow_none=True)
+    retry_policy = fields.Dict(required=True, allow_none=True, metadata=RETRY_POLICY)
     ordered = fields.Boolean(required=True)
     queue = fields.String(required=True, allow_none=True)
     probe_interval = fields.Integer(required=True, metadata={
@@ -345,7 +393,7 @@ class Instance(Schema):
         "description": "when the last recorded probe began"})
     probe_text = fields.String(required=True, allow_none=True, metadata={
         "description": "what the last probe said (the reason when offline)"})
-    business_rules = fields.List(fields.Dict(), required=True)
+    business_rules = fields.List(fields.Dict(metadata=BUSINESS_RULE), required=True)
     blocked_by = fields.Nested(BlockedBy, required=True, allow_none=True, metadata={
         "description": "the delivery whose business error blocks the instance, null "
                        "when it is not blocked"})

@@ -141,7 +141,9 @@ def _parse_rule(item: Any) -> Rule:
         raise ValueError("give at least one condition: status, body_regex or json_path")
     if "json_value" in item and item.get("json_path") in (None, ""):
         raise ValueError("json_value needs a json_path")
-    block = item.get("block") or "none"
+    block = item.get("block")
+    if block in (None, ""):  # left out (a form's empty choice): the default
+        block = "none"
     if block not in BLOCKS:
         raise ValueError(f"block must be one of {', '.join(BLOCKS)}, not {block!r}")
     return Rule(name=name.strip(), status=_status(item.get("status")),
