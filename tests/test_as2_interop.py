@@ -19,6 +19,7 @@ import requests
 from plugins.as2 import lib, profiles
 from tests.test_as2 import (  # noqa: F401  (fixtures)
     DATA,
+    PATHS,
     as2,
     certs,
     partner,
@@ -93,6 +94,7 @@ def _assert_ours(wire: bytes) -> None:
         assert at < 0, (word, wire[max(0, at - 300):at + 100])
 
 
+@PATHS
 def test_nothing_we_send_names_another_product_or_localhost(as2):
     # messages and the MDNs we return (sync, signed and not) or post (async)
     as2.choose(sign=True, encrypt=False, mdn_mode="sync", mdn_signed=True)
@@ -226,6 +228,7 @@ def _entity_mic(entity: email.message.Message, alg: str) -> str:
     return base64.b64encode(hashlib.new(alg, head.encode() + b"\r\n" + body).digest()).decode()
 
 
+@PATHS
 def test_our_signed_receipt_of_an_unsigned_message_carries_its_mic(as2):
     as2.choose(sign=False, encrypt=False)
     result = as2.partner.send(as2.url, sign=False, encrypt=False, mdn_mode="sync",
@@ -260,6 +263,7 @@ DOCUMENTS = [
 ]
 
 
+@PATHS
 @pytest.mark.parametrize("sign,encrypt,compress", [(True, True, False), (False, False, False),
                                                    (True, False, True)])
 def test_the_partner_receives_each_document_byte_for_byte(as2, sign, encrypt, compress):

@@ -1,0 +1,175 @@
+"""Large AS2 messages streamed through temporary files (plugins.as2.stream): the path
+messages above the instances' ``stream_threshold`` take. The pyas2lib partner matrix
+runs on it too (tests/test_as2.py, ``as2`` parametrized ``streamed``); here what is
+particular to it: the default threshold choosing the path, what ``openssl cms`` reads
+in what we send, refusals and limits as on the in-memory path, and no temp file left.
+"""
+
+# ruff: noqa: F401, F811  (test_as2's fixtures, imported, are the tests' parameters)
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zlib
+from pathlib import Path
+
+import pytest
+import requests
+from asn1crypto import cms
+from sqlalchemy import select
+
+from b2bhub.models import PluginInstance
+from b2bhub.services import config as svc
+from plugins.as2 import stream
+from plugins.as2.models import As2Outbound
+from tests.test_as2 import (
+    DATA,
+    STREAMED,
+    as2,
+    certs,
+    openssl,
+    openssl_client,
+    partner,
+    post,
+    served,
+)
+from tests.test_as2_keywrap import _files, peer, verified_by_openssl
+
+STREAM = pytest.mark.parametrize("as2", [STREAMED], indirect=True)
+
+
+def _leftovers(as2) -> list[Path]:
+    return sorted((Path(as2.hub.store.root) / "tmp").glob("as2-*"))
+
+
+def _configure(as2, name: str, type_: str, config: dict) -> None:
+    existing = as2.session.scalar(select(PluginInstance).where(PluginInstance.name == name))
+    svc.save_instance(as2.session, as2.hub.registry, {"name": name, "type": type_,
+                                                      "enabled": True, "config": config},
+                      existing=existing)
+    as2.session.commit()
+
+
+def test_the_default_threshold_streams_large_messages_and_keeps_small_ones_in_memory(as2):
+    """8 MiB by default: a message of 9 MiB each way takes the streaming path, one of
+    a few bytes pyas2lib's; both arrive byte for byte."""
+    assert stream.DEFAULT_THRESHOLD == 8 << 20
+    _configure(as2, "as2in", "as2_receiver", {"max_size": 20 << 20})
+    as2.choose(sign=True, encrypt=True, mdn_mode="sync", mdn_signed=True)
+    large = (DATA * ((9 << 20) // len(DATA) + 1))[:9 << 20]
+    for body, path in ((DATA, []), (large, ["receive"])):
+        as2.streams.clear()
+        result = as2.partner.send(as2.url, data=body, sign=True, encrypt=True,
+                                  mdn_mode="sync", mdn_signed=True)
+        assert result["mdn_status"] == "processed", result
+        assert as2.streams == path
+        message = as2.messages()[-1]
+        assert as2.stages(message.id)["unpacked"] == body
+        as2.streams.clear()
+        seen = len(as2.partner.received())
+        sent = as2.outbound(body)
+        as2.drain()
+        [got] = as2.partner.received()[seen:]
+        assert got["status"] == "processed" and base64.b64decode(got["content"]) == body
+        assert as2.streams == [name.replace("receive", "build") for name in path]
+        delivery = as2.delivery(sent.id)
+        assert delivery.state == "delivered" and "MIC verified" in delivery.last_result
+    assert _leftovers(as2) == []
+
+
+def _uncompressed(der: bytes) -> bytes:
+    """The content of a CMS CompressedData (zlib), read by asn1crypto, not by us."""
+    info = cms.ContentInfo.load(der)
+    assert info["content_type"].native == "compressed_data"
+    inner = info["content"]["encap_content_info"]["content"].native
+    return zlib.decompress(inner)
+
+
+@STREAM
+@pytest.mark.parametrize("wrap", ["rsa_pkcs1v15", "rsaes_oaep_sha256"])
+def test_what_we_stream_openssl_decrypts_and_verifies(as2, certs, peer, tmp_path, wrap):
+    """Signed, encrypted and compressed, built on files: ``openssl cms -decrypt``
+    opens the envelope, ``openssl cms -verify`` checks the signature over the signed
+    part, the MIC kept is the hash of exactly that part, and the compressed data in
+    it holds the document."""
+    url, bodies = peer
+    as2.choose(url=url, sign=True, encrypt=True, compress=True, mdn_mode="none",
+               key_encryption=wrap, digest_alg="sha384")
+    message = as2.outbound()
+    as2.drain()
+    assert as2.delivery(message.id).state == "delivered", as2.delivery(message.id).last_result
+    assert as2.streams == ["build"]
+    [body] = bodies
+    files = _files(certs, tmp_path)
+    (tmp_path / "body.der").write_bytes(body)
+    clear = openssl("cms", "-decrypt", "-inform", "DER", "-in", str(tmp_path / "body.der"),
+                    "-recip", str(files["acme.pem"]), "-inkey", str(files["acme.key"]),
+                    "-binary")
+    signed = verified_by_openssl(clear, tmp_path)
+    row = as2.session.scalar(select(As2Outbound).where(As2Outbound.message_id == message.id))
+    assert row.digest_alg == "sha384"
+    assert row.mic == base64.b64encode(hashlib.sha384(signed).digest()).decode()
+    head, _sep, der = signed.partition(b"\r\n\r\n")
+    assert b"compressed-data" in head
+    document = _uncompressed(der)
+    assert document.endswith(b"\r\n\r\n" + DATA)
+    assert b"content-transfer-encoding: binary" in document.lower()
+    # what the sent stage keeps is what went on the wire
+    assert as2.stages(message.id)["sent"].endswith(b"\r\n\r\n" + body)
+    assert _leftovers(as2) == []
+
+
+@STREAM
+def test_openssl_signing_bare_line_feeds_verifies_on_the_streamed_path(as2, certs, tmp_path):
+    """``openssl cms -binary`` signs bare line feeds as they are, its S/MIME output
+    posted as it is: verified over the bytes as received, the MIC over those."""
+    as2.choose(sign=True, encrypt=True)
+    content = DATA.replace(b"~", b"~\n")
+    answer, files, entity = openssl_client(as2, certs, tmp_path, content, crlf=False)
+    assert answer.status_code == 200 and b"processed/" not in answer.content, answer.content
+    assert as2.streams == ["receive"]
+    [message] = as2.messages()
+    assert message.status != "refused" and as2.stages(message.id)["unpacked"] == content
+    digest = base64.b64encode(openssl("dgst", "-sha256", "-binary", str(entity))).decode()
+    assert f"Received-content-MIC: {digest}, sha256".lower() in answer.text.lower()
+
+
+@STREAM
+def test_a_tampered_streamed_message_is_refused_as_pyas2lib_refuses_it(as2, certs, tmp_path):
+    as2.choose(sign=True, encrypt=False)
+    (tmp_path / "entity").write_bytes(b"Content-Type: application/edi-x12\r\n\r\n" + DATA)
+    files = _files(certs, tmp_path)
+    signed = openssl("cms", "-sign", "-in", str(tmp_path / "entity"), "-signer",
+                     str(files["acme.pem"]), "-inkey", str(files["acme.key"]), "-md",
+                     "sha256", "-binary", "-outform", "SMIME")
+    head, _sep, body = signed.replace(b"\r\n", b"\n").partition(b"\n\n")
+    body = body.replace(b"ST*850", b"ST*851")  # the document changed after signing
+    content_type = [line for line in head.decode().split("\n")
+                    if line.lower().startswith("content-type:")][0].split(":", 1)[1]
+    answer = post(as2, body, **{"Content-Type": content_type.strip()})
+    assert answer.status_code == 200, answer.text
+    assert b"authentication-failed" in answer.content
+    [message] = as2.messages()
+    assert message.status == "refused"
+    [line] = as2.lines(message.id, "refused")
+    assert "processed/Error: authentication-failed: Failed to verify message signature" \
+        in line, line
+    assert _leftovers(as2) == []
+
+
+@STREAM
+def test_a_chunked_body_over_max_size_is_refused_without_reading_on(as2):
+    """No Content-Length: the body is spooled until it passes ``max_size``, then 413;
+    the spool is removed."""
+    def body():
+        for _ in range(64):
+            yield b"x" * (64 << 10)  # 4 MiB in all, the limit is 1 MiB
+    answer = requests.post(as2.url, data=body(), timeout=30, headers={
+        "AS2-From": "ACME", "AS2-To": "HUB", "Message-ID": "<big-1@acme.example>",
+        "Content-Type": "application/edi-x12"})
+    assert answer.status_code == 413, answer.text
+    assert "over the size limit of 1048576 bytes" in answer.text
+    [message] = as2.messages()
+    assert message.status == "refused"
+    assert _leftovers(as2) == []
