@@ -420,8 +420,8 @@ def _content_cipher(alg: cms.EncryptionAlgorithm, key: bytes):
         return "tripledes_192_cbc", Cipher(TripleDES(key), modes.CBC(alg.encryption_iv)), 64
     if kind == "des":
         return "des_64_cbc", Cipher(TripleDES(key * 3), modes.CBC(alg.encryption_iv)), 64
-    raise AS2Exception(f"Unsupported Encryption Algorithm {name} for a message streamed "
-                       "above the stream threshold")
+    raise DecryptionError(f"Failed to decrypt the payload: {name} is not supported for a "
+                          "message above the stream threshold")
 
 
 def _plain(cipher: Cipher, block: int | None, chunks: Iterable[bytes]) -> Iterator[bytes]:
