@@ -148,13 +148,11 @@ class ChunkReader(io.RawIOBase):
         return n
 
 
-def _write(out: IO[bytes], chunks: Iterable[bytes], hasher=None) -> int:
+def _write(out: IO[bytes], chunks: Iterable[bytes]) -> int:
     total = 0
     for chunk in chunks:
         out.write(chunk)
         total += len(chunk)
-        if hasher is not None:
-            hasher.update(chunk)
     return total
 
 
@@ -925,15 +923,15 @@ def build(ws: Workspace, source: IO[bytes], *, sender, receiver, filename: str |
         if receiver.encrypt:
             encrypt(layer.whole, layer.whole_size(), receiver.enc_alg, encrypt_for,
                     keywrap.KEY_ENCRYPTIONS.get(key_encryption or ""), out)
-            layer = _Layer(_headers("application/pkcs7-mime", {
-                "name": "smime.p7m", "smime-type": "enveloped-data"}, "smime.p7m", "binary"),
-                lambda: file_chunks(body), body.stat().st_size)
         else:
             _write(out, layer.body())
+    outer = layer.headers if not receiver.encrypt else _headers(
+        "application/pkcs7-mime", {"name": "smime.p7m", "smime-type": "enveloped-data"},
+        "smime.p7m", "binary")
     domain = sender.domain
     msgid = f"{message_id}@{domain}" if message_id else \
         email_utils.make_msgid(domain=domain).lstrip("<").rstrip(">")
-    headers = dict(layer.headers.items())
+    headers = dict(outer.items())
     headers.update({"AS2-Version": "1.2", "ediint-features": "CMS",
                     "Message-ID": f"<{msgid}>", "AS2-From": _quoted(sender.as2_name),
                     "AS2-To": _quoted(receiver.as2_name), "Subject": subject,
