@@ -741,14 +741,18 @@ def openssl_client(as2, certs, tmp_path, content: bytes = DATA,
     (tmp_path / "signed").write_bytes(signed)
     encrypted = openssl("cms", "-encrypt", "-in", str(tmp_path / "signed"), "-binary",
                         "-aes256", "-outform", "DER", str(files["hub.pem"]))
-    answer = requests.post(as2.url, data=encrypted, timeout=30, headers={
+    return post_envelope(as2, encrypted, message_id), files, entity
+
+
+def post_envelope(as2, encrypted: bytes, message_id: str) -> requests.Response:
+    """Post an EnvelopedData from ACME, asking for a signed sync MDN."""
+    return requests.post(as2.url, data=encrypted, timeout=30, headers={
         "AS2-From": "ACME", "AS2-To": "HUB", "AS2-Version": "1.2",
         "Message-ID": f"<{message_id}>",
         "Content-Type": 'application/pkcs7-mime; smime-type=enveloped-data; name="smime.p7m"',
         "Disposition-Notification-To": "edi@acme.example",
         "Disposition-Notification-Options": "signed-receipt-protocol=required, "
         "pkcs7-signature; signed-receipt-micalg=required, sha256"})
-    return answer, files, entity
 
 
 @PATHS

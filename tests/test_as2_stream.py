@@ -25,6 +25,7 @@ from plugins.as2 import stream
 from plugins.as2.models import As2Outbound
 from tests.test_as2 import (
     DATA,
+    PATHS,
     STREAMED,
     as2,
     certs,
@@ -32,6 +33,7 @@ from tests.test_as2 import (
     openssl_client,
     partner,
     post,
+    post_envelope,
     served,
 )
 from tests.test_as2_keywrap import _files, peer, verified_by_openssl
@@ -87,15 +89,18 @@ def _uncompressed(der: bytes) -> bytes:
 
 
 @STREAM
-@pytest.mark.parametrize("wrap", ["rsa_pkcs1v15", "rsaes_oaep_sha256"])
-def test_what_we_stream_openssl_decrypts_and_verifies(as2, certs, peer, tmp_path, wrap):
+@pytest.mark.parametrize("wrap,cipher", [("rsa_pkcs1v15", "aes_256_cbc"),
+                                         ("rsaes_oaep_sha256", "aes_128_cbc"),
+                                         ("rsaes_oaep_sha512", "tripledes_192_cbc")])
+def test_what_we_stream_openssl_decrypts_and_verifies(as2, certs, peer, tmp_path, wrap,
+                                                      cipher):
     """Signed, encrypted and compressed, built on files: ``openssl cms -decrypt``
     opens the envelope, ``openssl cms -verify`` checks the signature over the signed
     part, the MIC kept is the hash of exactly that part, and the compressed data in
     it holds the document."""
     url, bodies = peer
     as2.choose(url=url, sign=True, encrypt=True, compress=True, mdn_mode="none",
-               key_encryption=wrap, digest_alg="sha384")
+               key_encryption=wrap, digest_alg="sha384", encryption_alg=cipher)
     message = as2.outbound()
     as2.drain()
     assert as2.delivery(message.id).state == "delivered", as2.delivery(message.id).last_result
@@ -103,6 +108,10 @@ def test_what_we_stream_openssl_decrypts_and_verifies(as2, certs, peer, tmp_path
     [body] = bodies
     files = _files(certs, tmp_path)
     (tmp_path / "body.der").write_bytes(body)
+    printed = openssl("cms", "-cmsout", "-print", "-inform", "DER", "-in",
+                      str(tmp_path / "body.der")).decode()
+    assert {"aes_256_cbc": "aes-256-cbc", "aes_128_cbc": "aes-128-cbc",
+            "tripledes_192_cbc": "des-ede3-cbc"}[cipher] in printed
     clear = openssl("cms", "-decrypt", "-inform", "DER", "-in", str(tmp_path / "body.der"),
                     "-recip", str(files["acme.pem"]), "-inkey", str(files["acme.key"]),
                     "-binary")
@@ -173,3 +182,51 @@ def test_a_chunked_body_over_max_size_is_refused_without_reading_on(as2):
     [message] = as2.messages()
     assert message.status == "refused"
     assert _leftovers(as2) == []
+
+
+@STREAM
+@pytest.mark.parametrize("cipher", ["aes128", "des3"])
+def test_an_envelope_in_indefinite_length_ber_is_read(as2, certs, tmp_path, cipher):
+    """``openssl cms -encrypt -stream`` writes BER: indefinite lengths and the content
+    as a constructed string of pieces; read as it comes."""
+    as2.choose(sign=False, encrypt=True)
+    files = _files(certs, tmp_path)
+    content = DATA * 3000  # several pieces
+    (tmp_path / "entity").write_bytes(b"Content-Type: application/edi-x12\r\n\r\n" + content)
+    encrypted = openssl("cms", "-encrypt", "-stream", "-in", str(tmp_path / "entity"),
+                        "-binary", f"-{cipher}", "-outform", "DER", str(files["hub.pem"]))
+    assert encrypted[1] == 0x80  # indefinite length
+    answer = post_envelope(as2, encrypted, "ber-1@acme.example")
+    assert answer.status_code == 200 and b"processed/" not in answer.content, answer.content
+    assert as2.streams == ["receive"]
+    [message] = as2.messages()
+    assert as2.stages(message.id)["unpacked"] == content
+
+
+@PATHS
+def test_compressed_outside_the_signature_is_read_on_both_paths(as2, certs, tmp_path):
+    """Signed, then compressed, then encrypted (the order RFC 5402 also allows; pyas2lib
+    compresses first): the signature verifies inside the compressed data, and the MIC is
+    the signed entity's."""
+    from pyas2lib.cms import compress_message
+    as2.choose(sign=True, encrypt=True, compress=True)
+    files = _files(certs, tmp_path)
+    (tmp_path / "entity").write_bytes(b"Content-Type: application/edi-x12\r\n\r\n" + DATA)
+    signed = openssl("cms", "-sign", "-in", str(tmp_path / "entity"), "-signer",
+                     str(files["acme.pem"]), "-inkey", str(files["acme.key"]), "-md",
+                     "sha256", "-binary", "-outform", "SMIME")
+    signed = signed.replace(b"\n", b"\r\n").replace(b"\r\r\n", b"\r\n")
+    compressed = (b'Content-Type: application/pkcs7-mime; smime-type=compressed-data; '
+                  b'name="smime.p7z"\r\nContent-Transfer-Encoding: binary\r\n\r\n'
+                  + compress_message(signed))
+    (tmp_path / "compressed").write_bytes(compressed)
+    encrypted = openssl("cms", "-encrypt", "-in", str(tmp_path / "compressed"), "-binary",
+                        "-aes256", "-outform", "DER", str(files["hub.pem"]))
+    answer = post_envelope(as2, encrypted, "zip-outside-1@acme.example")
+    assert answer.status_code == 200 and b"processed/" not in answer.content, answer.content
+    assert as2.streams == (["receive"] if as2.streamed else [])
+    [message] = as2.messages()
+    assert as2.stages(message.id)["unpacked"] == DATA
+    digest = base64.b64encode(openssl("dgst", "-sha256", "-binary",
+                                      str(tmp_path / "entity"))).decode()
+    assert f"Received-content-MIC: {digest}, sha256".lower() in answer.text.lower()
