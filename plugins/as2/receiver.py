@@ -12,7 +12,10 @@ input. The order of work:
    a large raw stage (HTTP headers + body, what pyas2lib parses) is written to a temp
    file of the payload store (one up to :data:`SMALL_STAGE` is only hashed, and written
    with the sync). A signature that fails with the partner's canonicalisation is
-   tried once with the other (text vs binary): partners differ on it.
+   tried once with the other (text vs binary): partners differ on it. A body over the
+   instance's ``stream_threshold`` is read into a temp file instead (:class:`Spool`,
+   linked into the store as the raw stage) and parsed from there in bounded buffers
+   (:mod:`.stream`), with the same checks, texts and MDN.
 5. Accepted: the raw, unpacked and receipt stages are made durable and put in place by
    one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
    are inserted, and before that transaction commits; the positive MDN is returned

@@ -7,7 +7,9 @@ timeouts, connection and TLS failures are errors the retry policy retries; other
 fail. Over https:// the partner profile's CA bundle and client certificate apply
 (:mod:`.tls`); a TLS failure says what failed (the server's certificate, or ours). The
 AS2 Message-ID is kept per (message, target) in ``as2_outbound``, so a retry or a Send
-again repeats the same Message-ID (and the partner can recognise it).
+again repeats the same Message-ID (and the partner can recognise it). A stage over the
+sender's ``stream_threshold`` is built on temp files and sent from its file
+(:mod:`.stream`) instead of in memory by pyas2lib.
 """
 
 from __future__ import annotations

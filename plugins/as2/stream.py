@@ -466,15 +466,19 @@ def decrypt(open_body: Callable[[], IO[bytes]], keys, out_path: Path) -> str:
         candidates = keywrap.content_keys([r.chosen for r in recipients if r.name == "ktri"],
                                           keys)
         failure: Exception | None = None
-        for key in candidates:
-            name, cipher, block = _content_cipher(algorithm, key)
-            try:
-                with open_body() as stream, open(out_path, "wb") as out:
-                    reader, _rec, _alg, tag, length, _o = envelope(stream)
-                    _write(out, _plain(cipher, block, reader.octets(tag, length)))
-                return name
-            except ValueError as exc:  # bad padding: a wrong content key; the next
-                failure = exc
+        try:
+            for key in candidates:
+                name, cipher, block = _content_cipher(algorithm, key)
+                try:
+                    with open_body() as stream, open(out_path, "wb") as out:
+                        reader, _rec, _alg, tag, length, _o = envelope(stream)
+                        _write(out, _plain(cipher, block, reader.octets(tag, length)))
+                    return name
+                except ValueError as exc:  # bad padding: a wrong content key; the next
+                    failure = exc
+        except DecryptionError:  # no more candidates: say why the last one failed
+            if failure is None:
+                raise
         raise DecryptionError(f"Failed to decrypt the payload: {failure}")
     except AS2Exception:
         raise
@@ -657,13 +661,14 @@ def verify(signature: bytes, digest: Callable[[str], bytes],
     else:
         data, hash_alg = content, Prehashed(_HASHES[alg]())
     if sig_alg.signature_algo == "rsassa_pss":
+        # the parameters name the hash (pyas2lib writes none: then the digest's, with
+        # MGF1 of the same); the salt's length is read from the signature itself
         params = sig_alg["parameters"]
-        pss_hash = _HASHES[params["hash_algorithm"]["algorithm"].native]()
-        pad = padding.PSS(mgf=padding.MGF1(pss_hash), salt_length=params["salt_length"].native)
-        if not attrs.native:
-            hash_alg = Prehashed(pss_hash)
-        elif type(pss_hash) is not type(hash_alg):
-            hash_alg = pss_hash
+        named = params["hash_algorithm"]["algorithm"].native \
+            if isinstance(params, algos.RSASSAPSSParams) else alg
+        pss_hash = _HASHES[named]()
+        pad = padding.PSS(mgf=padding.MGF1(pss_hash), salt_length=padding.PSS.AUTO)
+        hash_alg = pss_hash if attrs.native else Prehashed(pss_hash)
     else:
         pad = padding.PKCS1v15()
     problem = "no certificate to verify the signature with"
