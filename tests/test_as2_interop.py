@@ -55,6 +55,7 @@ def _sent(as2, body: bytes = DATA):
 
 # --- 1. defaults -----------------------------------------------------------------------
 
+@PATHS
 def test_the_default_sends_content_length_to_a_peer_reading_by_content_length_only(
         as2, quirks):
     assert profiles.CHOICES["chunked"][0] is False
@@ -69,6 +70,7 @@ def test_the_default_sends_content_length_to_a_peer_reading_by_content_length_on
             as2.delivery(message.id).last_result
 
 
+@PATHS
 def test_a_peer_answering_411_to_chunked_gets_the_message_again_with_content_length(
         as2, quirks):
     quirks(refuse_chunked=True)
