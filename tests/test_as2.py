@@ -837,6 +837,7 @@ def test_an_owed_async_mdn_is_sent_by_a_worker_the_receipt_woke(as2, procs):
     assert wait_for(lambda: as2.session.rollback() or as2.lines(message.id, "mdn_sent"))
 
 
+@PATHS
 def test_a_payload_store_that_cannot_write_is_a_503_that_names_why(as2, app, tmp_path):
     """Disk full, read-only or gone: the partner is told the hub could not store the
     message and why (and retries); nothing is taken, and it goes through once the store

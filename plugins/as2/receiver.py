@@ -228,8 +228,9 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
                          now, looked, guess)
     try:
         if mdn_in.looks_like_mdn(found, data.head(4096)):  # an MDN: small, as always
-            return _received(session, store, instance, found, block + b"\r\n" + data.read(),
-                             data.read(), now, looked, guess)
+            whole = data.read()
+            return _received(session, store, instance, found, block + b"\r\n" + whole,
+                             whole, now, looked, guess)
         return _received(session, store, instance, found, data, None, now, looked, guess)
     finally:
         data.discard()

@@ -480,7 +480,7 @@ def decrypt(open_body: Callable[[], IO[bytes]], keys, out_path: Path) -> str:
             if failure is None:
                 raise
         raise DecryptionError(f"Failed to decrypt the payload: {failure}")
-    except AS2Exception:
+    except (AS2Exception, OSError):
         raise
     except Exception as exc:  # not DER, not CMS, truncated
         raise DecryptionError(f"Failed to decrypt the payload: {exc}") from exc
@@ -563,7 +563,7 @@ def decompress(stream: IO[bytes], out: IO[bytes]) -> None:
         out.write(inflate.flush())
         if not inflate.eof:
             raise ValueError("the compressed content is truncated")
-    except AS2Exception:
+    except (AS2Exception, OSError):
         raise
     except Exception as exc:
         raise DecompressionError(f"Decompression failed with cause: {exc}") from exc
@@ -743,6 +743,8 @@ def receive(ws: Workspace, path: Path, body_at: int, http: EmailMessage, partner
             result.digest_alg, result.mic = _verified(ws, current, signature, certs)
         if not result.compressed:
             current = _decompressed(ws, current, result)
+    except OSError:  # the hub's own files, not the message: 503, nothing accepted
+        raise
     except Exception as exc:
         result.status = getattr(exc, "disposition_type", "processed/Error")
         result.exc = exc
