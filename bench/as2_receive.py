@@ -20,6 +20,10 @@ threads; "4 clients / seq" is their messages/s over the sequential messages/s of
 same run (both measured as messages over the wall time of posting them). Every message
 is checked afterwards: stored once with the bytes sent and dispatched to exactly one
 delivery.
+
+``--rss-mb``: the message is over the instances' ``stream_threshold`` (8 MiB) from
+about 8 MB, so it takes the streaming path (plugins.as2.stream) each way;
+``bench/as2_large.py`` measures 1 GiB signed, encrypted and compressed.
 """
 
 from __future__ import annotations

@@ -201,6 +201,8 @@ def send(order: dict) -> dict:
     receiver = hub(sign=order.get("sign", False), encrypt=order.get("encrypt", False),
                    compress=order.get("compress", False),
                    enc_alg=order.get("enc_alg", "aes_256_cbc"),
+                   digest_alg=order.get("digest_alg", "sha256"),
+                   sign_alg=order.get("sign_alg", "rsassa_pkcs1v15"),
                    mdn_mode={"sync": "SYNC", "async": "ASYNC"}.get(mode),
                    mdn_digest_alg="sha256" if order.get("mdn_signed") else None)
     message = Message(org(CONFIG["url"] + "/mdn"), receiver)

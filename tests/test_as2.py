@@ -33,7 +33,7 @@ from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
 from b2bhub.payloads import PayloadBatch, PayloadStore
 from b2bhub.plugin_api import PREREAD
-from plugins.as2 import lib, profiles
+from plugins.as2 import lib, profiles, stream
 from plugins.as2.mdn_out import send_due_mdns
 from plugins.as2.plugin import As2Receiver, As2Sender
 from plugins.as2.receiver import SMALL_STAGE
@@ -92,8 +92,15 @@ class Partner:
         return requests.post(self.url + "/release", timeout=30).json()["posted"]
 
 
+#: ``as2`` parametrized indirectly with this runs the hub's AS2 on the streaming path
+#: (plugins.as2.stream) for every message, receiving and sending
+STREAMED = "streamed"
+
+
 @pytest.fixture
-def as2(hub, registry, session, certs, partner, served):
+def as2(request, hub, registry, session, certs, partner, served, monkeypatch):
+    streamed = getattr(request, "param", None) == STREAMED
+    threshold = {"stream_threshold": 0} if streamed else {}
     registry.register(As2Receiver)
     registry.register(As2Sender)
     hub.parties(organizations=("mycompany",), partners=("acme",))
@@ -104,17 +111,25 @@ def as2(hub, registry, session, certs, partner, served):
         "as2_id": "ACME", "url": partner.url + "/as2", "receipt_timeout": 3600,
         "certificate": {"pem": certs["acme"][0]}})
     session.commit()
-    hub.instance("as2in", "as2_receiver", enabled=True, config={"max_size": 1 << 20})
-    hub.instance("as2out", "as2_sender", enabled=True)
+    hub.instance("as2in", "as2_receiver", enabled=True,
+                 config={"max_size": 1 << 20, **threshold})
+    hub.instance("as2out", "as2_sender", enabled=True, config=threshold)
     hub.instance("sink", "noop", enabled=True)
     hub.route("as2in", "*", "*", "sink")
-    return Setup(hub, session, partner, served)
+    setup = Setup(hub, session, partner, served)
+    setup.streamed = streamed
+    for name in ("receive", "build"):  # which messages took the streaming path
+        real = getattr(stream, name)
+        monkeypatch.setattr(stream, name, lambda *a, _real=real, _name=name, **k: (
+            setup.streams.append(_name), _real(*a, **k))[1])
+    return setup
 
 
 class Setup:
     def __init__(self, hub, session, partner, served):
         self.hub, self.session, self.partner, self.served = hub, session, partner, served
         self.url = served + "/as2/as2in"
+        self.streamed, self.streams = False, []
 
     def choose(self, **choices):
         profiles.save_profile(self.session, "partner", "acme", choices)
@@ -177,6 +192,11 @@ def _ids(case):
                                   else "")))
 
 
+#: the matrix on both paths: pyas2lib in memory, and streamed through temp files
+PATHS = pytest.mark.parametrize("as2", ["memory", STREAMED], indirect=True)
+
+
+@PATHS
 @pytest.mark.parametrize("case", MATRIX, ids=[_ids(c) for c in MATRIX])
 def test_partner_to_hub(as2, case):
     sign, encrypt, compress, mode, mdn_signed = case
@@ -195,6 +215,7 @@ def test_partner_to_hub(as2, case):
     stages = as2.stages(message.id)
     assert stages["unpacked"] == DATA
     assert stages["raw"].lower().count(b"as2-from:") == 1
+    assert as2.streams == (["receive"] if as2.streamed else [])
     if mode == "sync":
         assert result["mdn_status"] == "processed", result
         assert result["mdn_signed"] is mdn_signed
@@ -208,6 +229,7 @@ def test_partner_to_hub(as2, case):
         assert "receipt" not in stages
 
 
+@PATHS
 @pytest.mark.parametrize("case", MATRIX, ids=[_ids(c) for c in MATRIX])
 def test_hub_to_partner(as2, case):
     sign, encrypt, compress, mode, mdn_signed = case
@@ -236,10 +258,12 @@ def test_hub_to_partner(as2, case):
     stages = as2.stages(message.id)
     assert stages["unpacked"] == DATA and b"as2-to:" in stages["sent"].lower()
     assert ("receipt" in stages) is (mode != "none")
+    assert as2.streams == (["build"] if as2.streamed else [])
 
 
 # --- duplicates, quirks, bad input, Receipt Timeout ------------------------------------
 
+@PATHS
 def test_replayed_message_id_gets_the_stored_receipt_and_no_new_message(as2, monkeypatch):
     as2.choose(sign=True, encrypt=True)
     first = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
@@ -489,6 +513,7 @@ def test_the_parse_flattens_no_mime_tree_for_debug_lines_unless_debug_is_on(as2,
     assert [m.status for m in as2.messages()] == ["received", "received"]
 
 
+@PATHS
 def test_partner_quirks_micalg_dash_and_binary_canonicalisation_and_no_chunking(as2):
     as2.choose(sign=True, encrypt=False, mdn_mode="sync", mdn_signed=True, chunked=False,
                canonicalize_as_binary=True)  # the partner signs text: the other form works
@@ -523,6 +548,7 @@ def post(as2, body: bytes, **headers) -> requests.Response:
     return requests.post(as2.url, data=body, headers={**base, **headers}, timeout=30)
 
 
+@PATHS
 @pytest.mark.parametrize("problem", ["malformed", "truncated", "unknown_to", "unknown_from",
                                      "oversize", "wrong_certificate"])
 def test_bad_input_is_refused_with_a_reason_never_500(as2, certs, problem):
@@ -700,16 +726,21 @@ def openssl_client(as2, certs, tmp_path, content: bytes = DATA,
     (tmp_path / "signed").write_bytes(signed)
     encrypted = openssl("cms", "-encrypt", "-in", str(tmp_path / "signed"), "-binary",
                         "-aes256", "-outform", "DER", str(files["hub.pem"]))
-    answer = requests.post(as2.url, data=encrypted, timeout=30, headers={
+    return post_envelope(as2, encrypted, message_id), files, entity
+
+
+def post_envelope(as2, encrypted: bytes, message_id: str) -> requests.Response:
+    """Post an EnvelopedData from ACME, asking for a signed sync MDN."""
+    return requests.post(as2.url, data=encrypted, timeout=30, headers={
         "AS2-From": "ACME", "AS2-To": "HUB", "AS2-Version": "1.2",
         "Message-ID": f"<{message_id}>",
         "Content-Type": 'application/pkcs7-mime; smime-type=enveloped-data; name="smime.p7m"',
         "Disposition-Notification-To": "edi@acme.example",
         "Disposition-Notification-Options": "signed-receipt-protocol=required, "
         "pkcs7-signature; signed-receipt-micalg=required, sha256"})
-    return answer, files, entity
 
 
+@PATHS
 def test_openssl_cms_client_signed_encrypted_and_the_signed_mdn_verifies(as2, certs,
                                                                          tmp_path):
     """A client made of ``openssl cms`` and requests only: the hub decrypts and verifies
@@ -791,6 +822,7 @@ def test_an_owed_async_mdn_is_sent_by_a_worker_the_receipt_woke(as2, procs):
     assert wait_for(lambda: as2.session.rollback() or as2.lines(message.id, "mdn_sent"))
 
 
+@PATHS
 def test_a_payload_store_that_cannot_write_is_a_503_that_names_why(as2, app, tmp_path):
     """Disk full, read-only or gone: the partner is told the hub could not store the
     message and why (and retries); nothing is taken, and it goes through once the store

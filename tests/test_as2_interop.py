@@ -19,6 +19,7 @@ import requests
 from plugins.as2 import lib, profiles
 from tests.test_as2 import (  # noqa: F401  (fixtures)
     DATA,
+    PATHS,
     as2,
     certs,
     partner,
@@ -53,6 +54,7 @@ def _sent(as2, body: bytes = DATA):
 
 # --- 1. defaults -----------------------------------------------------------------------
 
+@PATHS
 def test_the_default_sends_content_length_to_a_peer_reading_by_content_length_only(
         as2, quirks):
     assert profiles.CHOICES["chunked"][0] is False
@@ -67,6 +69,7 @@ def test_the_default_sends_content_length_to_a_peer_reading_by_content_length_on
             as2.delivery(message.id).last_result
 
 
+@PATHS
 def test_a_peer_answering_411_to_chunked_gets_the_message_again_with_content_length(
         as2, quirks):
     quirks(refuse_chunked=True)
@@ -92,6 +95,7 @@ def _assert_ours(wire: bytes) -> None:
         assert at < 0, (word, wire[max(0, at - 300):at + 100])
 
 
+@PATHS
 def test_nothing_we_send_names_another_product_or_localhost(as2):
     # messages and the MDNs we return (sync, signed and not) or post (async)
     as2.choose(sign=True, encrypt=False, mdn_mode="sync", mdn_signed=True)
@@ -225,6 +229,7 @@ def _entity_mic(entity: email.message.Message, alg: str) -> str:
     return base64.b64encode(hashlib.new(alg, head.encode() + b"\r\n" + body).digest()).decode()
 
 
+@PATHS
 def test_our_signed_receipt_of_an_unsigned_message_carries_its_mic(as2):
     as2.choose(sign=False, encrypt=False)
     result = as2.partner.send(as2.url, sign=False, encrypt=False, mdn_mode="sync",
@@ -259,6 +264,7 @@ DOCUMENTS = [
 ]
 
 
+@PATHS
 @pytest.mark.parametrize("sign,encrypt,compress", [(True, True, False), (False, False, False),
                                                    (True, False, True)])
 def test_the_partner_receives_each_document_byte_for_byte(as2, sign, encrypt, compress):

@@ -12,18 +12,24 @@ The hub, its partner process and its profiles are test_as2's fixtures, imported 
 from __future__ import annotations
 
 import base64
+import hashlib
+import re
+import subprocess
 import threading
 
 import pytest
 import requests
+from sqlalchemy import select
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from b2bhub.models import utcnow
 from b2bhub.plugin_api import ServiceError
 from plugins.as2 import profiles
+from plugins.as2.models import As2Outbound
 from tests.test_as2 import (
     DATA,
+    PATHS,
     as2,
     certs,
     openssl,
@@ -50,6 +56,7 @@ def _printed(der: bytes, tmp_path) -> str:
                    str(tmp_path / "printed.der")).decode()
 
 
+@PATHS
 @pytest.mark.parametrize("wrap", WRAPS)
 def test_openssl_client_with_each_key_wrapping_is_decrypted_and_verified(as2, certs,
                                                                          tmp_path, wrap):
@@ -91,6 +98,7 @@ def test_openssl_client_with_each_key_wrapping_is_decrypted_and_verified(as2, ce
     assert as2.stages(message.id)["unpacked"] == DATA
 
 
+@PATHS
 def test_an_oaep_key_for_another_certificate_is_refused_with_the_reason(as2, certs,
                                                                         tmp_path):
     as2.choose(sign=False, encrypt=True)
@@ -130,6 +138,7 @@ def peer():
     server.server_close()
 
 
+@PATHS
 @pytest.mark.parametrize("wrap", WRAPS)
 def test_the_hub_wraps_the_key_as_the_profile_says_and_openssl_decrypts(as2, certs, peer,
                                                                         tmp_path, wrap):
@@ -153,6 +162,38 @@ def test_the_hub_wraps_the_key_as_the_profile_says_and_openssl_decrypts(as2, cer
                     "-recip", str(files["acme.pem"]), "-inkey", str(files["acme.key"]),
                     "-binary")
     assert DATA in clear and b"multipart/signed" in clear
+    # the signature inside verifies with openssl over the signed part, whose hash is
+    # the MIC the hub keeps to compare with the receipt's
+    signed = verified_by_openssl(clear, tmp_path)
+    assert signed.endswith(b"\r\n\r\n" + DATA)
+    row = as2.session.scalar(select(As2Outbound).where(As2Outbound.message_id == message.id))
+    assert row.mic == base64.b64encode(hashlib.sha256(signed).digest()).decode()
+
+
+def split_signed(entity: bytes) -> tuple[bytes, bytes]:
+    """(the signed part, the signature's DER) of a multipart/signed entity."""
+    boundary = re.search(rb'boundary="([^"]+)"', entity).group(1)
+    mark = b"--" + boundary
+    _preamble, rest = entity.split(mark + b"\r\n", 1)
+    part, rest = rest.split(b"\r\n" + mark + b"\r\n", 1)
+    signature, _end = rest.split(b"\r\n" + mark + b"--", 1)
+    return part, base64.b64decode(signature.partition(b"\r\n\r\n")[2])
+
+
+def verified_by_openssl(entity: bytes, tmp_path) -> bytes:
+    """The signed part of a multipart/signed entity of the hub's, once ``openssl cms
+    -verify`` verified its detached signature over the part's bytes with the hub's
+    certificate (``hub.pem`` of :func:`_files`) and no other. (openssl's S/MIME reader
+    rewrites the bare line feeds of a binary part, so the parts are split here.)"""
+    signed, signature = split_signed(entity)
+    (tmp_path / "part").write_bytes(signed)
+    (tmp_path / "sig.der").write_bytes(signature)
+    done = subprocess.run(["openssl", "cms", "-verify", "-binary", "-inform", "DER", "-in",
+                           "sig.der", "-content", "part", "-nointern", "-certfile", "hub.pem",
+                           "-noverify", "-out", "/dev/null"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and "Verification successful" in done.stderr, done.stderr
+    return signed
 
 
 def test_oaep_sha1_is_read_by_a_pyas2lib_partner(as2):

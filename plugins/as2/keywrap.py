@@ -71,11 +71,14 @@ def _names(recipient: cms.KeyTransRecipientInfo, cert: x509.Certificate) -> bool
 
 
 def _content_keys(envelope: cms.EnvelopedData, keys):
+    return content_keys([r.chosen for r in envelope["recipient_infos"] if r.name == "ktri"],
+                        keys)
+
+
+def content_keys(recipients: list[cms.KeyTransRecipientInfo], keys):
     """Each content key our keys unwrap from the envelope's recipients, best guess
     first (PKCS#1 v1.5 with a wrong key may give random bytes instead of an error, as
     OpenSSL's implicit rejection does: the content decryption then tells)."""
-    recipients = [r.chosen for r in envelope["recipient_infos"]
-                  if r.name == "ktri"]
     if not recipients:
         raise DecryptionError(f"{_NO_KEY}: no RSA key transport recipient in the envelope")
     # a recipient that names one of our certificates is tried with that one's key; one
@@ -145,50 +148,73 @@ def _decrypt_content(alg, key: bytes, data: bytes) -> tuple[str, bytes]:
     raise AS2Exception(f"Unsupported Encryption Algorithm {name}")
 
 
+def content_algorithm(enc_alg: str, iv: bytes | None) -> dict:
+    """The content encryption algorithm identifier of the profile's ``encryption_alg``
+    (the identifiers pyas2lib writes), with its IV."""
+    cipher, bits = enc_alg.split("_")[:2]
+    if cipher == "aes":
+        return {"algorithm": f"aes{bits}_cbc", "parameters": cms.OctetString(iv)}
+    if cipher == "tripledes":
+        return {"algorithm": "tripledes_3key", "parameters": cms.OctetString(iv)}
+    if cipher == "rc2":
+        return {"algorithm": "rc2", "parameters": algos.Rc2Params({"iv": cms.OctetString(iv)})}
+    if cipher == "rc4":
+        return {"algorithm": "rc4"}
+    raise AS2Exception(f"Unsupported Encryption Algorithm {enc_alg}")
+
+
 def _encrypt_content(enc_alg: str, data: bytes) -> tuple[bytes, dict, bytes]:
-    """(content key, content encryption algorithm, encrypted content), for the ciphers
-    of the profile's ``encryption_alg`` (the identifiers pyas2lib writes)."""
+    """(content key, content encryption algorithm, encrypted content)."""
     cipher, bits = enc_alg.split("_")[:2]
     key = os.urandom(int(bits) // 8)
     if cipher == "aes":
         iv, out = symmetric.aes_cbc_pkcs7_encrypt(key, data, None)
-        return key, {"algorithm": f"aes{bits}_cbc", "parameters": cms.OctetString(iv)}, out
-    if cipher == "tripledes":
+    elif cipher == "tripledes":
         iv, out = symmetric.tripledes_cbc_pkcs5_encrypt(key, data, None)
-        return key, {"algorithm": "tripledes_3key", "parameters": cms.OctetString(iv)}, out
-    if cipher == "rc2":
+    elif cipher == "rc2":
         iv, out = symmetric.rc2_cbc_pkcs5_encrypt(key, data, None)
-        return key, {"algorithm": "rc2",
-                     "parameters": algos.Rc2Params({"iv": cms.OctetString(iv)})}, out
-    if cipher == "rc4":
-        return key, {"algorithm": "rc4"}, symmetric.rc4_encrypt(key, data)
-    raise AS2Exception(f"Unsupported Encryption Algorithm {enc_alg}")
+    elif cipher == "rc4":
+        iv, out = None, symmetric.rc4_encrypt(key, data)
+    else:
+        raise AS2Exception(f"Unsupported Encryption Algorithm {enc_alg}")
+    return key, content_algorithm(enc_alg, iv), out
+
+
+def recipient(cert: x509.Certificate, key: bytes, digest: str | None
+              ) -> cms.KeyTransRecipientInfo:
+    """The recipient info of ``cert`` with the content ``key`` wrapped: RSAES-OAEP with
+    ``digest`` (and MGF1 with the same), or PKCS#1 v1.5 when ``digest`` is None."""
+    public = cert.public_key()
+    if not isinstance(public, rsa.RSAPublicKey):
+        raise AS2Exception("encryption needs the partner's RSA certificate")
+    if digest is None:
+        wrapped = public.encrypt(key, padding.PKCS1v15())
+        algorithm = {"algorithm": "rsaes_pkcs1v15"}
+    else:
+        wrapped = public.encrypt(key, padding.OAEP(
+            mgf=padding.MGF1(_HASHES[digest]()), algorithm=_HASHES[digest](), label=None))
+        algorithm = {"algorithm": "rsaes_oaep", "parameters": algos.RSAESOAEPParams({
+            "hash_algorithm": {"algorithm": digest},
+            "mask_gen_algorithm": {"algorithm": "mgf1", "parameters": {"algorithm": digest}}})}
+    asn1_cert = cms.Certificate.load(cert.public_bytes(Encoding.DER))
+    return cms.KeyTransRecipientInfo({
+        "version": "v0",
+        "rid": cms.RecipientIdentifier({"issuer_and_serial_number": cms.IssuerAndSerialNumber({
+            "issuer": asn1_cert.issuer, "serial_number": asn1_cert.serial_number})}),
+        "key_encryption_algorithm": algorithm,
+        "encrypted_key": wrapped})
 
 
 def encrypt(data: bytes, enc_alg: str, cert: x509.Certificate, digest: str) -> bytes:
     """A DER EnvelopedData of ``data`` for ``cert``, its content key wrapped with
     RSAES-OAEP with ``digest`` (and MGF1 with the same)."""
-    public = cert.public_key()
-    if not isinstance(public, rsa.RSAPublicKey):
+    if not isinstance(cert.public_key(), rsa.RSAPublicKey):
         raise AS2Exception("RSAES-OAEP needs the partner's RSA certificate")
     key, algorithm, encrypted = _encrypt_content(enc_alg, data)
-    wrapped = public.encrypt(key, padding.OAEP(
-        mgf=padding.MGF1(_HASHES[digest]()), algorithm=_HASHES[digest](), label=None))
-    params = algos.RSAESOAEPParams({
-        "hash_algorithm": {"algorithm": digest},
-        "mask_gen_algorithm": {"algorithm": "mgf1", "parameters": {"algorithm": digest}}})
-    asn1_cert = cms.Certificate.load(cert.public_bytes(Encoding.DER))
-    recipient = cms.KeyTransRecipientInfo({
-        "version": "v0",
-        "rid": cms.RecipientIdentifier({"issuer_and_serial_number": cms.IssuerAndSerialNumber({
-            "issuer": asn1_cert.issuer, "serial_number": asn1_cert.serial_number})}),
-        "key_encryption_algorithm": {"algorithm": "rsaes_oaep", "parameters": params},
-        "encrypted_key": wrapped})
     return cms.ContentInfo({
         "content_type": "enveloped_data",
         "content": cms.EnvelopedData({
-            "version": "v0", "recipient_infos": [recipient],
+            "version": "v0", "recipient_infos": [recipient(cert, key, digest)],
             "encrypted_content_info": {"content_type": "data",
                                        "content_encryption_algorithm": algorithm,
                                        "encrypted_content": encrypted}})}).dump()
-

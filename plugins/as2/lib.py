@@ -588,19 +588,54 @@ def building(key_encryption: str | None = None):
 
 def content_mic(entity, alg: str) -> bytes:
     """The MIC of an unsigned message (RFC 4130 7.3.1: over the MIME content, headers
-    included): here its MIME headers (``Content-*``: type, transfer encoding, disposition;
-    not Content-Length nor the transport's AS2 and HTTP headers, which differ between the
-    two ends; each name once, its first value) and its
-    body's bytes, so sender and receiver compute the same."""
+    included): here its MIME headers (:func:`content_head`) and its body's bytes, so
+    sender and receiver compute the same."""
+    body = entity.get_payload(decode=True) or b""
+    digest = hashlib.new(alg, content_head(entity) + b"\r\n" + body).digest()
+    return binascii.b2a_base64(digest).strip()
+
+
+def content_head(entity) -> bytes:
+    """The headers an unsigned message's MIC covers: its ``Content-*`` ones (type,
+    transfer encoding, disposition; not Content-Length nor the transport's AS2 and HTTP
+    headers, which differ between the two ends), each name once, its first value."""
     seen: dict[str, str] = {}
     for k, v in entity.items():  # each once: a parsed message may repeat them
         name = k.lower()
         if name.startswith("content-") and name != "content-length" and name not in seen:
             seen[name] = f"{k}: {v}\r\n"
-    head = "".join(seen.values())
-    body = entity.get_payload(decode=True) or b""
-    digest = hashlib.new(alg, head.encode("utf-8") + b"\r\n" + body).digest()
-    return binascii.b2a_base64(digest).strip()
+    return "".join(seen.values()).encode("utf-8")
+
+
+# --- the keys and certificates of a streamed message (:mod:`.stream`) ------------------
+
+def decrypt_keys(profile: As2Profile) -> list:
+    """Our (cryptography RSA key, certificate) pairs that decrypt now, or pyas2lib's
+    DecryptionError with the reason they are refused."""
+    keys = organization(profile).decrypt_key
+    if isinstance(keys, _Refused):
+        raise DecryptionError(keys.reason)
+    pairs = keys if isinstance(keys, list) else [keys]
+    return [found for found in map(_signer, pairs) if found is not None]
+
+
+def verify_certs(profile: As2Profile) -> list:
+    """The partner's certificates (cryptography's) that verify its signatures now, or
+    pyas2lib's IntegrityError with the reason they are refused."""
+    certs = partner(profile).load_verify_cert()
+    return [x509.load_der_x509_certificate(c.asn1.dump())
+            for c in (certs if isinstance(certs, list) else [certs])]
+
+
+def sign_pair(org: Organization):
+    """Our (cryptography RSA key, certificate) that signs, or None (not an RSA key)."""
+    return _signer(org.sign_key) if org.sign_key else None
+
+
+def encrypt_cert(made: Partner):
+    """The partner's encryption certificate (cryptography's), or pyas2lib's
+    InsufficientSecurityError with the reason it is refused."""
+    return x509.load_der_x509_certificate(made.load_encrypt_cert().asn1.dump())
 
 
 def build_message(message, data: bytes, key_encryption: str | None = None, **kwargs) -> None:
@@ -615,7 +650,7 @@ def build_message(message, data: bytes, key_encryption: str | None = None, **kwa
         message.mic, message.digest_alg = content_mic(document, alg), alg
 
 
-def _micalg(options: str | None) -> str | None:
+def micalg(options: str | None) -> str | None:
     """The digest the partner asked for its signed receipt (the one pyas2lib signs with:
     the last listed), or None when no signed receipt was asked for."""
     if not options or "signed-receipt-micalg" not in options.lower():
@@ -635,7 +670,7 @@ class Mdn(_PyMdn):
         receiver = message.receiver
         if failed_text is None:
             failed_text = getattr(receiver, "mdn_failed_text", None) or MDN_FAILED_TEXT
-        alg = _micalg(message.headers.get("disposition-notification-options")
+        alg = micalg(message.headers.get("disposition-notification-options")
                       if message.headers else None)
         if message.mic is None and alg and status == "processed" \
                 and message.payload is not None:

@@ -12,7 +12,10 @@ input. The order of work:
    a large raw stage (HTTP headers + body, what pyas2lib parses) is written to a temp
    file of the payload store (one up to :data:`SMALL_STAGE` is only hashed, and written
    with the sync). A signature that fails with the partner's canonicalisation is
-   tried once with the other (text vs binary): partners differ on it.
+   tried once with the other (text vs binary): partners differ on it. A body over the
+   instance's ``stream_threshold`` is read into a temp file instead (:class:`Spool`,
+   linked into the store as the raw stage) and parsed from there in bounded buffers
+   (:mod:`.stream`), with the same checks, texts and MDN.
 5. Accepted: the raw, unpacked and receipt stages are made durable and put in place by
    one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
    are inserted, and before that transaction commits; the positive MDN is returned
@@ -32,9 +35,12 @@ from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from email import policy
+from email.parser import BytesHeaderParser
 from typing import IO
 
 from pyas2lib.exceptions import IntegrityError as SignatureError
+from pyas2lib.exceptions import PartnerNotFound
 from sqlalchemy import bindparam, insert, null, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -53,7 +59,7 @@ from b2bhub.plugin_api import (
     store_and_dispatch_many,
     store_refused,
 )
-from plugins.as2 import lib, mdn_in, profiles
+from plugins.as2 import lib, mdn_in, profiles, stream
 from plugins.as2.models import As2Inbound
 from plugins.as2.replies import Reply, party_name
 from plugins.as2.replies import text_reply as _text
@@ -81,12 +87,14 @@ class _Stages:
     the transaction that refers to them commits. A small stage is only hashed until
     then (its digest goes in the rows); the writer thread writes it with the sync."""
 
-    def __init__(self, store: PayloadStore, raw: bytes | None):
+    def __init__(self, store: PayloadStore, raw: bytes | Spool | None):
         self._batch = store.batch()
         self._small: list[tuple[bytes, StoredPayload]] = []
         self._raw: Future | None = None
         self._durable: Future | None = None
-        if raw is not None and len(raw) > SMALL_STAGE:
+        if isinstance(raw, Spool):  # linked into the batch, not copied
+            self._raw = _writer.submit(raw.put, self._batch)
+        elif raw is not None and len(raw) > SMALL_STAGE:
             self._raw = _writer.submit(self._batch.put, raw)
         elif raw is not None:
             self._raw = Future()
@@ -106,6 +114,11 @@ class _Stages:
 
     def add(self, data: bytes) -> tuple[str, int]:
         stored = self._later(data) if len(data) <= SMALL_STAGE else self._batch.put(data)
+        return stored.digest, stored.size
+
+    def add_stream(self, data: IO[bytes]) -> tuple[str, int]:
+        """A stage read from a stream (in chunks, never whole)."""
+        stored = self._batch.put(data)
         return stored.digest, stored.size
 
     def durable(self) -> Future:
@@ -133,6 +146,44 @@ class _Stages:
         self._batch.discard()
 
 
+class Spool:
+    """A body over the receiver's ``stream_threshold``: its raw stage (the header block,
+    a blank line, the body) in a temp file of the payload store, the message parsed
+    from there (:mod:`.stream`)."""
+
+    def __init__(self, store: PayloadStore, block: bytes):
+        self.ws = stream.Workspace(store.root)
+        self.path = self.ws.new("raw")
+        self.body_at = len(block) + 2
+        self.headers = BytesHeaderParser(policy=policy.compat32).parsebytes(block)
+        self._out = open(self.path, "wb")  # noqa: SIM115 (closed by finish/discard)
+        self._out.write(block + b"\r\n")
+
+    def write(self, data: bytes) -> None:
+        self._out.write(data)
+
+    def finish(self) -> Spool:
+        self._out.close()
+        return self
+
+    def head(self, n: int) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(self.body_at)
+            return f.read(n)
+
+    def read(self) -> bytes:
+        """The whole body (an MDN's: small)."""
+        return self.head(-1)
+
+    def put(self, batch) -> StoredPayload:
+        with open(self.path, "rb") as f:
+            return batch.put(f, link=self.path)
+
+    def discard(self) -> None:
+        self._out.close()
+        self.ws.close()
+
+
 def read_limited(stream: IO[bytes], limit: int) -> bytes | None:
     """The body, or None once it passes ``limit`` bytes (the rest is not read)."""
     parts, total = [], 0
@@ -155,9 +206,9 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
     caller holds in memory."""
     block = lib.header_block(headers)
     found = lib.read_headers(block)
-    as2_from, as2_to = (lib.unquote(found.get("as2-from")), lib.unquote(found.get("as2-to")))
+    as2_from = lib.unquote(found.get("as2-from"))
     msgid = lib.message_id_of(found.get("message-id"))
-    data = None if config is None else _read_body(body, content_length, config)
+    data = None if config is None else _read_body(body, content_length, config, store, block)
     # the partner as this process knows it, to look for its Message-ID in the same
     # statement; checked once the profiles version is read
     guess = profiles.profile_cache.peek(as2_from, PARTNER) if as2_from and msgid else None
@@ -167,13 +218,31 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
         if not looked.enabled:
             return no_receiver(instance)
         config = looked.config
-        data = _read_body(body, content_length, config)
+        data = _read_body(body, content_length, config, store, block)
     if data is None:
         return _refuse_early(session, instance, found, _Stages(store, None), now,
                              f"the body is over the size limit of {_max_size(config)} bytes",
                              status=413)
-    raw = block + b"\r\n" + data
-    if mdn_in.looks_like_mdn(found, data):
+    if not isinstance(data, Spool):
+        return _received(session, store, instance, found, block + b"\r\n" + data, data,
+                         now, looked, guess)
+    try:
+        if mdn_in.looks_like_mdn(found, data.head(4096)):  # an MDN: small, as always
+            whole = data.read()
+            return _received(session, store, instance, found, block + b"\r\n" + whole,
+                             whole, now, looked, guess)
+        return _received(session, store, instance, found, data, None, now, looked, guess)
+    finally:
+        data.discard()
+
+
+def _received(session, store, instance, found, raw: bytes | Spool, data: bytes | None, now,
+              looked, guess) -> Reply:
+    """The reply to a body read (in memory: ``raw`` and ``data``, the body alone; or a
+    :class:`Spool`, ``data`` None)."""
+    as2_from, as2_to = (lib.unquote(found.get("as2-from")), lib.unquote(found.get("as2-to")))
+    msgid = lib.message_id_of(found.get("message-id"))
+    if data is not None and mdn_in.looks_like_mdn(found, data):
         stages = _Stages(store, raw)
         stages.durable().result()
         stored = stages.raw()["raw"]
@@ -201,9 +270,10 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
         if duplicate_id is not None:
             return _duplicate(session, store, duplicate_id, partner.party, msgid, now)
     stages = _Stages(store, raw)  # the raw stage is written while the message is parsed
+    parse = _stream_parse_and_store if isinstance(raw, Spool) else _parse_and_store
     try:
-        return _parse_and_store(session, store, instance, raw, stages, found, org, partner,
-                                msgid, now, known)
+        return parse(session, store, instance, raw, stages, found, org, partner, msgid, now,
+                     known)
     except BaseException:
         stages.discard()  # nothing of it in place (a no-op once made durable)
         raise
@@ -217,12 +287,36 @@ def _max_size(config: dict) -> int:
     return int(config.get("max_size") or DEFAULT_MAX_SIZE)
 
 
-def _read_body(body: IO[bytes], content_length: int | None, config: dict) -> bytes | None:
-    """The body, or None when it is over the instance's ``max_size``."""
+def _read_body(body: IO[bytes], content_length: int | None, config: dict,
+               store: PayloadStore, block: bytes) -> bytes | Spool | None:
+    """The body, or None when it is over the instance's ``max_size`` (the rest is not
+    read); one over its ``stream_threshold`` as a :class:`Spool`."""
     max_size = _max_size(config)
     if content_length is not None and content_length > max_size:
         return None
-    return read_limited(body, max_size)
+    limit = stream.threshold(config)
+    if content_length is not None and content_length <= limit:
+        return read_limited(body, max_size)
+    parts: list[bytes] = []
+    total, spool = 0, None
+    while True:
+        chunk = body.read(CHUNK)
+        if not chunk:
+            return spool.finish() if spool is not None else b"".join(parts)
+        total += len(chunk)
+        if total > max_size:
+            if spool is not None:
+                spool.discard()
+            return None
+        if spool is None and total > limit:
+            spool = Spool(store, block)
+            for part in parts:
+                spool.write(part)
+            parts = []
+        if spool is not None:
+            spool.write(chunk)
+        else:
+            parts.append(chunk)
 
 
 @dataclass
@@ -337,12 +431,71 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
         log.info("AS2 message could not be parsed: %r", error)
         return _refuse_early(session, instance, found, stages, now,
                              f"malformed AS2 message: {error}")
+    def content():
+        content = message.content  # decoded anew at every read
+        return stages.add(content if isinstance(content, bytes) else b"")
+    return _store_parsed(session, store, instance, stages, found, org, partner, msgid, now, known,
+                         status, exc, mdn, content, _filename(message),
+                         message.certificate_warnings)
+
+
+def _stream_parse_and_store(session, store, instance, spool: Spool, stages: _Stages, found,
+                            org, partner, msgid, now, known: dict) -> Reply:
+    """:func:`_parse_and_store` of a message over the stream threshold (:mod:`.stream`)."""
+    with lib.collecting_warnings() as warnings:
+        if org is None:
+            as2_to = lib.unquote(found.get("as2-to"))
+            received = stream.refused(PartnerNotFound(
+                f"Unknown AS2 organization with id {as2_to}"), spool.headers)
+        else:
+            received = stream.receive(
+                spool.ws, spool.path, spool.body_at, spool.headers, lib.partner(partner),
+                decrypt_keys=lambda: lib.decrypt_keys(org),
+                verify_certs=lambda: lib.verify_certs(partner),
+                receipt_alg=lib.micalg(found.get("disposition-notification-options")),
+                content_head=lib.content_head)
+        mdn = _streamed_mdn(received, found, org, partner, msgid)
+    if received.exc is not None:
+        log.info("AS2 message %s (streamed) not processed: %r", msgid, received.exc)
+
+    def content():
+        with received.payload.body_stream() as body:
+            return stages.add_stream(body)
+    return _store_parsed(session, store, instance, stages, found, org, partner, msgid, now, known,
+                         received.status, received.exc, mdn, content, _safe_name(
+                             received.filename()), list(warnings))
+
+
+def _streamed_mdn(received: stream.Received, found: dict, org, partner, msgid: str):
+    """The MDN of a streamed message, built as pyas2lib builds it (small), from the MIC
+    the stream computed."""
+    if not found.get("disposition-notification-to"):
+        return None
+    message = lib.Message()
+    message.payload = received.merged
+    message.message_id = msgid
+    message.receiver = lib.organization(org) if org is not None \
+        else lib.organization_stub(lib.unquote(found.get("as2-to")), None)
+    message.sender = lib.partner(partner)
+    message.mic, message.digest_alg = received.mic, received.digest_alg
+    url = found.get("receipt-delivery-option")
+    options = found.get("disposition-notification-options")
+    mdn = lib.Mdn(mdn_mode="ASYNC" if url else "SYNC", mdn_url=url,
+                  digest_alg=options.split(";")[-1].split(",")[-1].strip() if options else None)
+    detail = None if received.exc is None else getattr(
+        received.exc, "disposition_modifier", "unexpected-processing-error")
+    with lib.parsing():
+        mdn.build(message=message, status=received.status, detailed_status=detail)
+    return BuiltMdn(mdn)
+
+
+def _store_parsed(session, store, instance, stages: _Stages, found, org, partner, msgid, now,
+                  known: dict, status: str, exc, mdn, content, filename: str | None,
+                  warnings: list[str]) -> Reply:
+    """Store a parsed message (``content()`` adds its unpacked stage) and reply."""
     # the receipt and the business document join the raw stage's batch
     mdn_stage = _mdn_stage(stages, mdn)
-    unpacked = None
-    if status == "processed":
-        content = message.content  # decoded anew at every read
-        unpacked = stages.add(content if isinstance(content, bytes) else b"")
+    unpacked = content() if status == "processed" else None
     durable = stages.durable()  # one sync for all three, while the rows go in
     from_party = partner.party if partner else party_name(lib.unquote(found.get("as2-from")))
     to_party = org.party if org else party_name(lib.unquote(found.get("as2-to")))
@@ -351,17 +504,17 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
         stored["receipt"] = mdn_stage
     mode = _mdn_mode(mdn)
     if status != "processed":
-        reason = _reason(status, exc, message)
+        reason = _reason(status, exc)
         return _store_refusal(session, instance, NewMessage(
             source=instance, from_party=from_party, to_party=to_party, stages=stored,
             external_id=msgid, correlation_id=msgid), reason, mdn, mode, mdn_stage, durable, now)
     stored["unpacked"] = unpacked
     new = NewMessage(source=instance, from_party=from_party, to_party=to_party,
                      stages=stored, external_id=msgid, correlation_id=msgid,
-                     original_filename=_filename(message),
+                     original_filename=filename,
                      direction=_direction(org, partner),
                      lines=_mdn_lines(mode, mdn) + [
-                         {"type": "warning", "text": w} for w in message.certificate_warnings])
+                         {"type": "warning", "text": w} for w in warnings])
     try:
         [made] = store_and_dispatch_many(session, [new], now, known)
         _insert_inbound(session, instance, from_party, msgid, made, mdn, mode, mdn_stage, now,
@@ -483,7 +636,7 @@ def _reply(mdn, mode: str, message_id: int, text: str) -> Reply:
     return _text(200, text, message_id=message_id, mdn_owed=mode == "pending")
 
 
-def _reason(status: str, exc, message) -> str:
+def _reason(status: str, exc) -> str:
     detail = getattr(exc, "disposition_modifier", None) or "unexpected-processing-error"
     return f"{status}: {detail}: {exc}" if exc else f"{status}: {detail}"
 
@@ -493,6 +646,10 @@ def _filename(message) -> str | None:
         name = message.payload.get_filename()
     except Exception:
         return None
+    return _safe_name(name)
+
+
+def _safe_name(name: str | None) -> str | None:
     if not name:
         return None
     name = os.path.basename(name.replace("\\", "/")).strip()
