@@ -35,7 +35,6 @@ from tests.test_as2 import (
     partner,
     post,
     post_envelope,
-    served,
 )
 from tests.test_as2_keywrap import _files, peer, verified_by_openssl
 
