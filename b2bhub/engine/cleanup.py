@@ -35,6 +35,7 @@ Plain Python and SQLAlchemy: no Flask, no Celery.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -43,7 +44,19 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, exists, func, literal, or_, select, tuple_, update
+from sqlalchemy import (
+    ARRAY,
+    String,
+    cast,
+    delete,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.retention import (
@@ -378,12 +391,21 @@ def _referenced(session: Session, digests: Iterable[str], refs: tuple,
     the messages it would remove)."""
     digests, exclude = list(digests), list(exclude)
     found: set[str] = set()
+    postgres = session.get_bind().dialect.name == "postgresql"
     for owner, column, _size in refs:
         for chunk in _chunks(digests, 500):
-            query = select(column).where(column.in_(chunk)).distinct()
+            # Each digest asked whether one row holds it (EXISTS stops at the first),
+            # not the distinct digests of every row holding them: a payload shared by
+            # many messages (content-addressed: the same document sent daily) made that
+            # read every one of its rows, live and deleted, once per batch.
+            if postgres:
+                digest = func.unnest(cast(chunk, ARRAY(String))).column_valued("wanted_digest")
+            else:
+                digest = func.json_each(json.dumps(chunk)).table_valued("value").c.value
+            holds = [column == digest]
             if exclude:
-                query = query.where(or_(owner.is_(None), owner.not_in(exclude)))
-            found.update(session.scalars(query))
+                holds.append(or_(owner.is_(None), owner.not_in(exclude)))
+            found.update(session.scalars(select(digest).where(exists().where(*holds))))
     return found
 
 
