@@ -333,9 +333,16 @@ def _candidates(session: Session, cutoffs: dict[str, datetime | None],
 
 
 def _removable(ids: list[int]):
-    """The condition a message must still meet when it is deleted."""
+    """The condition a message must still meet when it is deleted.
+
+    The open-delivery check goes by the message's own deliveries: ``state || ''`` keeps
+    PostgreSQL from taking the state index instead, which it did when its statistics
+    said open deliveries were few, and then compared every message of the batch with
+    every open delivery of the hub (a backlog of 66,000 queued made 500 messages take
+    3.4 s instead of 17 ms)."""
     return (Message.id.in_(ids), Message.status.in_(_FINAL),
-            ~exists().where(Delivery.message_id == Message.id, Delivery.state.in_(_OPEN)))
+            ~exists().where(Delivery.message_id == Message.id,
+                            Delivery.state.concat("").in_(_OPEN)))
 
 
 def _message_digests(session: Session, ids: list[int], refs: tuple
