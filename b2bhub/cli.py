@@ -253,17 +253,18 @@ def sweep_command() -> None:
 @main.command("cleanup")
 @click.option("--dry-run", is_flag=True, help="say what would be removed, remove nothing")
 @click.option("--batch", type=click.IntRange(1, 10000), default=None,
-              help="messages deleted per transaction (default 500)")
+              help="messages deleted per transaction, this many each time (default: "
+                   "as many as fit in 100 ms, from 500)")
 @with_appcontext
 def cleanup_command(dry_run: bool, batch: int | None) -> None:
     """Run the nightly cleanup now: messages past retention, unreferenced payload files."""
     from b2bhub import hub
-    from b2bhub.engine.cleanup import BATCH, plugin_references, run_cleanup
+    from b2bhub.engine.cleanup import BATCH, BATCH_BUDGET, plugin_references, run_cleanup
     from b2bhub.models import utcnow
     with hub.new_session() as session:
         report = run_cleanup(session, hub.store(), utcnow(), hub.process_owner(),
                              dry_run=dry_run, trigger="manual", actor="cli",
-                             batch=batch or BATCH,
+                             batch=batch or BATCH, budget=None if batch else BATCH_BUDGET,
                              references=plugin_references(hub.registry()))
     click.echo(report.summary())
     if not report.ran:

@@ -156,6 +156,14 @@ def test_a_tight_budget_deletes_in_smaller_batches_and_removes_the_same(
         assert exists(session, scene[name]), name
 
 
+def test_a_batch_given_by_hand_is_kept_whatever_it_takes(scene, session, store):
+    """``b2bhub cleanup --batch N``: N messages a transaction, not sized to the budget."""
+    report = run_cleanup(session, store, at(days=40, seconds=60), "tests", batch=2,
+                         budget=None)
+    assert report.messages == len(GONE)
+    assert (report.largest_batch, report.batches) == (2, 3)  # 5 candidates: 2, 2, 1
+
+
 def test_batch_sizes_follow_the_time_each_full_batch_took():
     sizer = BatchSizer(500, budget=0.1, smallest=20, largest=5000)
     sizer.record(500, 0.4)  # four times the budget: cut in proportion, with a margin

@@ -57,14 +57,14 @@ class BatchSizer:
     of it the next grows by a quarter, between ``smallest`` and ``largest``. A short
     batch (the last of a run) says nothing of the size and changes nothing."""
 
-    def __init__(self, size: int = 500, budget: float = 0.1, smallest: int = 1,
+    def __init__(self, size: int = 500, budget: float | None = 0.1, smallest: int = 1,
                  largest: int = 5000):
         self.budget, self.smallest, self.largest = budget, max(1, smallest), largest
         self.size = min(max(size, self.smallest), largest)
 
     def record(self, rows: int, seconds: float) -> None:
-        if rows < self.size or seconds <= 0:
-            return
+        if self.budget is None or rows < self.size or seconds <= 0:
+            return  # (no budget: the size is fixed)
         if seconds > self.budget:
             self.size = max(self.smallest, int(self.size * self.budget / seconds * 0.8))
         elif seconds < self.budget / 2:

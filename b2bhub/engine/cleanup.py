@@ -128,7 +128,8 @@ class CleanupReport:
     files: int = 0
     bytes: int = 0  # what left the disk (or would)
     orphan_files: int = 0  # of which no removed message had referenced
-    budget: float = BATCH_BUDGET  # seconds a deleting transaction may take
+    budget: float | None = BATCH_BUDGET  # seconds a deleting transaction may take
+    # (None: every batch of the size given)
     largest_batch: int = 0  # messages, the most one transaction deleted
     batches: int = 0  # deleting transactions
     extra: dict[str, int] = field(default_factory=dict)
@@ -155,7 +156,7 @@ def retention_cutoffs(session: Session, settings: DeliverySettings, now: datetim
 
 def run_cleanup(session: Session, store: PayloadStore, now: datetime, owner: str, *,
                 dry_run: bool = False, trigger: str = "schedule", actor: str = "cleanup",
-                batch: int = BATCH, budget: float = BATCH_BUDGET,
+                batch: int = BATCH, budget: float | None = BATCH_BUDGET,
                 orphan_grace: float = ORPHAN_GRACE,
                 settings: DeliverySettings | None = None,
                 references: tuple = ()) -> CleanupReport:
