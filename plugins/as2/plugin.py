@@ -58,7 +58,8 @@ class As2Receiver(Plugin):
         Field("max_size", "integer", label="Largest message (bytes)",
               default=100 * 1024 * 1024, min=1024,
               help="largest body taken, in bytes; larger ones are refused"),
-        Field("stream_threshold", "integer", default=8 * 1024 * 1024, min=0,
+        Field("stream_threshold", "integer", label="Stream above (bytes)",
+              default=8 * 1024 * 1024, min=0,
               help="bodies larger than this (bytes) are parsed from a temp file, "
                    "streamed, not in memory (0: every one)"),
     ]
@@ -103,7 +104,8 @@ class As2Sender(Plugin):
               help="the stage of the message to send"),
         Field("timeout", "integer", label="Timeout (seconds)", default=120, min=1, max=3600,
               help="seconds to wait for the partner's answer (and a sync MDN)"),
-        Field("stream_threshold", "integer", default=8 * 1024 * 1024, min=0,
+        Field("stream_threshold", "integer", label="Stream above (bytes)",
+              default=8 * 1024 * 1024, min=0,
               help="messages larger than this (bytes) are built on temp files and "
                    "sent from them, streamed, not in memory (0: every one)"),
     ]
