@@ -262,7 +262,7 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
     the token's row, the sender's and the recipient's kinds (from the headers, else the
     instance's ``from_party`` / ``to_party``) and the settings rows a new message needs.
     None when the instance is missing or disabled; else (config, from, to, kinds of the
-    parties that exist, settings with the token's id under ``"token"``)."""
+    parties that exist, the settings rows, the token's id or None)."""
     given = request.config is not None
     config = request.config or {}
     row = connection(session).execute(_lookups_query(given), {
@@ -277,7 +277,7 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
     kinds = {name: kind for name, kind in ((row.from_party, row.from_kind),
                                             (row.to_party, row.to_kind)) if kind}
     known = {key: row._mapping[f"s{i}"] for i, key in enumerate(INTAKE_KEYS)}
-    return config, row.from_party, row.to_party, kinds, {**known, "token": row.token}
+    return config, row.from_party, row.to_party, kinds, known, row.token
 
 
 @functools.cache
@@ -321,8 +321,8 @@ def handle(request: EndpointRequest) -> EndpointReply:
     if looked is None:
         session.rollback()
         return _error(404, f"no enabled HTTP receiver named '{name}'")
-    config, from_party, to_party, kinds, known = looked
-    if scheme.lower() != "bearer" or not token.strip() or known.pop("token") is None:
+    config, from_party, to_party, kinds, known, token_id = looked
+    if scheme.lower() != "bearer" or not token.strip() or token_id is None:
         session.rollback()
         return _error(401, "a valid bearer token of this receiver is required",
                       **{"WWW-Authenticate": 'Bearer realm="b2bhub"'})
