@@ -157,6 +157,8 @@ def _as_number(field: Field, raw: Any) -> float:
         value = float(raw.strip() if isinstance(raw, str) else raw)
     except ValueError:
         raise ValueError("must be a number") from None
+    except OverflowError:  # an integer of hundreds of digits
+        raise ValueError("must be a finite number") from None
     if not math.isfinite(value):
         raise ValueError("must be a finite number")
     return value
