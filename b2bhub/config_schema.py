@@ -2,9 +2,11 @@
 
 A plugin type lists its :class:`Field` s; from that one list the core validates an
 instance's configuration, the web form is drawn and the API describes the type
-(:func:`schema_to_json`). Values coming from an HTML form are strings, so validation
-coerces them ('10' -> 10, 'on' -> True, JSON text -> a value). Plain Python: no Flask,
-no Celery, no SQLAlchemy.
+(:func:`schema_to_json`, and :func:`openapi_config_schema` for the OpenAPI document).
+Values coming from an HTML form are strings, so validation coerces them ('10' -> 10,
+'on' -> True, JSON text -> a value); a JSON body of the API is validated ``strict``ly
+instead: each value must already be of its field's JSON type, as the OpenAPI document
+says. Plain Python: no Flask, no Celery, no SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = [
     "FIELD_TYPES",
     "ConfigError",
     "Field",
+    "openapi_config_schema",
     "schema_problem",
     "schema_to_json",
     "validate_config",
@@ -81,20 +84,27 @@ class ConfigError(ValueError):
         super().__init__("; ".join(f"{name}: {text}" for name, text in self.errors.items()))
 
 
-def validate_config(fields: Sequence[Field], config: dict[str, Any]) -> dict[str, Any]:
+def validate_config(fields: Sequence[Field], config: dict[str, Any], *,
+                    strict: bool = False) -> dict[str, Any]:
     """Return ``config`` normalised: every field present, defaults filled in, values
     coerced to their type. Raise :class:`ConfigError` naming every bad field at once,
     so a form can show all its errors together. Unknown keys are refused.
 
     A missing key, None or an empty string count as not given. An HTML form must
     therefore send an explicit false for an unchecked box whose default is true.
+
+    ``strict`` (a JSON body of the API): no coercion. A value must be of its field's
+    JSON type (an integer field takes a JSON integer, not "10" nor 10.0; a boolean
+    field true or false; a choice exactly one of the choices; a json field any value,
+    as it is); only a missing key or null count as not given, and an empty string
+    only for the text fields (string, path, secret) and json ones.
     """
     known = {field.name for field in fields}
     errors = {key: "unknown field" for key in config if key not in known}
     result: dict[str, Any] = {}
     for field in fields:
         try:
-            result[field.name] = _field_value(field, config.get(field.name))
+            result[field.name] = _field_value(field, config.get(field.name), strict)
         except ValueError as exc:
             errors[field.name] = str(exc)
     if errors:
@@ -102,13 +112,13 @@ def validate_config(fields: Sequence[Field], config: dict[str, Any]) -> dict[str
     return result
 
 
-def _field_value(field: Field, raw: Any) -> Any:
+def _field_value(field: Field, raw: Any, strict: bool = False) -> Any:
     """The normalised value of one field; ValueError carries the message for the user."""
-    if raw is None or raw == "":
+    if raw is None or (raw == "" and (not strict or field.type in EMPTY_IS_NOT_GIVEN)):
         if field.required:
             raise ValueError("required")
         return copy.deepcopy(field.default)
-    value = COERCE[field.type](field, raw)
+    value = (STRICT if strict else COERCE)[field.type](field, raw)
     _check_bounds(field, value)
     if field.validate is not None:
         message = field.validate(value)
@@ -147,6 +157,8 @@ def _as_number(field: Field, raw: Any) -> float:
         value = float(raw.strip() if isinstance(raw, str) else raw)
     except ValueError:
         raise ValueError("must be a number") from None
+    except OverflowError:  # an integer of hundreds of digits
+        raise ValueError("must be a finite number") from None
     if not math.isfinite(value):
         raise ValueError("must be a finite number")
     return value
@@ -198,6 +210,49 @@ COERCE: dict[str, Callable[[Field, Any], Any]] = {
 }
 
 
+def _strict_integer(field: Field, raw: Any) -> int:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    raise ValueError("must be an integer")
+
+
+def _strict_number(field: Field, raw: Any) -> float:
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return _as_number(field, raw)
+    raise ValueError("must be a number")
+
+
+def _strict_boolean(field: Field, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    raise ValueError("must be true or false")
+
+
+def _strict_choice(field: Field, raw: Any) -> Any:
+    for choice in field.choices:
+        if raw == choice and type(raw) is type(choice):  # 1 is not True, "2" not 2
+            return choice
+    raise ValueError("must be one of: " + ", ".join(str(choice) for choice in field.choices))
+
+
+def _strict_json(field: Field, raw: Any) -> Any:
+    if isinstance(raw, str):
+        return raw  # a JSON string is a value of its own, not JSON text to parse
+    return _as_json(field, raw)
+
+
+#: the fields whose empty string counts as not given in a strict (JSON) body too
+EMPTY_IS_NOT_GIVEN = frozenset({"string", "path", "secret", "json"})
+STRICT: dict[str, Callable[[Field, Any], Any]] = {
+    **COERCE,
+    "integer": _strict_integer,
+    "number": _strict_number,
+    "boolean": _strict_boolean,
+    "choice": _strict_choice,
+    "json": _strict_json,
+}
+
+
 def _check_bounds(field: Field, value: Any) -> None:
     if field.type not in ("integer", "number"):
         return
@@ -242,6 +297,61 @@ def _property(field: Field) -> dict[str, Any]:
         prop["minimum"] = field.min
     if field.max is not None:
         prop["maximum"] = field.max
+    return prop
+
+
+#: what a path field takes: any text without a NUL character
+NO_NUL = "^[^\\x00]*$"
+
+
+def openapi_config_schema(fields: Sequence[Field], *, answer: bool = False,
+                          mask: str = "") -> dict[str, Any]:
+    """The OpenAPI 3.0 schema of a configuration of ``fields``: in a JSON body of the
+    API, with :func:`validate_config`'s ``strict`` rules as its constraints (each
+    field's JSON type and bounds; the required fields present, not null and, if text,
+    not empty; no other key; null leaves an optional field at its default); or, with
+    ``answer``, as an answer shows a stored one, a secret that is set as ``mask``.
+
+    A field's own ``validate`` and the type's checks across fields are the hub's to
+    judge; they are not in the schema.
+    """
+    schema: dict[str, Any] = {"type": "object", "properties": {
+        field.name: _openapi_property(field, answer, mask) for field in fields}}
+    if not answer:
+        required = [field.name for field in fields if field.required]
+        schema.update({"additionalProperties": False, **({"required": required}
+                                                          if required else {})})
+    return schema
+
+
+def _openapi_property(field: Field, answer: bool, mask: str) -> dict[str, Any]:
+    # a stored optional field is null only when its default is; a body's may be null
+    nullable = not field.required and (field.default is None or not answer)
+    words = f"{field.title}: {field.help}" if field.help else field.title
+    prop: dict[str, Any] = {"x-field-type": field.type, "description": words}
+    if field.type in JSON_TYPES:
+        prop["type"] = JSON_TYPES[field.type]
+    if field.type == "choice":
+        kinds = {type(choice) for choice in field.choices}
+        if kinds in ({str}, {int}):
+            prop["type"] = "string" if kinds == {str} else "integer"
+        prop["enum"] = list(field.choices) + ([None] if nullable else [])
+    if field.type == "path":
+        prop["pattern"] = NO_NUL
+    if field.type == "secret":
+        prop["format"] = "password"
+        if answer:
+            prop["description"] += f" (shown as {mask} when set)"
+    elif field.default is not None:
+        prop["default"] = copy.deepcopy(field.default)
+    if field.required and not answer and field.type in ("string", "path", "secret"):
+        prop["minLength"] = 1  # an empty text is not given
+    if field.min is not None:
+        prop["minimum"] = field.min
+    if field.max is not None:
+        prop["maximum"] = field.max
+    if nullable and field.type != "json":  # a json field takes any value, null too
+        prop["nullable"] = True
     return prop
 
 

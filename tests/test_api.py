@@ -203,9 +203,14 @@ def test_instance_create_get_update_list(api, record_dir):
     assert created["retry_policy"]["max_attempts"] == 2
     assert api.get("/api/v1/plugins/configs/writer").get_json() == created
 
+    # a JSON body takes JSON values: the text "0.5" is not a number (a form's would be)
+    error = error_of(api.put("/api/v1/plugins/configs/writer", json={
+        "config": {"record_dir": str(record_dir), "sleep": "0.5"}}), 400, "invalid")
+    assert error["details"] == {"config": {"sleep": "must be a number"}}
+    assert api.get("/api/v1/plugins/configs/writer").get_json() == created
     response = api.put("/api/v1/plugins/configs/writer",
                        json={"enabled": False, "max_concurrent_deliveries": 1,
-                             "config": {"record_dir": str(record_dir), "sleep": "0.5"}})
+                             "config": {"record_dir": str(record_dir), "sleep": 0.5}})
     assert response.status_code == 200, response.get_json()
     updated = api.get("/api/v1/plugins/configs/writer").get_json()
     assert (updated["enabled"], updated["max_concurrent_deliveries"]) == (False, 1)

@@ -159,7 +159,11 @@ def test_retry_policies_and_business_rules_are_typed_as_the_hub_reads_them(spec)
     """A client generated from the document gets the policy's and the rules' fields,
     with the choices the hub accepts, not a bare object."""
     schemas = spec["components"]["schemas"]
-    for shape in ("InstanceFields", "Instance"):
+    # one shape per plugin type (and OtherInstance): every one of them says so
+    shapes = [ref["$ref"].rsplit("/", 1)[1] for name in ("InstanceFields", "Instance")
+              for ref in schemas[name].get("anyOf", schemas[name].get("oneOf"))]
+    assert len(shapes) == 2 * len(schemas["InstanceCreate"]["oneOf"]) + 1
+    for shape in shapes:
         policy = schemas[shape]["properties"]["retry_policy"]
         assert policy["additionalProperties"] is False
         assert set(policy["properties"]) == {"strategy", "base_delay", "max_delay",

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b2bhub.config_schema import ConfigError, Field, schema_problem, schema_to_json, validate_config
+from b2bhub.config_schema import (
+    ConfigError,
+    Field,
+    openapi_config_schema,
+    schema_problem,
+    schema_to_json,
+    validate_config,
+)
 
 
 def must_be_absolute(value: str) -> str | None:
@@ -132,11 +139,75 @@ def test_bounds_and_custom_validation():
         (Field("s", "string"), 5),
         (Field("p", "path"), "/a\0b"),
         (Field("j", "json"), {1, 2}),
+        (Field("n", "number"), 10**400),
     ],
 )
 def test_wrong_types_are_refused(field, value):
     with pytest.raises(ConfigError):
         validate_config([field], {field.name: value})
+    with pytest.raises(ConfigError):
+        validate_config([field], {field.name: value}, strict=True)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        (Field("i", "integer"), "10", "must be an integer"),
+        (Field("i", "integer"), 10.0, "must be an integer"),
+        (Field("i", "integer"), True, "must be an integer"),
+        (Field("i", "integer"), "", "must be an integer"),
+        (Field("n", "number"), "2.5", "must be a number"),
+        (Field("n", "number"), False, "must be a number"),
+        (Field("b", "boolean"), "on", "must be true or false"),
+        (Field("b", "boolean"), 1, "must be true or false"),
+        (Field("c", "choice", choices=(1, 2)), "2", "must be one of: 1, 2"),
+        (Field("c", "choice", choices=(1, 2)), True, "must be one of: 1, 2"),
+        (Field("c", "choice", choices=("a", "b")), "", "must be one of: a, b"),
+        (Field("s", "string"), 5, "must be a string"),
+    ],
+)
+def test_a_strict_json_body_is_not_coerced(field, value, message):
+    """What a form's text may say, a JSON body must say with the JSON type itself."""
+    with pytest.raises(ConfigError) as refused:
+        validate_config([field], {field.name: value}, strict=True)
+    assert refused.value.errors == {field.name: message}
+
+
+def test_a_strict_json_body_takes_json_values_as_they_are():
+    config = validate_config(WRITER, {
+        "base_directory": "/out", "overwrite": True, "polling_interval": 60, "timeout": 2,
+        "payload_stage": "raw", "headers": '{"X-Env": "prod"}', "filename_pattern": "",
+        "password": None}, strict=True)
+    assert config["headers"] == '{"X-Env": "prod"}'  # a string, not JSON text to parse
+    assert config["timeout"] == 2.0 and isinstance(config["timeout"], float)
+    assert (config["overwrite"], config["polling_interval"]) == (True, 60)
+    # null, and an empty text, leave a field at its default
+    assert (config["filename_pattern"], config["password"]) == ("{message_id}.dat",
+                                                                "changeme")
+    with pytest.raises(ConfigError) as refused:
+        validate_config(WRITER, {"base_directory": ""}, strict=True)
+    assert refused.value.errors == {"base_directory": "required"}
+
+
+def test_the_openapi_schema_says_the_strict_rules():
+    body = openapi_config_schema(WRITER)
+    assert body["required"] == ["base_directory"] and body["additionalProperties"] is False
+    props = body["properties"]
+    assert props["polling_interval"] == {
+        "x-field-type": "integer", "description": "Polling interval", "type": "integer",
+        "default": 10, "minimum": 1, "maximum": 3600, "nullable": True}
+    assert props["base_directory"]["minLength"] == 1
+    assert props["base_directory"]["pattern"] == "^[^\\x00]*$"
+    assert "nullable" not in props["base_directory"]
+    assert props["payload_stage"]["enum"] == ["raw", "unpacked", "sent", "receipt", None]
+    assert props["payload_stage"]["type"] == "string"
+    assert "type" not in props["headers"] and "nullable" not in props["headers"]
+    assert "default" not in props["password"] and props["password"]["format"] == "password"
+    shown = openapi_config_schema(WRITER, answer=True, mask="***")
+    assert "required" not in shown and "additionalProperties" not in shown
+    # stored, a field with a default is never null
+    assert "nullable" not in shown["properties"]["polling_interval"]
+    assert "(shown as *** when set)" in shown["properties"]["password"]["description"]
 
 
 def test_choice_given_as_text_selects_the_value():

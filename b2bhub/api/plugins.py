@@ -2,24 +2,92 @@
 
 from __future__ import annotations
 
+import re
+from copy import deepcopy
+
 from flask import g, url_for
 
 import b2bhub.api.schemas as s
 from b2bhub.api.auth import requires
 from b2bhub.api.blueprint import bp
 from b2bhub.api.shapes import instance_json, plugin_type_json
+from b2bhub.config_schema import openapi_config_schema
 from b2bhub.extensions import db
 from b2bhub.hub import registry
 from b2bhub.services import config as svc
+from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.intake_tokens import token_keeper
 
 
 @bp.document_hook
-def document_plugin_types(doc: dict, registry) -> None:
-    """An instance's ``type`` is one of the app's plugin types."""
-    if registry is not None:
-        doc["components"]["schemas"]["InstanceCreate"]["properties"]["type"]["enum"] = \
-            sorted(registry.types())
+def document_plugin_configs(doc: dict, registry) -> None:
+    """An instance's ``config`` typed by its ``type``, for each of the app's plugin
+    types (a third party's too): ``{Type}Config`` is what a body takes (the strict JSON
+    rules the API enforces), ``{Type}ConfigShown`` what an answer shows. A body to
+    create is one of ``{Type}InstanceCreate`` (by ``type``), a body to change any of
+    ``{Type}InstanceChange`` (``type`` may be left out: the instance's own decides),
+    an answer one of ``{Type}Instance`` or ``OtherInstance`` (a type not installed)."""
+    if registry is None or not registry.types():
+        return
+    schemas = doc["components"]["schemas"]
+    create, change, answer = (schemas.pop(name) for name in (
+        "InstanceCreate", "InstanceFields", "Instance"))
+    known = sorted(registry.types())
+    titles: dict[str, str] = {}
+    for type_name in known:
+        titles[type_name] = _title(type_name, {*schemas, *titles.values()})
+    for type_name, title in titles.items():
+        fields = registry.get(type_name).config_schema
+        body = openapi_config_schema(fields)
+        secrets = any(field.type == "secret" for field in fields)
+        schemas[f"{title}Config"] = {**body, "description": (
+            f"the settings of a {type_name} instance; null or left out: a field's default"
+            + (f"; a secret shown as {SECRET_MASK} and sent back unchanged keeps its "
+               "stored value" if secrets else ""))}
+        schemas[f"{title}ConfigShown"] = {
+            **openapi_config_schema(fields, answer=True, mask=SECRET_MASK),
+            "description": f"the settings of a {type_name} instance"}
+        config, shown = (_ref(f"{title}{name}") for name in ("Config", "ConfigShown"))
+        # a type with required settings cannot be created without them
+        must = ["config"] if body.get("required") else []
+        for base, name, settings, required in ((create, "InstanceCreate", config, must),
+                                               (change, "InstanceChange", config, []),
+                                               (answer, "Instance", shown, [])):
+            variant = deepcopy(base)
+            variant["properties"].update(type={"type": "string", "enum": [type_name]},
+                                         config=settings)
+            if required:
+                variant["required"] = sorted({*variant.get("required", ()), *required})
+            schemas[f"{title}{name}"] = variant
+    other = deepcopy(answer)
+    other["properties"].update(
+        type={"type": "string", "not": {"enum": known}, "description": "a type not "
+              "installed here (its instances stay)"},
+        config={"type": "object", "description": "as stored"})
+    schemas["OtherInstance"] = other
+    mapping = {type_name: _ref(f"{title}InstanceCreate")["$ref"]
+               for type_name, title in titles.items()}
+    schemas["InstanceCreate"] = {"oneOf": [{"$ref": ref} for ref in mapping.values()],
+                                 "discriminator": {"propertyName": "type",
+                                                   "mapping": mapping}}
+    schemas["InstanceFields"] = {"anyOf": [_ref(f"{title}InstanceChange")
+                                           for title in titles.values()]}
+    schemas["Instance"] = {"oneOf": [*(_ref(f"{title}Instance") for title in titles.values()),
+                                     _ref("OtherInstance")]}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _title(type_name: str, taken: set[str]) -> str:
+    """``file_poller`` -> ``FilePoller``: a type's name in the document's schema names,
+    one that is not ``taken`` (nor a schema's name that ``taken`` holds + ``Config``)."""
+    title = "".join(part.capitalize() for part in re.split(r"[^A-Za-z0-9]+", type_name))
+    title = title if title[:1].isalpha() else f"Type{title}"
+    while title in taken or f"{title}Config" in taken:
+        title += "X"
+    return title
 
 
 @bp.get("/plugins/types")
@@ -48,7 +116,7 @@ INSTANCE_CHECKS = ("name", "type", "config", "retry_policy", "business_rules", "
 @bp.arguments(s.InstanceCreate)
 @bp.response(201, s.Instance)
 def create_instance(body: dict):
-    row = svc.save_instance(db.session, registry(), body)
+    row = svc.save_instance(db.session, registry(), body, strict=True)
     db.session.commit()
     return instance_json(row, registry()), 201, {
         "Location": url_for(".get_instance", name=row.name)}
@@ -65,7 +133,8 @@ def get_instance(name: str):
 @bp.response(200, s.Instance)
 def update_instance(body: dict, name: str):
     """Change any field but ``name`` and ``type``; omitted fields keep their value."""
-    row = svc.save_instance(db.session, registry(), body, svc.get_instance(db.session, name))
+    row = svc.save_instance(db.session, registry(), body, svc.get_instance(db.session, name),
+                           strict=True)
     db.session.commit()
     return instance_json(row, registry())
 

@@ -334,7 +334,8 @@ BUSINESS_RULE = {
 
 
 class InstanceFields(Schema):
-    """What a plugin instance takes; the type's own schema checks ``config``."""
+    """What a plugin instance takes; the type's own schema checks ``config`` (the served
+    document types it per type: :func:`b2bhub.api.plugins.document_plugin_configs`)."""
 
     name = _name()
     type = fields.String()

@@ -112,8 +112,13 @@ def _describe(row: Route) -> str:
 # --- plugin instances ---------------------------------------------------------------
 
 def save_instance(session: Session, registry, data: dict,
-                  existing: PluginInstance | None = None) -> PluginInstance:
-    """Create or update an instance from the API shape; refuses bad input whole."""
+                  existing: PluginInstance | None = None, *,
+                  strict: bool = False) -> PluginInstance:
+    """Create or update an instance from the API shape; refuses bad input whole.
+
+    ``strict``: ``config`` is a JSON body's, each value of its field's JSON type (the
+    API); else form-style text is coerced ("10" -> 10), as an HTML form and a fixtures
+    file send it. Updating without ``config`` keeps the stored one."""
     unknown = set(data) - INSTANCE_FIELDS
     if unknown:
         raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
@@ -139,14 +144,16 @@ def save_instance(session: Session, registry, data: dict,
     if not refusals and existing is None and _name_taken(session, PluginInstance, name):
         refusals.append(Conflict(f"an instance named '{name}' exists already",
                                  {"name": "taken by another instance"}))
-    given = data.get("config") or {}
+    kept = existing is not None and "config" not in data
+    given = dict(existing.config or {}) if kept else data.get("config") or {}
     if not isinstance(given, dict):
         raise ServiceError("config must be an object", {"config": "not an object"})
     if existing is not None:
         given = _keep_secrets(plugin_cls.config_schema, given, existing.config or {})
     rules = _rules_checked(data, plugin_cls)
     try:
-        config = validate_config(plugin_cls.config_schema, given)
+        # the stored configuration, kept, is checked again as a form's is
+        config = validate_config(plugin_cls.config_schema, given, strict=strict and not kept)
         problems = _config_problems(plugin_cls, config)
         if problems:
             raise ConfigError(problems)
