@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.install-stamp
+# The extras installed with b2bhub: the test suite's tools by default. The container image
+# (Dockerfile) installs with EXTRAS= : the hub alone, without the tests' plugin either.
+EXTRAS ?= test
 
 .PHONY: run test install lint faults docs
 
@@ -38,6 +41,6 @@ $(BIN)/python:
 $(STAMP): setup.cfg pyproject.toml packaging/oscrypto/pyproject.toml \
 		tests/plugin_pkgs/b2bhub_echo/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet ./packaging/oscrypto -e '.[test]'
-	$(BIN)/python -m pip install --quiet --no-deps ./tests/plugin_pkgs/b2bhub_echo
+	$(BIN)/python -m pip install --quiet ./packaging/oscrypto -e '.$(if $(EXTRAS),[$(EXTRAS)])'
+	$(if $(EXTRAS),$(BIN)/python -m pip install --quiet --no-deps ./tests/plugin_pkgs/b2bhub_echo)
 	@touch $(STAMP)

@@ -456,8 +456,14 @@ def _make_client(endpoint_url: str | None, threads: int, options: dict):
     from botocore.config import Config
 
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    # Checksums only where S3 requires them (botocore's default since 1.36 adds a CRC32
+    # to every upload and checks one on every download): every read is checked against
+    # the payload's sha256 already, and some S3-compatible servers refuse the new
+    # checksum headers.
     config = Config(max_pool_connections=max(10, threads * 2),
                     retries={"mode": "standard", "max_attempts": 5},
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required",
                     s3={"addressing_style": "path"} if endpoint_url else {})
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url,
                                           region_name=region, config=config, **options)
