@@ -842,3 +842,18 @@ def test_a_payload_store_that_cannot_write_is_a_503_that_names_why(as2, app, tmp
     assert "nothing was taken" in answer["text"] and as2.messages() == []
     assert send_signed(as2)["http_status"] == 200
     assert [m.status for m in as2.messages()] == ["received"]
+
+
+@pytest.mark.parametrize("headers", [
+    [("AS2-From", "ACME"), ("AS2-To", "HUB"), ("Message-ID", "<a@b>")],
+    [("AS2-From", "  \tACME  "), ("as2-from", "OTHER"), ("X-Empty", "")],
+    [("AS2-From", "Ünï"), ("AS2-To", "HUB")],
+    [("AS2-From", "A\x0bB"), ("AS2-To", "HUB")],
+    [("Bad Name", "x"), ("AS2-To", "HUB")],
+    [("AS2-From", "A\r\nAS2-To: EVIL")],
+])
+def test_the_request_headers_read_as_the_email_parser_reads_them(headers):
+    """The receiver reads the headers from the HTTP pairs; whatever they hold, it finds
+    what parsing their header block would find (blanks, repeats, non-ASCII, breaks)."""
+    block = lib.header_block(headers)
+    assert lib.headers_of(headers, block) == lib.read_headers(block)
