@@ -21,6 +21,9 @@ same run (both measured as messages over the wall time of posting them). Every m
 is checked afterwards: stored once with the bytes sent and dispatched to exactly one
 delivery.
 
+``--py-spy FILE``: py-spy (installed beside this Python or on PATH) records the first web
+worker during the sequential posts, where it holds the GIL, as collapsed stacks.
+
 ``--rss-mb``: the message is over the instances' ``stream_threshold`` (8 MiB) from
 about 8 MB, so it takes the streaming path (plugins.as2.stream) each way;
 ``bench/as2_large.py`` measures 1 GiB signed, encrypted and compressed.
@@ -31,6 +34,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -242,6 +246,26 @@ def timed_post(url: str, message, checks: Checks | None = None) -> tuple[float, 
     return elapsed, cpu
 
 
+def start_py_spy(path: str | None, workers: list[int]) -> subprocess.Popen | None:
+    """``py-spy record --gil`` of the first web worker into ``path`` (raw, collapsed
+    stacks), for the sequential run: where the worker holds the GIL (the samples of a
+    thread waiting on I/O or on the GIL are left out)."""
+    if not path:
+        return None
+    here = Path(sys.executable).parent / "py-spy"  # installed beside this Python, or on PATH
+    command = [str(here) if here.exists() else "py-spy", "record", "--pid", str(workers[0]),
+               "--gil", "--rate", "500", "--format", "raw", "--output", path, "--nonblocking"]
+    spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the first post
+    return spy
+
+
+def stop_py_spy(spy: subprocess.Popen | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # it writes the file on SIGINT
+        spy.wait(60)
+
+
 def process_cpu(pid: int) -> float:
     """User + system CPU seconds of a process so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -298,6 +322,7 @@ def run_latency(args, certs) -> None:
                 seq = build(certs, size, count)
                 conc = build(certs, size, count)
                 bare, hub, own = [], [], []
+                spy = start_py_spy(args.py_spy, workers)
                 worker_cpu = sum(map(process_cpu, workers))
                 seq_busy = 0.0  # the sequential posts' wall time (bare runs between them)
                 for i, message in enumerate(seq):  # alternating, the same messages
@@ -312,6 +337,7 @@ def run_latency(args, certs) -> None:
                         own.append(hub_way(message))
                 time.sleep(0.2)  # the work after the last response is the hub's too
                 worker_cpu = sum(map(process_cpu, workers)) - worker_cpu
+                stop_py_spy(spy)
                 start = time.perf_counter()
                 with ThreadPoolExecutor(4) as pool:
                     many = list(pool.map(lambda m: post(url, m, checks), conc))
@@ -439,6 +465,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=40)
     parser.add_argument("--web-workers", type=int, default=None,
                         help="gunicorn worker processes (default: as b2bhub run starts)")
+    parser.add_argument("--py-spy", metavar="FILE", default=None,
+                        help="profile the first web worker during the sequential posts "
+                             "with py-spy (pip install py-spy) into FILE, collapsed stacks")
     parser.add_argument("--rss-mb", type=int, default=0,
                         help="measure peak RSS with a message this large instead")
     args = parser.parse_args()

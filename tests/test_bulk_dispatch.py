@@ -245,3 +245,47 @@ def test_an_empty_batch_does_nothing(session, broker):
     assert store_and_dispatch_many(session, [], T0) == []
     session.commit()
     assert broker.published == []
+
+
+def test_rows_of_another_table_go_in_with_their_messages(hub, session, broker):
+    """A source's own rows (here AS2's as2_inbound) are inserted with the batch, each
+    with its message's id, JSON and times as the ORM stores them; a unique key taken
+    twice fails the whole batch, no message left behind."""
+    from sqlalchemy import insert, text
+    from sqlalchemy.exc import IntegrityError
+
+    from plugins.as2.models import As2Inbound
+    standard_hub(hub)
+    hub.route("inbox", "*", "*", "writer_a")
+    inbound = As2Inbound.__table__
+
+    def row(key, headers, due):
+        return (inbound, {"instance": "as2in", "partner": "acme", "as2_message_id": key,
+                          "accepted_key": key, "mdn_digest": None, "mdn_headers": headers,
+                          "mdn_url": None, "mdn_state": "pending" if due else "sync",
+                          "mdn_due_at": due, "mdn_attempts": 0, "mdn_last_error": "",
+                          "created_at": T0})
+    made = batch(hub)[:2]
+    made[0].rows = [row("k1", {"Content-Type": "multipart/signed"}, T0)]
+    made[1].rows = [row("k2", None, None)]
+    ids = store_and_dispatch_many(session, made, T0)
+    session.commit()
+    # a row put in by the ORM's own INSERT, to compare how a JSON null is stored
+    session.execute(insert(inbound), {**row("k3", None, None)[1], "message_id": ids[0]})
+    session.commit()
+    got = session.execute(select(
+        inbound.c.message_id, inbound.c.accepted_key, inbound.c.mdn_headers,
+        inbound.c.mdn_due_at, inbound.c.created_at, inbound.c.mdn_attempts,
+        text("mdn_headers IS NULL")).order_by(inbound.c.id)).all()
+    assert [tuple(r) for r in got] == [
+        (ids[0], "k1", {"Content-Type": "multipart/signed"}, T0, T0, 0, False),
+        (ids[1], "k2", None, None, T0, 0, False),
+        (ids[0], "k3", None, None, T0, 0, False)]
+
+    before = session.scalar(select(func.count()).select_from(Message))
+    again = batch(hub)[:1]
+    again[0].rows = [row("k2", None, None)]
+    with pytest.raises(IntegrityError):
+        store_and_dispatch_many(session, again, T0)
+    session.rollback()
+    assert session.scalar(select(func.count()).select_from(Message)) == before

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import insert, select
+from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
 from b2bhub import tracing
@@ -122,6 +122,11 @@ class NewMessage:
     direction: str | None = None
     #: history lines of the message to add after its own (``type``, ``text``...)
     lines: list[dict] = field(default_factory=list)
+    #: rows of other tables (a plugin's own) that belong to the message, inserted in the
+    #: same statement as it on PostgreSQL: (table, columns), each given its
+    #: ``message_id``; every column without a server default is given (datetimes and
+    #: JSON values as they are)
+    rows: list[tuple[Table, dict]] = field(default_factory=list)
 
 
 def direction_of(kinds: dict[str, str], from_party: str, to_party: str) -> str:
@@ -243,10 +248,13 @@ def _insert_batch(session: Session, batch: list[NewMessage], targets: list[list[
         places = range(1, len(batch) + 1)
         return insert_batch(conn, messages, _payload_rows(batch, places),
                             _delivery_rows(batch, places, targets),
-                            _intake_lines(batch, places, targets), now, first_rewake)
+                            _intake_lines(batch, places, targets), now, first_rewake,
+                            _own_rows(batch, places))
     ids = insert_rows(conn, Message.__table__, messages, {"created_at": now, "updated_at": now},
                       returning_ids=True)
     insert_rows(conn, Payload.__table__, _payload_rows(batch, ids), {"created_at": now})
+    for table, rows in _own_rows(batch, ids).items():
+        conn.execute(insert(table), rows)
     rows = _delivery_rows(batch, ids, targets)
     delivery_ids = insert_rows(conn, Delivery.__table__, rows, {
         "due_at": now, "next_wake_at": first_rewake, "created_at": now, "updated_at": now},
@@ -255,6 +263,16 @@ def _insert_batch(session: Session, batch: list[NewMessage], targets: list[list[
             for did, row in zip(delivery_ids, rows, strict=True)]
     add_lines(session, _with_delivery_ids(_intake_lines(batch, ids, targets), made), now)
     return ids, made
+
+
+def _own_rows(batch: list[NewMessage], keys) -> dict[Table, list[dict]]:
+    """The messages' rows of other tables by table, each with its message's key (id or
+    place), in the order of the batch."""
+    tables: dict[Table, list[dict]] = {}
+    for key, new in zip(keys, batch, strict=True):
+        for table, row in new.rows:
+            tables.setdefault(table, []).append({**row, "message_id": key})
+    return tables
 
 
 def _payload_rows(batch: list[NewMessage], keys) -> list[dict]:

@@ -1,5 +1,7 @@
 """A new batch's rows on PostgreSQL in one statement: its messages, their payload
-stages, their deliveries and their history lines.
+stages, their deliveries and their history lines, and the rows a source keeps of its
+own beside each message (``NewMessage.rows``: the AS2 receiver's ``as2_inbound`` row),
+so a received AS2 message is one INSERT statement and its commit.
 
 Every statement is a round trip to the server (longer when the server process was idle
 between requests), and the AS2 receiver stores one message per request: its four
@@ -22,7 +24,7 @@ import functools
 import json
 from datetime import datetime
 
-from sqlalchemy import DateTime, bindparam, text
+from sqlalchemy import JSON, DateTime, Table, bindparam, text
 from sqlalchemy.engine import Connection
 
 from b2bhub.engine.history import LINE_FIELDS, packed_line
@@ -37,22 +39,59 @@ DELIVERY_COLUMNS = ("message_id", "target", "state", "attempt", "failures", "wak
 
 def insert_batch(conn: Connection, messages: list[dict], payloads: list[dict],
                  deliveries: list[dict], lines: list[dict], now: datetime,
-                 first_rewake: datetime) -> tuple[list[int], list[tuple[int, int, str]]]:
+                 first_rewake: datetime, own: dict[Table, list[dict]] | None = None
+                 ) -> tuple[list[int], list[tuple[int, int, str]]]:
     """Insert the rows; the message ids in the order of ``messages``, and (delivery id,
     message id, target) in the order of ``deliveries``. Every row is stamped ``now``;
-    a delivery is due now and re-woken by the sweep at ``first_rewake``."""
+    a delivery is due now and re-woken by the sweep at ``first_rewake``. ``own``: rows
+    of other tables by table, each naming its message by place (``message_id``), all
+    of a table with the same keys."""
     packed = [{**packed_line(line), "delivery_target": line.get("delivery_target")}
               for line in lines]
-    rows = conn.execute(_statement(tuple(messages[0])), {
+    own = own or {}
+    shapes = tuple((table, tuple(rows[0])) for table, rows in own.items())
+    params = {f"own{i}": _json([_packed_own(table, row) for row in rows])
+              for i, (table, rows) in enumerate(own.items())}
+    rows = conn.execute(_statement(tuple(messages[0]), shapes), {
         "messages": _json(messages), "payloads": _json(payloads),
         "deliveries": _json(deliveries), "lines": _json(packed),
-        "now": now, "rewake": first_rewake}).all()
+        "now": now, "rewake": first_rewake, **params}).all()
     ids = list(dict.fromkeys(mid for mid, _did, _target in rows))
     return ids, [(did, mid, target) for mid, did, target in rows if did is not None]
 
 
 def _json(rows: list[dict]) -> str:
-    return json.dumps(rows, separators=(",", ":"))
+    return json.dumps(rows, separators=(",", ":"), default=_iso)
+
+
+def _iso(value):
+    """A datetime as PostgreSQL reads it into a timestamp column."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _packed_own(table: Table, row: dict) -> dict:
+    """A row of another table as it travels: a JSON column's value as the JSON text
+    the ORM stores (``null`` for none), cast back by the server (:func:`_own_values`)."""
+    return {name: json.dumps(value) if _is_json(table, name) else value
+            for name, value in row.items()}
+
+
+def _is_json(table: Table, name: str) -> bool:
+    return isinstance(table.c[name].type, JSON)
+
+
+def _own_fields(table: Table, columns: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The recordset fields of another table's rows: a JSON column travels as text."""
+    return [(name, "text" if _is_json(table, name) else type_)
+            for name, type_ in typed(table, columns)]
+
+
+def _own_values(table: Table, columns: tuple[str, ...]) -> str:
+    return ", ".join("mo.id" if name == "message_id" else
+                     f"CAST(r.{name} AS json)" if _is_json(table, name) else f"r.{name}"
+                     for name in columns)
 
 
 def _places(columns: tuple[str, ...]) -> str:
@@ -62,8 +101,10 @@ def _places(columns: tuple[str, ...]) -> str:
 
 
 @functools.cache
-def _statement(message_columns: tuple[str, ...]):
-    """The statement for messages of these columns (:func:`insert_batch`), built once.
+def _statement(message_columns: tuple[str, ...],
+               own: tuple[tuple[Table, tuple[str, ...]], ...] = ()):
+    """The statement for messages of these columns and rows of other tables of these
+    shapes (:func:`insert_batch`), built once.
 
     Ids are drawn in the order of the rows: each INSERT reads its rows from a subquery
     sorted by their place (a sorted subquery is not merged into the INSERT), and the
@@ -73,6 +114,13 @@ def _statement(message_columns: tuple[str, ...]):
     the history lines' ids follow the order of ``lines``: SSE event ids rely on that."""
     messages, payloads, deliveries = Message.__table__, Payload.__table__, Delivery.__table__
     joined = "JOIN mo ON mo.n = r.message_id"
+    own_ctes = "".join(
+        f""",
+o{i} AS (
+INSERT INTO {table.name} ({", ".join(columns)})
+SELECT {_own_values(table, columns)}
+FROM {json_recordset(f"own{i}", _own_fields(table, columns))} {joined} ORDER BY r.n)"""
+        for i, (table, columns) in enumerate(own))
     sql = f"""WITH m AS (
 INSERT INTO messages ({", ".join(message_columns)}, created_at, updated_at)
 SELECT {", ".join(f"r.{name}" for name in message_columns)}, :now, :now
@@ -98,7 +146,7 @@ INSERT INTO history (message_id, delivery_id, type, actor, text, data, created_a
 SELECT mo.id, COALESCE(d.id, r.delivery_id), r.type, r.actor, r.text, CAST(r.data AS json),
 :now
 FROM {json_recordset("lines", [*LINE_FIELDS, ("delivery_target", "text")])} {joined}
-LEFT JOIN d ON d.message_id = mo.id AND d.target = r.delivery_target ORDER BY r.n)
+LEFT JOIN d ON d.message_id = mo.id AND d.target = r.delivery_target ORDER BY r.n){own_ctes}
 SELECT mo.id, d.id, d.target FROM mo LEFT JOIN d ON d.message_id = mo.id
 ORDER BY mo.n, d.id"""
     return text(sql).bindparams(bindparam("now", type_=DateTime()),

@@ -8,6 +8,7 @@ import email
 import hashlib
 import ipaddress
 import logging
+import re
 import socket
 import threading
 from contextlib import contextmanager
@@ -529,6 +530,25 @@ def read_headers(block: bytes) -> dict[str, str]:
     """Lower-cased header names to values, from a header block (never raises)."""
     parsed = email.message_from_bytes(block + b"\r\n", policy=policy.compat32)
     return {k.lower(): str(v) for k, v in parsed.items()}
+
+
+def headers_of(headers, block: bytes) -> dict[str, str]:
+    """:func:`read_headers` of ``block``, the :func:`header_block` of the HTTP headers
+    ``headers``, read from the pairs as they are when every one is plain ASCII on one
+    line (what the email parser then gives: the value without leading blanks; the last
+    of a repeated name), which costs a hundredth of parsing the block."""
+    found = {}
+    for name, value in headers:
+        if not (_NAME.fullmatch(name) and _VALUE.fullmatch(value)):
+            return read_headers(block)
+        found[name.lower()] = value.lstrip(" \t")
+    return found
+
+
+#: a header name the email parser reads as one (printable ASCII but the colon), and a
+#: value it reads as one line as it is (printable ASCII and tabs)
+_NAME = re.compile(r"[\041-\071\073-\176]+")
+_VALUE = re.compile(r"[\t\040-\176]*")
 
 
 def message_id_of(value: str | None) -> str | None:

@@ -205,7 +205,7 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
     that); None to look it up here, with the rest (:func:`_lookups`), from a body the
     caller holds in memory."""
     block = lib.header_block(headers)
-    found = lib.read_headers(block)
+    found = lib.headers_of(headers, block)
     as2_from = lib.unquote(found.get("as2-from"))
     msgid = lib.message_id_of(found.get("message-id"))
     data = None if config is None else _read_body(body, content_length, config, store, block)
@@ -515,10 +515,12 @@ def _store_parsed(session, store, instance, stages: _Stages, found, org, partner
                      direction=_direction(org, partner),
                      lines=_mdn_lines(mode, mdn) + [
                          {"type": "warning", "text": w} for w in warnings])
+    # its as2_inbound row goes in with the message, in the same statement on PostgreSQL
+    new.rows = [(As2Inbound.__table__, _inbound_row(
+        instance, from_party, msgid, mdn, mode, mdn_stage, now,
+        accepted_key=_accepted_key(from_party, msgid)))]
     try:
         [made] = store_and_dispatch_many(session, [new], now, known)
-        _insert_inbound(session, instance, from_party, msgid, made, mdn, mode, mdn_stage, now,
-                        accepted_key=_accepted_key(from_party, msgid))
         durable.result()  # the stages are in place before the rows referring to them
         session.commit()
     except IntegrityError:  # the same Message-ID committed meanwhile by another request
@@ -546,16 +548,27 @@ def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: s
 
 
 def _insert_inbound(session, instance: str, partner: str, msgid: str, message_id: int, mdn,
-                    mode: str, mdn_stage, now, accepted_key: str | None = None) -> None:
-    """The ``as2_inbound`` row of a received message: its receipt, owed or returned (one
-    Core statement; a Message-ID accepted twice raises IntegrityError here)."""
+                    mode: str, mdn_stage, now) -> None:
+    """The ``as2_inbound`` row of a refused message (one Core statement); an accepted
+    one's goes in with its message (:func:`_store_parsed`)."""
     connection(session).execute(insert(As2Inbound.__table__), {
-        "instance": instance, "partner": partner, "as2_message_id": msgid[:255],
-        "accepted_key": accepted_key, "message_id": message_id,
-        "mdn_digest": mdn_stage[0] if mdn_stage else None,
-        "mdn_headers": dict(mdn.headers) if mdn else None,
-        "mdn_url": mdn.mdn_url if mode == "pending" else None, "mdn_state": mode,
-        "mdn_due_at": now if mode == "pending" else None, "created_at": now})
+        **_inbound_row(instance, partner, msgid, mdn, mode, mdn_stage, now),
+        "message_id": message_id})
+
+
+def _inbound_row(instance: str, partner: str, msgid: str, mdn, mode: str, mdn_stage, now,
+                 accepted_key: str | None = None) -> dict:
+    """The ``as2_inbound`` row of a received message but its message id: its receipt,
+    owed or returned; ``accepted_key`` for an accepted one (a Message-ID accepted twice
+    raises IntegrityError when the row goes in). Every column is given (the row may go
+    in through :mod:`b2bhub.engine.dispatch_rows`, where no ORM default applies)."""
+    return {"instance": instance, "partner": partner, "as2_message_id": msgid[:255],
+            "accepted_key": accepted_key,
+            "mdn_digest": mdn_stage[0] if mdn_stage else None,
+            "mdn_headers": dict(mdn.headers) if mdn else None,
+            "mdn_url": mdn.mdn_url if mode == "pending" else None, "mdn_state": mode,
+            "mdn_due_at": now if mode == "pending" else None, "mdn_attempts": 0,
+            "mdn_last_error": "", "created_at": now}
 
 
 def _refuse_early(session, instance, found, payloads: _Stages, now, reason: str,
