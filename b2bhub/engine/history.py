@@ -35,13 +35,37 @@ LOGGED_STATES = frozenset({"failed", "retrying", "stalled"})
 def log_line(message_id: int | None, type_: str, text: str, actor: str = "",
              delivery_id: int | None = None, data: dict | None = None) -> None:
     """Log a history line at info when it is one an operator would look for."""
-    if not (type_ in LOGGED_TYPES or type_.endswith("_requested") or (
-            type_ == "delivery_changed" and (data or {}).get("state") in LOGGED_STATES)):
+    if not _logged(type_, data):
         return
     where = "".join((f" message {message_id}" if message_id else "",
                      f" delivery {delivery_id}" if delivery_id else "",
                      f" by {actor}" if actor and actor not in text else ""))
     log.info("%s%s: %s", type_, where, text)
+
+
+def _logged(type_: str, data: dict | None) -> bool:
+    return type_ in LOGGED_TYPES or type_.endswith("_requested") or (
+        type_ == "delivery_changed" and (data or {}).get("state") in LOGGED_STATES)
+
+
+def data_json(data: dict | None) -> str:
+    """``json.dumps(data)``, kept per distinct value: the lines of a batch carry the same
+    few (a state, an attempt number, a target; a status change). The types are part of
+    the key, so ``1`` and ``True`` (equal in Python) keep their own texts."""
+    if data is None:
+        return "null"
+    if not isinstance(data, dict):
+        return json.dumps(data)
+    items = tuple(data.items())
+    try:
+        return _data_json(items, tuple([type(value) for _key, value in items]))
+    except TypeError:  # a value that cannot be a key (a list, a dict): as it is
+        return json.dumps(data)
+
+
+@functools.lru_cache(maxsize=4096)
+def _data_json(items: tuple, _types: tuple) -> str:
+    return json.dumps(dict(items))
 
 
 def connection(session: Session) -> Connection:
@@ -73,8 +97,9 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -
     if not rows:
         return
     for row in rows:
-        log_line(row.get("message_id"), row["type"], row.get("text", ""), row.get("actor", ""),
-                 row.get("delivery_id"), row.get("data"))
+        if _logged(row["type"], row.get("data")):
+            log_line(row.get("message_id"), row["type"], row.get("text", ""),
+                     row.get("actor", ""), row.get("delivery_id"), row.get("data"))
     stamp = now or utcnow()
     conn = connection(session)
     if conn.dialect.name == "postgresql":
@@ -84,7 +109,7 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -
         created = _created_at(conn.dialect)(stamp)
         conn.exec_driver_sql(_SQLITE_LINES, [
             (row.get("message_id"), row.get("delivery_id"), row["type"], row.get("actor", ""),
-             row.get("text", ""), json.dumps(row.get("data")), created) for row in rows])
+             row.get("text", ""), data_json(row.get("data")), created) for row in rows])
     else:
         conn.execute(_INSERT_LINES, [{"message_id": None, "delivery_id": None, "actor": "",
                                       "text": "", "data": None, "created_at": stamp, **row}
@@ -107,7 +132,7 @@ def packed_line(row: dict) -> dict:
     the ORM stores (``null`` for none), cast back to JSON by the server."""
     return {"message_id": row.get("message_id"), "delivery_id": row.get("delivery_id"),
             "type": row["type"], "actor": row.get("actor", ""), "text": row.get("text", ""),
-            "data": json.dumps(row.get("data"))}
+            "data": data_json(row.get("data"))}
 
 
 @functools.cache
