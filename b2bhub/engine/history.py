@@ -86,8 +86,14 @@ def add_line(session: Session, message_id: int | None, type_: str, text: str = "
     log_line(message_id, type_, text, actor, delivery_id, data)
 
 
-def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -> None:
+def add_lines(session: Session, rows: list[dict], now: datetime | None = None, *,
+              pg_with: tuple[str, dict] | None = None) -> None:
     """Insert many lines in one statement (claims and the sweep touch rows in batches).
+
+    ``pg_with``: (SQL, parameters) of a data-modifying statement that PostgreSQL runs in
+    the same statement, ahead of the INSERT (``WITH w AS (...) INSERT ...``): the status
+    UPDATE of the change the lines record, one round trip for both. Its SQL names its
+    parameters itself, ``:now`` aside (the lines' time).
 
     A claimed batch writes four lines per delivery, so this is a hot path: on
     PostgreSQL the rows travel as one JSON array that the server unpacks in order
@@ -95,6 +101,8 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -
     to the driver's own executemany as plain tuples, each value converted once here.
     Either way ``data`` is stored as the same JSON text the ORM stores."""
     if not rows:
+        if pg_with is not None:
+            raise ValueError("pg_with needs lines to write")
         return
     for row in rows:
         if _logged(row["type"], row.get("data")):
@@ -103,8 +111,11 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -
     stamp = now or utcnow()
     conn = connection(session)
     if conn.dialect.name == "postgresql":
-        conn.execute(_PG_LINES, {"rows": json.dumps([packed_line(row) for row in rows]),
-                                 "now": stamp})
+        params = {"rows": json.dumps([packed_line(row) for row in rows]), "now": stamp}
+        if pg_with is None:
+            conn.execute(_PG_LINES, params)
+        else:
+            conn.execute(_pg_lines_after(pg_with[0]), {**pg_with[1], **params})
     elif conn.dialect.name == "sqlite":
         created = _created_at(conn.dialect)(stamp)
         conn.exec_driver_sql(_SQLITE_LINES, [
@@ -121,10 +132,17 @@ _SQLITE_LINES = f"INSERT INTO history ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
 #: a line's fields as PostgreSQL unpacks them from JSON (:func:`packed_line`)
 LINE_FIELDS = [("message_id", "bigint"), ("delivery_id", "bigint"), ("type", "text"),
                ("actor", "text"), ("text", "text"), ("data", "text")]
-_PG_LINES = text(f"""INSERT INTO history ({_COLUMNS})
+_PG_LINES_SQL = f"""INSERT INTO history ({_COLUMNS})
     SELECT r.message_id, r.delivery_id, r.type, r.actor, r.text, CAST(r.data AS json), :now
-      FROM {json_recordset("rows", LINE_FIELDS)} ORDER BY r.n""").bindparams(
-    bindparam("now", type_=DateTime()))
+      FROM {json_recordset("rows", LINE_FIELDS)} ORDER BY r.n"""
+_PG_LINES = text(_PG_LINES_SQL).bindparams(bindparam("now", type_=DateTime()))
+
+
+@functools.cache
+def _pg_lines_after(sql: str):
+    """The lines' INSERT run after the data-modifying statement ``sql`` (built once)."""
+    return text(f"WITH w AS ({sql})\n{_PG_LINES_SQL}").bindparams(
+        bindparam("now", type_=DateTime()))
 
 
 def packed_line(row: dict) -> dict:

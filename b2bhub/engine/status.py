@@ -35,10 +35,12 @@ _STATES = text("""SELECT k.id, d.state, d.failure_kind
   CROSS JOIN LATERAL (SELECT d.state, d.failure_kind FROM deliveries d
                        WHERE d.message_id = k.id OFFSET 0) AS d""")
 # Every changed status in one UPDATE, whatever the number of distinct new statuses: the
-# (id, status) pairs as two arrays on PostgreSQL, one JSON array of pairs on SQLite.
-_WRITE_PG = text("""UPDATE messages SET status = u.status, updated_at = :now
-  FROM unnest(CAST(:ids AS bigint[]), CAST(:statuses AS text[])) AS u(id, status)
- WHERE messages.id = u.id""").bindparams(bindparam("now", type_=DateTime()))
+# (id, status) pairs as two arrays on PostgreSQL, where the UPDATE runs in the statement
+# that inserts the history lines (``add_lines``' ``pg_with``), one JSON array of pairs on
+# SQLite.
+_WRITE_PG = """UPDATE messages SET status = u.status, updated_at = :now
+  FROM unnest(CAST(:status_ids AS bigint[]), CAST(:statuses AS text[])) AS u(id, status)
+ WHERE messages.id = u.id"""
 _WRITE_SQLITE = text("""UPDATE messages SET status = u.status, updated_at = :now
   FROM (SELECT json_extract(value, '$[0]') AS id,
                json_extract(value, '$[1]') AS status FROM json_each(:pairs)) AS u
@@ -109,11 +111,12 @@ def _read_statuses(session: Session, ids: list[int]
 
 def _write_changes(session: Session, changed: dict[int, str], old: dict[int, str],
                    now: datetime, actor: str, lines: list[dict]) -> None:
+    pg_with = None
     if changed:
         conn = connection(session)
-        if conn.dialect.name == "postgresql":
-            conn.execute(_WRITE_PG, {"ids": list(changed), "statuses": list(changed.values()),
-                                     "now": now})
+        if conn.dialect.name == "postgresql":  # in the statement of the lines, below
+            pg_with = (_WRITE_PG, {"status_ids": list(changed),
+                                   "statuses": list(changed.values())})
         else:
             conn.execute(_WRITE_SQLITE, {"pairs": json.dumps(list(changed.items())),
                                          "now": now})
@@ -121,7 +124,7 @@ def _write_changes(session: Session, changed: dict[int, str], old: dict[int, str
     add_lines(session, lines + [
         {"message_id": mid, "type": "status_changed", "actor": actor,
          "text": f"{LABELS[old[mid]]} → {LABELS[new]}", "data": {"from": old[mid], "to": new}}
-        for mid, new in changed.items()], now)
+        for mid, new in changed.items()], now, pg_with=pg_with)
     for mid, new in changed.items():
         _message_alerts(session, mid, old[mid], new, now)
 
