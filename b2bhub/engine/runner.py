@@ -469,17 +469,24 @@ _READ_INFOS_PG = text("""SELECT m.id, m.source, m.from_party, m.to_party, m.dire
 
 def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
                     ) -> dict[int, tuple[DeliveryInfo, StoredPayloads]]:
-    """Read what the batch's attempts need in one query."""
+    """What the batch's attempts need: as the claim returned it (PostgreSQL), else read
+    in one query."""
     messages, stages = {}, {}
-    conn = session.connection()
-    statement = _READ_INFOS_PG if conn.dialect.name == "postgresql" else _READ_INFOS
-    for *message, stage, digest, size in conn.execute(
-            statement, {"ids": [c.message_id for c in claims]}).all():
-        messages[message[0]] = message
-        found = stages.setdefault(message[0], {})
-        if stage is not None:
-            found[stage] = (digest, size)
-    session.commit()
+    if all(c.message is not None for c in claims):
+        for c in claims:
+            *message, found = c.message
+            messages[message[0]] = message
+            stages[message[0]] = {stage: (digest, size) for stage, digest, size in found or ()}
+    else:
+        conn = session.connection()
+        statement = _READ_INFOS_PG if conn.dialect.name == "postgresql" else _READ_INFOS
+        for *message, stage, digest, size in conn.execute(
+                statement, {"ids": [c.message_id for c in claims]}).all():
+            messages[message[0]] = message
+            found = stages.setdefault(message[0], {})
+            if stage is not None:
+                found[stage] = (digest, size)
+        session.commit()
     out = {}
     for c in claims:
         (message_id, source, from_party, to_party, direction, original_filename,
