@@ -135,14 +135,13 @@ def floor_process(backend: Backend, owner: str, ready, go) -> None:
 
 
 def _settle_batch(conn, rows, owner: str) -> int:
-    """The engine's delivered UPDATE of a batch (``machine._delivered_statement``, each
-    row fenced by its attempt); how many it wrote."""
+    """The engine's delivered UPDATE of a batch (``machine.delivered_update``, each row
+    fenced by its attempt); how many it wrote."""
     from b2bhub.engine import machine
-    params = {"owner": owner, "now": utcnow()}
-    for index, (delivery_id, _message_id, attempt, _failures) in enumerate(rows):
-        params[f"i{index}"], params[f"a{index}"] = delivery_id, attempt
-        params[f"r{index}"] = "ok"
-    return len(conn.execute(machine._delivered_statement(len(rows)), params).all())
+    statement, params = machine.delivered_update(
+        [(delivery_id, attempt, "ok") for delivery_id, _message_id, attempt, _f in rows],
+        owner, utcnow(), conn.dialect.name == "postgresql")
+    return len(conn.execute(statement, params).all())
 
 
 def floor_loop(conn, claim_sql, owner: str) -> int:

@@ -136,15 +136,13 @@ def test_claim_and_delivered_update_find_their_rows_by_key_with_or_without_stati
     claim = machine._claim_statement(True, False)
     claim_params = {"target": "writer_a", "now": at(60), "owner": "w2", "n": 16,
                     "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 64}
-    delivered = machine._delivered_statement(16)
-    delivered_params = {"owner": "w", "now": at(60)}
-    for k in range(16):
-        delivered_params.update({f"i{k}": 1005001 + k, f"a{k}": 1, f"r{k}": "ok"})
+    # the statement a drain sends for 16 delivered outcomes of this owner
+    delivered, delivered_params = machine.delivered_update(
+        [(1005001 + k, 1, "ok") for k in range(16)], "w", at(60), postgres)
     for analyzed in (False, True):
         if analyzed:
             session.execute(text("ANALYZE deliveries"))
             session.commit()
-        compiled = delivered.compile(dialect=session.get_bind().dialect)
         if postgres:
             claim_plan = _explain(session, claim, claim_params)
             assert "Seq Scan" not in claim_plan and "Hash" not in claim_plan, claim_plan
@@ -155,12 +153,11 @@ def test_claim_and_delivered_update_find_their_rows_by_key_with_or_without_stati
             assert "Index Scan using pk_messages on messages" in claim_plan, claim_plan
             assert "pk_deliveries" in claim_plan, claim_plan
             assert "Index Cond: (id = ANY" in claim_plan, claim_plan
-            plan = " ".join(row[0] for row in session.connection().exec_driver_sql(
-                "EXPLAIN " + str(compiled), compiled.construct_params(delivered_params)))
-            session.rollback()
+            plan = _explain(session, delivered, delivered_params)
             assert "pk_deliveries" in plan and "ix_deliveries_state" not in plan, plan
             assert "Seq Scan" not in plan, plan
         else:
+            compiled = delivered.compile(dialect=session.get_bind().dialect)
             params = compiled.construct_params(delivered_params)
             plan = " ".join(str(row[-1]) for row in session.connection().exec_driver_sql(
                 "EXPLAIN QUERY PLAN " + str(compiled),

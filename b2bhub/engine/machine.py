@@ -411,13 +411,46 @@ def _deliver_together(session: Session, planned: list, now: datetime) -> dict[in
     owners = {claim.owner for claim, *_ in planned}
     if len(planned) < 2 or len(owners) != 1:
         return {}
-    params = {"owner": owners.pop(), "now": now}
-    for index, (claim, outcome, *_) in enumerate(planned):
-        params[f"i{index}"], params[f"a{index}"] = claim.delivery_id, claim.attempt
-        params[f"r{index}"] = outcome.text
-    done = set(connection(session).execute(_delivered_statement(len(planned)), params)
-               .scalars())
+    conn = connection(session)
+    postgres = conn.dialect.name == "postgresql"
+    statement, params = delivered_update(
+        [(claim.delivery_id, claim.attempt, outcome.text) for claim, outcome, *_ in planned],
+        owners.pop(), now, postgres)
+    done = set(conn.execute(statement, params).scalars())
     return {claim.delivery_id: claim.delivery_id in done for claim, *_ in planned}
+
+
+def delivered_update(rows: list[tuple[int, int, str]], owner: str, now: datetime,
+                     postgres: bool) -> tuple[Any, dict]:
+    """The UPDATE that settles these (delivery id, attempt, result) rows as delivered,
+    and its parameters: :func:`_delivered_statement`; on PostgreSQL
+    :data:`_PG_DELIVERED`, whose text is the same for any batch."""
+    if postgres:
+        return _PG_DELIVERED, {"owner": owner, "now": now, "ids": [r[0] for r in rows],
+                               "attempts": [r[1] for r in rows],
+                               "results": [r[2] for r in rows]}
+    params = {"owner": owner, "now": now}
+    for index, (delivery_id, attempt, result) in enumerate(rows):
+        params[f"i{index}"], params[f"a{index}"], params[f"r{index}"] = \
+            delivery_id, attempt, result
+    return _delivered_statement(len(rows)), params
+
+
+# PostgreSQL: the batch as three arrays, so the text and its 5 parameters are the same
+# for any batch (psycopg parses it once and the server prepares it; the CASE form has
+# three parameters per row, past the 50 psycopg keeps parsed). The rows are found by
+# ``id = ANY`` alone (the primary key; state through COALESCE, as below), each held to
+# its own attempt by its position in the arrays.
+_PG_DELIVERED = text("""UPDATE deliveries
+   SET state = 'delivered', settled_at = :now, failure_kind = NULL, lease_owner = NULL,
+       lease_until = NULL, updated_at = :now,
+       last_result = (CAST(:results AS text[]))[
+           array_position(CAST(:ids AS bigint[]), deliveries.id)]
+ WHERE id = ANY (CAST(:ids AS bigint[])) AND lease_owner = :owner
+   AND coalesce(state, '') = 'in_progress'
+   AND attempt = (CAST(:attempts AS integer[]))[
+           array_position(CAST(:ids AS bigint[]), deliveries.id)]
+RETURNING id""").bindparams(bindparam("now", type_=DateTime()))
 
 
 @functools.cache
