@@ -114,8 +114,9 @@ def delivered(engine) -> tuple[int, datetime | None]:
 
 def _claim_sql(postgres: bool) -> str:
     """The claim statement of the engine itself (not a copy that could drift), bare:
-    ``LIMIT :n`` without the engine's live-lease count, and no column saying whether the
-    claimed row was stalled (which the engine returns to resolve that alert)."""
+    ``LIMIT :n`` without the engine's live-lease count, no column saying whether the
+    claimed row was stalled (which the engine returns to resolve that alert), and on
+    PostgreSQL without the join to the messages (what the engine's attempts read)."""
     from b2bhub.engine import machine
     return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(
         limit=":n", ordered="", stalled="")
