@@ -114,8 +114,9 @@ def delivered(engine) -> tuple[int, datetime | None]:
 
 def _claim_sql(postgres: bool) -> str:
     """The claim statement of the engine itself (not a copy that could drift), bare:
-    ``LIMIT :n`` without the engine's live-lease count, and no column saying whether the
-    claimed row was stalled (which the engine returns to resolve that alert)."""
+    ``LIMIT :n`` without the engine's live-lease count, no column saying whether the
+    claimed row was stalled (which the engine returns to resolve that alert), and on
+    PostgreSQL without the join to the messages (what the engine's attempts read)."""
     from b2bhub.engine import machine
     return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(
         limit=":n", ordered="", stalled="")
@@ -135,14 +136,13 @@ def floor_process(backend: Backend, owner: str, ready, go) -> None:
 
 
 def _settle_batch(conn, rows, owner: str) -> int:
-    """The engine's delivered UPDATE of a batch (``machine._delivered_statement``, each
-    row fenced by its attempt); how many it wrote."""
+    """The engine's delivered UPDATE of a batch (``machine.delivered_update``, each row
+    fenced by its attempt); how many it wrote."""
     from b2bhub.engine import machine
-    params = {"owner": owner, "now": utcnow()}
-    for index, (delivery_id, _message_id, attempt, _failures) in enumerate(rows):
-        params[f"i{index}"], params[f"a{index}"] = delivery_id, attempt
-        params[f"r{index}"] = "ok"
-    return len(conn.execute(machine._delivered_statement(len(rows)), params).all())
+    statement, params = machine.delivered_update(
+        [(delivery_id, attempt, "ok") for delivery_id, _message_id, attempt, _f in rows],
+        owner, utcnow(), conn.dialect.name == "postgresql")
+    return len(conn.execute(statement, params).all())
 
 
 def floor_loop(conn, claim_sql, owner: str) -> int:

@@ -114,3 +114,38 @@ def test_delivered_outcomes_written_together_are_each_fenced(hub, session):
     assert [len(lines(session, i, "stale_outcome_ignored")) for i in ids] == [0, 1, 0]
     assert [session.get(Message, i).status for i in ids] == ["delivered", "cancelled",
                                                              "delivered"]
+
+
+def test_a_batch_of_one_owner_holds_each_row_to_its_own_attempt(hub, session):
+    """One delivered UPDATE settles a batch of one owner: a row whose attempt moved on
+    (put back and claimed again by the same owner) is refused, the others are written,
+    each with its own result."""
+    standard_hub(hub, max_concurrent_deliveries=10)
+    hub.route("inbox", "*", "*", "writer_a")
+    ids = [hub.message(now=at()).id for _ in range(3)]
+    claims = machine.claim(session, "writer_a", "w", at(1), 3, 60)
+    session.commit()
+    assert machine.interrupt(session, claims[1], at(2), False, "test")
+    session.commit()
+    [again] = machine.claim(session, "writer_a", "w", at(3), 3, 60)
+    session.commit()
+    assert (again.delivery_id, again.attempt) == (claims[1].delivery_id, 2)
+
+    written = machine.settle_many(session, [(c, Outcome.delivered(f"r{i}"))
+                                            for i, c in enumerate(claims)],
+                                  RetryPolicy(), at(4))
+    session.commit()
+    assert written == [True, False, True]
+    rows = [deliveries(session, i)[0] for i in ids]
+    assert [(r.state, r.attempt, r.last_result) for r in rows] == [
+        ("delivered", 1, "r0"), ("in_progress", 2, ""), ("delivered", 1, "r2")]
+    assert [len(lines(session, i, "stale_outcome_ignored")) for i in ids] == [0, 1, 0]
+
+    written = machine.settle_many(session, [(again, Outcome.delivered("second")),
+                                            (claims[0], Outcome.delivered("late"))],
+                                  RetryPolicy(), at(5))
+    session.commit()
+    assert written == [True, False]
+    rows = [deliveries(session, i)[0] for i in ids[:2]]
+    assert [(r.state, r.last_result) for r in rows] == [("delivered", "r0"),
+                                                        ("delivered", "second")]

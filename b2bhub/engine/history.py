@@ -35,13 +35,37 @@ LOGGED_STATES = frozenset({"failed", "retrying", "stalled"})
 def log_line(message_id: int | None, type_: str, text: str, actor: str = "",
              delivery_id: int | None = None, data: dict | None = None) -> None:
     """Log a history line at info when it is one an operator would look for."""
-    if not (type_ in LOGGED_TYPES or type_.endswith("_requested") or (
-            type_ == "delivery_changed" and (data or {}).get("state") in LOGGED_STATES)):
+    if not _logged(type_, data):
         return
     where = "".join((f" message {message_id}" if message_id else "",
                      f" delivery {delivery_id}" if delivery_id else "",
                      f" by {actor}" if actor and actor not in text else ""))
     log.info("%s%s: %s", type_, where, text)
+
+
+def _logged(type_: str, data: dict | None) -> bool:
+    return type_ in LOGGED_TYPES or type_.endswith("_requested") or (
+        type_ == "delivery_changed" and (data or {}).get("state") in LOGGED_STATES)
+
+
+def data_json(data: dict | None) -> str:
+    """``json.dumps(data)``, kept per distinct value: the lines of a batch carry the same
+    few (a state, an attempt number, a target; a status change). The types are part of
+    the key, so ``1`` and ``True`` (equal in Python) keep their own texts."""
+    if data is None:
+        return "null"
+    if not isinstance(data, dict):
+        return json.dumps(data)
+    items = tuple(data.items())
+    try:
+        return _data_json(items, tuple([type(value) for _key, value in items]))
+    except TypeError:  # a value that cannot be a key (a list, a dict): as it is
+        return json.dumps(data)
+
+
+@functools.lru_cache(maxsize=4096)
+def _data_json(items: tuple, _types: tuple) -> str:
+    return json.dumps(dict(items))
 
 
 def connection(session: Session) -> Connection:
@@ -62,8 +86,14 @@ def add_line(session: Session, message_id: int | None, type_: str, text: str = "
     log_line(message_id, type_, text, actor, delivery_id, data)
 
 
-def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -> None:
+def add_lines(session: Session, rows: list[dict], now: datetime | None = None, *,
+              pg_with: tuple[str, dict] | None = None) -> None:
     """Insert many lines in one statement (claims and the sweep touch rows in batches).
+
+    ``pg_with``: (SQL, parameters) of a data-modifying statement that PostgreSQL runs in
+    the same statement, ahead of the INSERT (``WITH w AS (...) INSERT ...``): the status
+    UPDATE of the change the lines record, one round trip for both. Its SQL names its
+    parameters itself, ``:now`` aside (the lines' time).
 
     A claimed batch writes four lines per delivery, so this is a hot path: on
     PostgreSQL the rows travel as one JSON array that the server unpacks in order
@@ -71,20 +101,26 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None) -
     to the driver's own executemany as plain tuples, each value converted once here.
     Either way ``data`` is stored as the same JSON text the ORM stores."""
     if not rows:
+        if pg_with is not None:
+            raise ValueError("pg_with needs lines to write")
         return
     for row in rows:
-        log_line(row.get("message_id"), row["type"], row.get("text", ""), row.get("actor", ""),
-                 row.get("delivery_id"), row.get("data"))
+        if _logged(row["type"], row.get("data")):
+            log_line(row.get("message_id"), row["type"], row.get("text", ""),
+                     row.get("actor", ""), row.get("delivery_id"), row.get("data"))
     stamp = now or utcnow()
     conn = connection(session)
     if conn.dialect.name == "postgresql":
-        conn.execute(_PG_LINES, {"rows": json.dumps([packed_line(row) for row in rows]),
-                                 "now": stamp})
+        params = {"rows": json.dumps([packed_line(row) for row in rows]), "now": stamp}
+        if pg_with is None:
+            conn.execute(_PG_LINES, params)
+        else:
+            conn.execute(_pg_lines_after(pg_with[0]), {**pg_with[1], **params})
     elif conn.dialect.name == "sqlite":
         created = _created_at(conn.dialect)(stamp)
         conn.exec_driver_sql(_SQLITE_LINES, [
             (row.get("message_id"), row.get("delivery_id"), row["type"], row.get("actor", ""),
-             row.get("text", ""), json.dumps(row.get("data")), created) for row in rows])
+             row.get("text", ""), data_json(row.get("data")), created) for row in rows])
     else:
         conn.execute(_INSERT_LINES, [{"message_id": None, "delivery_id": None, "actor": "",
                                       "text": "", "data": None, "created_at": stamp, **row}
@@ -96,10 +132,17 @@ _SQLITE_LINES = f"INSERT INTO history ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
 #: a line's fields as PostgreSQL unpacks them from JSON (:func:`packed_line`)
 LINE_FIELDS = [("message_id", "bigint"), ("delivery_id", "bigint"), ("type", "text"),
                ("actor", "text"), ("text", "text"), ("data", "text")]
-_PG_LINES = text(f"""INSERT INTO history ({_COLUMNS})
+_PG_LINES_SQL = f"""INSERT INTO history ({_COLUMNS})
     SELECT r.message_id, r.delivery_id, r.type, r.actor, r.text, CAST(r.data AS json), :now
-      FROM {json_recordset("rows", LINE_FIELDS)} ORDER BY r.n""").bindparams(
-    bindparam("now", type_=DateTime()))
+      FROM {json_recordset("rows", LINE_FIELDS)} ORDER BY r.n"""
+_PG_LINES = text(_PG_LINES_SQL).bindparams(bindparam("now", type_=DateTime()))
+
+
+@functools.cache
+def _pg_lines_after(sql: str):
+    """The lines' INSERT run after the data-modifying statement ``sql`` (built once)."""
+    return text(f"WITH w AS ({sql})\n{_PG_LINES_SQL}").bindparams(
+        bindparam("now", type_=DateTime()))
 
 
 def packed_line(row: dict) -> dict:
@@ -107,7 +150,7 @@ def packed_line(row: dict) -> dict:
     the ORM stores (``null`` for none), cast back to JSON by the server."""
     return {"message_id": row.get("message_id"), "delivery_id": row.get("delivery_id"),
             "type": row["type"], "actor": row.get("actor", ""), "text": row.get("text", ""),
-            "data": json.dumps(row.get("data"))}
+            "data": data_json(row.get("data"))}
 
 
 @functools.cache

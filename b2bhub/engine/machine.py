@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -80,6 +80,10 @@ class Claim:
     failures: int
     owner: str
     ordered: bool = False  # the target delivers its sequences in order (SPEC 7)
+    #: what the attempt reads of the message, when the claim statement returned it
+    #: (PostgreSQL): its columns as ``runner._READ_INFOS`` reads them, then the payload
+    #: stages as [stage, digest, size] lists. Not part of the fence.
+    message: tuple | None = field(default=None, compare=False, repr=False)
 
 
 # --- claim -------------------------------------------------------------------------
@@ -143,6 +147,29 @@ UPDATE deliveries
     ORDER BY d.due_at, d.id
     LIMIT {limit})
 RETURNING id, message_id, attempt, failures{stalled}"""
+
+# On PostgreSQL the claim also returns what the batch's attempts read of each message
+# (by primary key, its payload stages by the payloads' message_id index): no statement
+# and no transaction of their own after the claim. LEFT JOIN: a claimed row is returned
+# whatever it finds. The claimed rows come out of the UPDATE's CTE ``k``.
+_PG_CLAIM_READING = """{claim}),
+k AS ({update}
+       AS stalled)
+SELECT k.id, k.message_id, k.attempt, k.failures, k.stalled, m.id, m.source,
+       m.from_party, m.to_party, m.direction, m.original_filename, m.external_id,
+       m.correlation_id, m.sequence_key, m.created_at, m.trace_parent,
+       (SELECT json_agg(json_build_array(p.stage, p.digest, p.size)) FROM payloads p
+         WHERE p.message_id = m.id)
+  FROM k LEFT JOIN messages m ON m.id = k.message_id"""
+
+
+def _pg_claim_reading(limit: str, ordered: str) -> str:
+    """The PostgreSQL claim of :data:`_PG_CLAIM`, returning the message too."""
+    claim = _PG_CLAIM.format(limit=limit, ordered=ordered, stalled=_PG_STALLED)
+    head, _, update = claim.partition("\nUPDATE deliveries AS u")
+    return _PG_CLAIM_READING.format(claim=head.rstrip().removesuffix(")"),
+                                    update="UPDATE deliveries AS u" + update)
+
 
 _INSTANCE = PluginInstance.__table__
 _READ_TARGET = select(_INSTANCE).where(_INSTANCE.c.name == bindparam("name"))
@@ -239,7 +266,9 @@ def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
     statement = _claim_statement(_is_postgres(session), bool(instance.ordered))
     rows = connection(session).execute(statement, params).all()
     ordered = bool(instance.ordered)
-    claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered) for r in rows]
+    claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered,
+                    tuple(r[5:]) if len(r) > 5 and r[5] is not None else None)
+              for r in rows]
     stalled = [f"delivery:{c.delivery_id}" for c, r in zip(claims, rows, strict=True) if r[4]]
     if stalled and connection(session).execute(
             _RESOLVE_STALLED, {"subjects": stalled, "now": now}).rowcount:
@@ -305,9 +334,9 @@ def _claim_statement(postgres: bool, ordered: bool):
     """The claim as text with typed time parameters, built once: SQLite stores times as
     text, and only the column type writes them the way the stored ones are written (a
     raw datetime of a whole second would lose its ``.000000`` and compare as earlier)."""
-    sql = (_PG_CLAIM if postgres else _SQLITE_CLAIM).format(
-        limit=_PG_LIMIT if postgres else _SQLITE_LIMIT, ordered=_ORDERED if ordered else "",
-        stalled=_PG_STALLED if postgres else _SQLITE_STALLED)
+    sql = _pg_claim_reading(_PG_LIMIT, _ORDERED if ordered else "") if postgres else \
+        _SQLITE_CLAIM.format(limit=_SQLITE_LIMIT, ordered=_ORDERED if ordered else "",
+                             stalled=_SQLITE_STALLED)
     return text(sql).bindparams(bindparam("now", type_=DateTime()),
                                 bindparam("until", type_=DateTime()),
                                 bindparam("queued_due", type_=DateTime()))
@@ -382,13 +411,46 @@ def _deliver_together(session: Session, planned: list, now: datetime) -> dict[in
     owners = {claim.owner for claim, *_ in planned}
     if len(planned) < 2 or len(owners) != 1:
         return {}
-    params = {"owner": owners.pop(), "now": now}
-    for index, (claim, outcome, *_) in enumerate(planned):
-        params[f"i{index}"], params[f"a{index}"] = claim.delivery_id, claim.attempt
-        params[f"r{index}"] = outcome.text
-    done = set(connection(session).execute(_delivered_statement(len(planned)), params)
-               .scalars())
+    conn = connection(session)
+    postgres = conn.dialect.name == "postgresql"
+    statement, params = delivered_update(
+        [(claim.delivery_id, claim.attempt, outcome.text) for claim, outcome, *_ in planned],
+        owners.pop(), now, postgres)
+    done = set(conn.execute(statement, params).scalars())
     return {claim.delivery_id: claim.delivery_id in done for claim, *_ in planned}
+
+
+def delivered_update(rows: list[tuple[int, int, str]], owner: str, now: datetime,
+                     postgres: bool) -> tuple[Any, dict]:
+    """The UPDATE that settles these (delivery id, attempt, result) rows as delivered,
+    and its parameters: :func:`_delivered_statement`; on PostgreSQL
+    :data:`_PG_DELIVERED`, whose text is the same for any batch."""
+    if postgres:
+        return _PG_DELIVERED, {"owner": owner, "now": now, "ids": [r[0] for r in rows],
+                               "attempts": [r[1] for r in rows],
+                               "results": [r[2] for r in rows]}
+    params = {"owner": owner, "now": now}
+    for index, (delivery_id, attempt, result) in enumerate(rows):
+        params[f"i{index}"], params[f"a{index}"], params[f"r{index}"] = \
+            delivery_id, attempt, result
+    return _delivered_statement(len(rows)), params
+
+
+# PostgreSQL: the batch as three arrays, so the text and its 5 parameters are the same
+# for any batch (psycopg parses it once and the server prepares it; the CASE form has
+# three parameters per row, past the 50 psycopg keeps parsed). The rows are found by
+# ``id = ANY`` alone (the primary key; state through COALESCE, as below), each held to
+# its own attempt by its position in the arrays.
+_PG_DELIVERED = text("""UPDATE deliveries
+   SET state = 'delivered', settled_at = :now, failure_kind = NULL, lease_owner = NULL,
+       lease_until = NULL, updated_at = :now,
+       last_result = (CAST(:results AS text[]))[
+           array_position(CAST(:ids AS bigint[]), deliveries.id)]
+ WHERE id = ANY (CAST(:ids AS bigint[])) AND lease_owner = :owner
+   AND coalesce(state, '') = 'in_progress'
+   AND attempt = (CAST(:attempts AS integer[]))[
+           array_position(CAST(:ids AS bigint[]), deliveries.id)]
+RETURNING id""").bindparams(bindparam("now", type_=DateTime()))
 
 
 @functools.cache

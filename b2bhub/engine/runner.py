@@ -21,6 +21,7 @@ from datetime import datetime, timedelta
 from typing import IO, Any
 
 from sqlalchemy import bindparam, select, text, update
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from b2bhub import faults, tracing
@@ -172,6 +173,7 @@ class TargetRunner:
         next batch (:func:`machine.settle_and_claim`); the last batch's alone."""
         report = DrainReport()
         session = self.session_factory()
+        held = _hold_connection(session)
         batch: _Batch | None = None
         try:
             settings = load_settings(session)
@@ -192,6 +194,8 @@ class TargetRunner:
             if batch is not None:
                 self.leases.drop(batch.held)
             session.close()
+            if held is not None:
+                held.close()
         return report
 
     def attempt_now(self, delivery_id: int, target: str, keep_retrying: bool = False
@@ -438,6 +442,20 @@ class TargetRunner:
         return plugin
 
 
+def _hold_connection(session: Session) -> Connection | None:
+    """Bind ``session`` to one connection of its engine until the caller closes it: a
+    drain commits twice per batch, and handing the connection back to the pool and
+    taking it again around each transaction (with the pool's reset) cost more than
+    its SQLite statements' own bookkeeping. The session still begins and commits each
+    transaction on it. Returns the connection (None: the session is bound otherwise)."""
+    bind = session.get_bind()
+    if not isinstance(bind, Engine):
+        return None
+    connection = bind.connect()
+    session.bind = connection
+    return connection
+
+
 def _checked(rules: list | business_rules.RulesError, outcome: Outcome) -> Outcome:
     if isinstance(rules, business_rules.RulesError):
         return Outcome.failed(f"the instance's business rules are invalid: {rules}")
@@ -469,17 +487,24 @@ _READ_INFOS_PG = text("""SELECT m.id, m.source, m.from_party, m.to_party, m.dire
 
 def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
                     ) -> dict[int, tuple[DeliveryInfo, StoredPayloads]]:
-    """Read what the batch's attempts need in one query."""
+    """What the batch's attempts need: as the claim returned it (PostgreSQL), else read
+    in one query."""
     messages, stages = {}, {}
-    conn = session.connection()
-    statement = _READ_INFOS_PG if conn.dialect.name == "postgresql" else _READ_INFOS
-    for *message, stage, digest, size in conn.execute(
-            statement, {"ids": [c.message_id for c in claims]}).all():
-        messages[message[0]] = message
-        found = stages.setdefault(message[0], {})
-        if stage is not None:
-            found[stage] = (digest, size)
-    session.commit()
+    if all(c.message is not None for c in claims):
+        for c in claims:
+            *message, found = c.message
+            messages[message[0]] = message
+            stages[message[0]] = {stage: (digest, size) for stage, digest, size in found or ()}
+    else:
+        conn = session.connection()
+        statement = _READ_INFOS_PG if conn.dialect.name == "postgresql" else _READ_INFOS
+        for *message, stage, digest, size in conn.execute(
+                statement, {"ids": [c.message_id for c in claims]}).all():
+            messages[message[0]] = message
+            found = stages.setdefault(message[0], {})
+            if stage is not None:
+                found[stage] = (digest, size)
+        session.commit()
     out = {}
     for c in claims:
         (message_id, source, from_party, to_party, direction, original_filename,
@@ -519,7 +544,8 @@ class LeaseKeeper:
         with self._changed:
             self._next_token += 1
             renew_at = time.monotonic() + lease_seconds / 3
-            self._held[self._next_token] = _Held(session.get_bind(), claims, lease_seconds,
+            self._held[self._next_token] = _Held(session.get_bind().engine, claims,
+                                                 lease_seconds,
                                                  renew_at)
             if self._thread is None or not self._thread.is_alive():
                 self._wakes_at = renew_at

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import DateTime, bindparam, text
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
@@ -15,18 +16,17 @@ from sqlalchemy.orm.util import identity_key
 from b2bhub.domain.states import LABELS, MessageStatus
 from b2bhub.domain.status import ALERTING_STATUSES, derive_status
 from b2bhub.engine.history import add_lines, connection, raise_alert, resolve_alert
-from b2bhub.models import Delivery, Message
+from b2bhub.models import Message
 
-_messages, _deliveries = Message.__table__, Delivery.__table__
-# built once: claim and settle run these for every delivery
-_READ = (select(_messages.c.id, _messages.c.status, _deliveries.c.state,
-                _deliveries.c.failure_kind)
-         .select_from(_messages.outerjoin(_deliveries,
-                                          _deliveries.c.message_id == _messages.c.id))
-         .where(_messages.c.id.in_(bindparam("ids", expanding=True))))
-_LOCK = (select(_messages.c.id, _messages.c.status)
-         .where(_messages.c.id.in_(bindparam("ids", expanding=True)))
-         .order_by(_messages.c.id).with_for_update())
+# Built once: claim and settle run these for every batch. SQLite: the ids travel as one
+# JSON array (one parameter, the same text for any number of ids, so the driver's
+# statement cache keeps it prepared); each message by its primary key, its deliveries
+# by the message_id index.
+_READ = text("""SELECT m.id, m.status, d.state, d.failure_kind
+  FROM messages m LEFT JOIN deliveries d ON d.message_id = m.id
+ WHERE m.id IN (SELECT value FROM json_each(:ids))""")
+_LOCK = text("""SELECT id, status FROM messages WHERE id = ANY(CAST(:ids AS bigint[]))
+ ORDER BY id FOR UPDATE""")
 # Each message's deliveries looked up by its id in the message_id index, one lookup per
 # message whatever the planner knows (OFFSET 0 keeps the subquery a lookup per id): a
 # plain IN list made PostgreSQL scan the whole table while it had no statistics.
@@ -34,8 +34,17 @@ _STATES = text("""SELECT k.id, d.state, d.failure_kind
   FROM unnest(CAST(:ids AS bigint[])) AS k(id)
   CROSS JOIN LATERAL (SELECT d.state, d.failure_kind FROM deliveries d
                        WHERE d.message_id = k.id OFFSET 0) AS d""")
-_WRITE = (update(_messages).where(_messages.c.id.in_(bindparam("ids", expanding=True)))
-          .values(status=bindparam("status"), updated_at=bindparam("now")))
+# Every changed status in one UPDATE, whatever the number of distinct new statuses: the
+# (id, status) pairs as two arrays on PostgreSQL, where the UPDATE runs in the statement
+# that inserts the history lines (``add_lines``' ``pg_with``), one JSON array of pairs on
+# SQLite.
+_WRITE_PG = """UPDATE messages SET status = u.status, updated_at = :now
+  FROM unnest(CAST(:status_ids AS bigint[]), CAST(:statuses AS text[])) AS u(id, status)
+ WHERE messages.id = u.id"""
+_WRITE_SQLITE = text("""UPDATE messages SET status = u.status, updated_at = :now
+  FROM (SELECT json_extract(value, '$[0]') AS id,
+               json_extract(value, '$[1]') AS status FROM json_each(:pairs)) AS u
+ WHERE messages.id = u.id""").bindparams(bindparam("now", type_=DateTime()))
 
 #: statuses set outside the deliveries (at intake, or an operator cancelling a message
 #: that had none); not re-derived while the message has no deliveries
@@ -90,7 +99,7 @@ def _read_statuses(session: Session, ids: list[int]
             current.update(conn.execute(_LOCK, {"ids": chunk}).all())
             rows = conn.execute(_STATES, {"ids": chunk}).all()
         else:
-            rows = conn.execute(_READ, {"ids": chunk}).all()
+            rows = conn.execute(_READ, {"ids": json.dumps(chunk)}).all()
         for row in rows:
             message_id, state, kind = row[0], row[-2], row[-1]
             if not postgres:
@@ -102,25 +111,29 @@ def _read_statuses(session: Session, ids: list[int]
 
 def _write_changes(session: Session, changed: dict[int, str], old: dict[int, str],
                    now: datetime, actor: str, lines: list[dict]) -> None:
-    by_status: dict[str, list[int]] = defaultdict(list)
-    for message_id, status in changed.items():
-        by_status[status].append(message_id)
-    for status, ids in by_status.items():
-        connection(session).execute(_WRITE, {"ids": ids, "status": status, "now": now})
-        _sync_loaded(session, ids, status, now)
+    pg_with = None
+    if changed:
+        conn = connection(session)
+        if conn.dialect.name == "postgresql":  # in the statement of the lines, below
+            pg_with = (_WRITE_PG, {"status_ids": list(changed),
+                                   "statuses": list(changed.values())})
+        else:
+            conn.execute(_WRITE_SQLITE, {"pairs": json.dumps(list(changed.items())),
+                                         "now": now})
+        _sync_loaded(session, changed, now)
     add_lines(session, lines + [
         {"message_id": mid, "type": "status_changed", "actor": actor,
          "text": f"{LABELS[old[mid]]} → {LABELS[new]}", "data": {"from": old[mid], "to": new}}
-        for mid, new in changed.items()], now)
+        for mid, new in changed.items()], now, pg_with=pg_with)
     for mid, new in changed.items():
         _message_alerts(session, mid, old[mid], new, now)
 
 
-def _sync_loaded(session: Session, ids: list[int], status: str, now: datetime) -> None:
+def _sync_loaded(session: Session, changed: dict[int, str], now: datetime) -> None:
     """Keep Message objects this session holds in step with the Core UPDATE."""
     if not session.identity_map:  # the claim and settle paths load no objects
         return
-    for message_id in ids:
+    for message_id, status in changed.items():
         loaded = session.identity_map.get(identity_key(Message, message_id))
         if loaded is not None:
             set_committed_value(loaded, "status", status)

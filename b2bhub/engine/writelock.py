@@ -25,7 +25,7 @@ _guard = threading.Lock()
 
 @contextmanager
 def serialized_writes(session: Session) -> Iterator[None]:
-    bind = session.get_bind()
+    bind = session.get_bind().engine  # the session may be bound to one connection
     if bind.dialect.name != "sqlite" or not bind.url.database or \
             bind.url.database == ":memory:":
         yield
