@@ -73,7 +73,7 @@ class CeleryPublisher:
     def __init__(self, app: Flask):
         self.app = app
         self._quiet_until = 0.0
-        self._queues: dict[str, str | None] = {}
+        self._queues: dict[str, str] = {}
         self._lock = threading.Lock()
         self._redis: tuple[int, RedisWakeups | None] | None = None  # (pid, it)
 
@@ -84,17 +84,19 @@ class CeleryPublisher:
             # To the queue straight (the nameless exchange): the topic exchange would
             # cost a lookup of its bindings in the broker on every publish, and it
             # binds every delivery key to the queue anyway.
-            wakeups = [(self._queue(target), target, delivery_id)
+            wakeups = [(self._queue_name(target), target, delivery_id)
                        for delivery_id, target in items]
             redis = self._redis_wakeups()
             if redis is not None:
                 redis.send(wakeups)
                 return
+            from celeryconfig import delivery_queue
             celery = self.app.extensions["celery"]
-            for queue, target, delivery_id in wakeups:
+            for name, target, delivery_id in wakeups:
                 # By the task's name: the tasks module builds on this one, not back.
+                queue = delivery_queue(name)
                 celery.send_task(DELIVER_TASK, args=[target, delivery_id], retry=False,
-                                 exchange="", routing_key=queue.name, queue=queue)
+                                 exchange="", routing_key=name, queue=queue)
         except Exception:
             self._quiet_until = time.monotonic() + self.quiet_seconds
             raise
@@ -112,14 +114,17 @@ class CeleryPublisher:
                 self._redis = (os.getpid(), RedisWakeups.for_app(celery))
             return self._redis[1]
 
-    def _queue(self, target: str):
-        from celeryconfig import delivery_queue
-        with self._lock:
-            if target not in self._queues:
-                with self.app.app_context(), new_session() as s:
-                    self._queues[target] = s.scalar(select(PluginInstance.queue).where(
-                        PluginInstance.name == target))
-        return delivery_queue(self._queues[target] or "deliveries")
+    def _queue_name(self, target: str) -> str:
+        """The queue of the target's wake-ups (read once per process)."""
+        name = self._queues.get(target)
+        if name is None:
+            with self._lock:
+                if target not in self._queues:
+                    with self.app.app_context(), new_session() as s:
+                        self._queues[target] = s.scalar(select(PluginInstance.queue).where(
+                            PluginInstance.name == target)) or "deliveries"
+                name = self._queues[target]
+        return name
 
 
 class RedisWakeups:
@@ -177,7 +182,8 @@ class RedisWakeups:
         return key, self._dumps(message)
 
     def send(self, wakeups: list[tuple[object, str, int]]) -> None:
-        """Push (queue, target, delivery id) wake-ups: one LPUSH, or one pipeline."""
+        """Push (queue or its name, target, delivery id) wake-ups: one LPUSH, or one
+        pipeline."""
         by_key: dict[str, list[str]] = {}
         for queue, target, delivery_id in wakeups:
             key, message = self.message(getattr(queue, "name", queue), target, delivery_id)
