@@ -57,16 +57,18 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
+    and_,
     bindparam,
     delete,
     func,
     insert,
+    literal,
     null,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, scoped_session
 
 from b2bhub.plugin_api import (
     INTAKE_KEYS,
@@ -88,6 +90,7 @@ from b2bhub.plugin_api import (
     direction_of,
     store_and_dispatch_many,
     utcnow,
+    writes_in_one_statement,
 )
 
 TYPE = "http_receiver"
@@ -282,33 +285,42 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
 
 @functools.cache
 def _lookups_query(config_given: bool):
-    """The one row of :func:`_lookups`, built once a shape: scalar subqueries (a missing
-    row reads as NULL)."""
-    def of_instance(column):
-        return select(column).where(PluginInstance.name == bindparam("instance"),
-                                    PluginInstance.type == TYPE).scalar_subquery()
+    """The one row of :func:`_lookups`, built once a shape. The instance (when not
+    given) and the two parties are outer joins on one row, so each table is read once
+    and a missing row reads as NULL: the statement is planned on every execution
+    (``plan_cache_mode``, :func:`b2bhub.config.postgres_options`), and scalar
+    subqueries, the instance's repeated for each value of it, took twice the planning."""
+    instances, parties = PluginInstance.__table__, Party.__table__
 
     def party(role: str):
         given = bindparam(role, type_=String)
         if config_given:
             return given
-        configured = of_instance(PluginInstance.config[role].as_string())
+        configured = instances.c.config[role].as_string()
         return func.coalesce(given, func.nullif(configured, ""))
 
-    from_party, to_party = party("from_party"), party("to_party")
+    wanted = select(party("from_party").label("from_party"),
+                    party("to_party").label("to_party"),
+                    *(() if config_given else (instances.c.enabled, instances.c.config)))
+    if not config_given:
+        one = select(literal(1).label("one")).subquery("one")
+        wanted = wanted.select_from(one.outerjoin(instances, and_(
+            instances.c.name == bindparam("instance"), instances.c.type == TYPE)))
+    wanted = wanted.subquery("wanted")
+    sender, recipient = parties.alias("sender"), parties.alias("recipient")
     columns = [select(Setting.value).where(Setting.key == key).scalar_subquery()
                .label(f"s{i}") for i, key in enumerate(INTAKE_KEYS)]
     columns += [
         select(IntakeToken.id).where(IntakeToken.instance == bindparam("instance"),
                                      IntakeToken.token_sha256 == bindparam("token"))
         .scalar_subquery().label("token"),
-        from_party.label("from_party"), to_party.label("to_party"),
-        select(Party.kind).where(Party.name == from_party).scalar_subquery()
-        .label("from_kind"),
-        select(Party.kind).where(Party.name == to_party).scalar_subquery().label("to_kind"),
-        (null() if config_given else of_instance(PluginInstance.enabled)).label("enabled"),
-        (null() if config_given else of_instance(PluginInstance.config)).label("config")]
-    return select(*columns)
+        wanted.c.from_party, wanted.c.to_party,
+        sender.c.kind.label("from_kind"), recipient.c.kind.label("to_kind"),
+        (null() if config_given else wanted.c.enabled).label("enabled"),
+        (null() if config_given else wanted.c.config).label("config")]
+    return select(*columns).select_from(
+        wanted.outerjoin(sender, sender.c.name == wanted.c.from_party)
+        .outerjoin(recipient, recipient.c.name == wanted.c.to_party))
 
 
 def handle(request: EndpointRequest) -> EndpointReply:
@@ -316,6 +328,11 @@ def handle(request: EndpointRequest) -> EndpointReply:
     headers = {k.lower(): v for k, v in request.headers}
     auth = _header(headers, "Authorization") or ""
     scheme, _, token = auth.partition(" ")
+    key = _header(headers, "Idempotency-Key")
+    # A preread body without a key: the lookups read, and the message's rows are most
+    # often one statement, so each may run as a transaction of its own.
+    alone = (key is None and request.content_length is not None
+             and request.content_length <= PREREAD and _statement_at_a_time(session))
     looked = _lookups(session, request, token.strip(), _header(headers, "X-B2BHub-From"),
                       _header(headers, "X-B2BHub-To"))
     if looked is None:
@@ -355,7 +372,6 @@ def handle(request: EndpointRequest) -> EndpointReply:
     except BaseException:
         batch.discard()
         raise
-    key = _header(headers, "Idempotency-Key")
     try:
         if key is not None:
             earlier = _claim_key(session, name, key[:255], stored.digest, config,
@@ -371,6 +387,8 @@ def handle(request: EndpointRequest) -> EndpointReply:
             original_filename=_filename(headers), correlation_id=_correlation(headers),
             sequence_key=(_header(headers, "X-B2BHub-Sequence-Key") or "")[:200] or None,
             actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None)
+        if alone and not writes_in_one_statement(session, [new], known):
+            session.commit()  # more than one statement: the next begins a transaction
         [message_id] = store_and_dispatch_many(session, [new], request.now, known)
         if key is not None:
             _key_row(session, name, key[:255], message_id=message_id)
@@ -390,6 +408,18 @@ def handle(request: EndpointRequest) -> EndpointReply:
                  headers=json.dumps(reply.headers), body=reply.body)
         session.commit()
     return reply
+
+
+def _statement_at_a_time(session) -> bool:
+    """On PostgreSQL, the session's next transaction runs each statement as one of its
+    own (autocommit): the BEGIN and COMMIT round trips, two of the four an intake made,
+    are spared. Only for reads and work of one statement (atomic by itself). True when
+    set; a session in a transaction already, or on SQLite (no round trips), stays."""
+    own = session() if isinstance(session, scoped_session) else session
+    if own.in_transaction() or own.get_bind().dialect.name != "postgresql":
+        return False
+    session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+    return True
 
 
 def _answer(status: int, message_id: int, outcome: str, **more) -> EndpointReply:
@@ -493,7 +523,8 @@ def _attempts_allowed(instance_type: str, retry_policy: dict | None) -> int:
 def _deliver_in_request(session, message_id: int, target: str) -> EndpointReply:
     from b2bhub.plugin_api import Delivery
     # the delivery and its target's retry policy in one statement (a round trip each
-    # is most of what a sync request adds to the destination's own time)
+    # is most of what a sync request adds to the destination's own time), read alone
+    _statement_at_a_time(session)
     delivery_id, instance_type, policy = session.execute(
         select(Delivery.id, PluginInstance.type, PluginInstance.retry_policy)
         .join(PluginInstance, PluginInstance.name == Delivery.target)
@@ -518,6 +549,7 @@ def _sync_answer(session, message_id: int, target: str, result, made: int) -> En
     state = None if result is None else result[1]  # what the last attempt settled
     online = None
     if state in (None, "queued", "retrying"):  # not attempted, or left for the worker
+        _statement_at_a_time(session)
         state, online = session.execute(
             select(Delivery.state, PluginInstance.online)
             .join(PluginInstance, PluginInstance.name == Delivery.target)

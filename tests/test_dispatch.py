@@ -15,7 +15,7 @@ from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.extensions import db
 from b2bhub.models import Delivery, Message
-from tests.conftest import _config
+from tests.conftest import BROKER_URL, _config
 from tests.enginekit import T0, Broker, alerts, at, deliveries, message, standard_hub, texts
 
 
@@ -136,6 +136,48 @@ def test_the_celery_publisher_with_an_unreachable_broker_never_fails_an_intake(
     [row] = deliveries(session, sent.id)
     assert (row.target, row.state) == ("writer_a", "queued")
     assert message(session, sent.id).status == "received"
+
+
+@pytest.mark.skipif(not BROKER_URL.startswith("redis"), reason=(
+    "the Redis publisher needs a Redis broker (B2BHUB_TEST_BROKER_URL); the embedded "
+    "broker publishes through send_task"))
+def test_the_redis_publisher_pushes_the_message_send_task_would(backend, registry):
+    """A wake-up pushed by RedisWakeups is, but for its ids, the message Celery's
+    send_task publishes: a worker takes it the same way. Wake-ups of one call to two
+    queues arrive each on its queue, in the order sent."""
+    import json
+    import uuid
+
+    from b2bhub.hub import DELIVER_TASK, RedisWakeups
+    from celeryconfig import delivery_queue
+    app = create_app(_config(backend, PLUGIN_REGISTRY=registry))
+    celery = app.extensions["celery"]
+    pusher = RedisWakeups.for_app(celery)
+    assert pusher is not None
+    first, second = (delivery_queue(f"test-wakeups-{uuid.uuid4().hex}") for _ in range(2))
+    client = pusher.client
+    try:
+        celery.send_task(DELIVER_TASK, args=["writer_a", 7], retry=False, exchange="",
+                         routing_key=first.name, queue=first)
+        pusher.send([(first, "writer_a", 7), (second, "writer_b", 8), (first, "writer_a", 9)])
+        sent, *pushed = [json.loads(m) for m in reversed(client.lrange(first.name, 0, -1))]
+        [other] = [json.loads(m) for m in client.lrange(second.name, 0, -1)]
+    finally:
+        client.delete(first.name, second.name)
+
+    def masked(message: dict) -> dict:
+        task_id = message["headers"]["id"]
+        assert message["headers"]["root_id"] == message["properties"]["correlation_id"] == task_id
+        assert message["properties"]["delivery_tag"] not in ("", task_id)
+        return {**message, "headers": {**message["headers"], "id": "", "root_id": ""},
+                "properties": {**message["properties"], "correlation_id": "",
+                               "delivery_tag": ""}}
+
+    assert masked(pushed[0]) == masked(sent)
+    assert len({m["headers"]["id"] for m in (sent, *pushed, other)}) == 4
+    assert [m["headers"]["argsrepr"] for m in (*pushed, other)] == [
+        "['writer_a', 7]", "['writer_a', 9]", "['writer_b', 8]"]
+    assert other["properties"]["delivery_info"]["routing_key"] == second.name
 
 
 def test_read_settings_sees_the_transactions_own_rows_and_maps_missing_keys_to_none(

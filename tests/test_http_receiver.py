@@ -125,6 +125,51 @@ def test_async_message_reaches_the_destination_byte_identical(served, receiver, 
     assert messages(session)[0].status == "delivered"
 
 
+def test_the_rows_of_an_intake_go_in_atomically(served, receiver, session, hub):
+    """A routed message's rows are one statement: on PostgreSQL it runs, like the
+    lookups before it, outside a transaction (no BEGIN, no COMMIT). A message no route
+    matches is Not routed, its status, line and alert written with its rows in one
+    transaction, on either database."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    hub.instance("loose", "http_receiver", config={"from_party": "acme",
+                                                    "to_party": "mycompany"})
+    loose = create_token(session, "loose", "client", "tests")
+    session.commit()
+    seen: list[tuple[str, bool]] = []
+
+    def before(conn, cursor, statement, params, context, executemany):
+        alone = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+        seen.append((statement.split()[0].upper(), alone))
+
+    postgres = session.get_bind().dialect.name == "postgresql"
+    warm = requests.post(f"{served}/in/inbox", data=b"x", headers=auth(receiver["inbox"]),
+                         timeout=10)  # the route table read once
+    assert warm.status_code == 202
+    event.listen(Engine, "before_cursor_execute", before)
+    try:
+        routed = requests.post(f"{served}/in/inbox", data=BODY,
+                               headers=auth(receiver["inbox"]), timeout=10)
+        of_routed, seen[:] = list(seen), []
+        unrouted = requests.post(f"{served}/in/loose", data=BODY, headers=auth(loose),
+                                 timeout=10)
+    finally:
+        event.remove(Engine, "before_cursor_execute", before)
+    assert routed.status_code == unrouted.status_code == 202
+    if postgres:
+        assert of_routed == [("SELECT", True), ("WITH", True)]
+    else:
+        assert not any(alone for _word, alone in of_routed), of_routed
+    writes = [(word, alone) for word, alone in seen if word in ("WITH", "INSERT", "UPDATE")]
+    assert len(writes) > 1 and not any(alone for _word, alone in writes), seen
+    _warm, first, second = messages(session)
+    assert (first.status, second.status) == ("received", "not_routed")
+    assert [line.type for line in lines(session, second.id)] == [
+        "received", "not_routed", "status_changed"]
+    assert session.scalar(select(Delivery.id).where(Delivery.message_id == second.id)) is None
+
+
 @pytest.mark.parametrize("headers, why", [
     ({}, "no token"),
     ({"Authorization": "Bearer b2bin_wrong"}, "wrong token"),

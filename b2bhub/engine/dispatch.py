@@ -206,6 +206,21 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
         return ids
 
 
+def writes_in_one_statement(session: Session, batch: list[NewMessage],
+                            known: dict | None = None) -> bool:
+    """Whether :func:`store_and_dispatch_many` of ``batch`` writes with one statement:
+    on PostgreSQL (:mod:`b2bhub.engine.dispatch_rows`) when every message has a target
+    and no lines of its own (a Not routed message's status, line and alert are
+    statements of their own). Such a dispatch is atomic by itself, so a caller may run
+    it outside a transaction, sparing the BEGIN and COMMIT round trips. ``known`` as
+    for :func:`store_and_dispatch_many`."""
+    if session.get_bind().dialect.name != "postgresql" or any(new.lines for new in batch):
+        return False
+    if known is None or any(key not in known for key in INTAKE_KEYS):
+        known = {**read_settings(session, INTAKE_KEYS), **(known or {})}
+    return all(_targets_of(session, batch, known))
+
+
 def _dispatch_many(session: Session, batch: list[NewMessage], now: datetime,
                    known: dict | None, trace_parent: str | None) -> list[int]:
     if known is None or any(key not in known for key in INTAKE_KEYS):
