@@ -122,10 +122,16 @@ def _claim_sql(postgres: bool) -> str:
         limit=":n", ordered="", stalled="")
 
 
+def _claim_driver(postgres: bool):
+    """The floor's claim, run by the driver as the engine runs its own."""
+    from b2bhub.engine.driver import DriverSQL
+    return DriverSQL(_claim_sql(postgres), ("now", "until", "queued_due"))
+
+
 def floor_process(backend: Backend, owner: str, ready, go) -> None:
     """Claim 16; settle them and claim the next 16 in one transaction; until none due."""
     engine = backend.engine()
-    claim_sql = benchlib._timed(_claim_sql(backend.postgres))
+    claim_sql = _claim_driver(backend.postgres)
     with engine.connect() as conn:
         conn.execute(text("SELECT 1")).all()
         conn.rollback()
@@ -136,13 +142,13 @@ def floor_process(backend: Backend, owner: str, ready, go) -> None:
 
 
 def _settle_batch(conn, rows, owner: str) -> int:
-    """The engine's delivered UPDATE of a batch (``machine.delivered_update``, each row
-    fenced by its attempt); how many it wrote."""
+    """The engine's delivered UPDATE of a batch (``machine.delivered_driver``, each row
+    fenced by its attempt), run as the engine runs it; how many it wrote."""
     from b2bhub.engine import machine
-    statement, params = machine.delivered_update(
+    statement, params = machine.delivered_driver(
         [(delivery_id, attempt, "ok") for delivery_id, _message_id, attempt, _f in rows],
         owner, utcnow(), conn.dialect.name == "postgresql")
-    return len(conn.execute(statement, params).all())
+    return len(statement.run(conn, params).all())
 
 
 def floor_loop(conn, claim_sql, owner: str) -> int:
@@ -156,7 +162,7 @@ def floor_loop(conn, claim_sql, owner: str) -> int:
                 raise RuntimeError(f"{len(rows) - written} fenced settlements not written")
             settled += written
         now = utcnow()
-        rows = conn.execute(claim_sql, {
+        rows = claim_sql.run(conn, {
             "target": TARGET, "now": now, "owner": owner, "n": BATCH,
             "until": now + timedelta(seconds=300),
             "queued_due": now + machine.QUEUED_SKEW}).all()
@@ -358,7 +364,7 @@ def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
     a figure the machine's load hardly moves (on PostgreSQL the server's CPU is not in
     it). One process each, so no lock is waited for."""
     engine = backend.engine()
-    claim_sql = benchlib._timed(_claim_sql(backend.postgres))
+    claim_sql = _claim_driver(backend.postgres)
     rows = []
     for index in range(1, rounds + 1):
         reset(backend, n)

@@ -11,10 +11,11 @@ import json
 import logging
 from datetime import datetime
 
-from sqlalchemy import DateTime, bindparam, insert, select, text, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
+from b2bhub.engine.driver import DriverSQL
 from b2bhub.engine.rows import json_recordset
 from b2bhub.models import Alert, HistoryLine, utcnow
 
@@ -113,9 +114,9 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None, *
     if conn.dialect.name == "postgresql":
         params = {"rows": json.dumps([packed_line(row) for row in rows]), "now": stamp}
         if pg_with is None:
-            conn.execute(_PG_LINES, params)
+            _PG_LINES.run(conn, params)
         else:
-            conn.execute(_pg_lines_after(pg_with[0]), {**pg_with[1], **params})
+            _pg_lines_after(pg_with[0]).run(conn, {**pg_with[1], **params})
     elif conn.dialect.name == "sqlite":
         created = _created_at(conn.dialect)(stamp)
         conn.exec_driver_sql(_SQLITE_LINES, [
@@ -135,14 +136,13 @@ LINE_FIELDS = [("message_id", "bigint"), ("delivery_id", "bigint"), ("type", "te
 _PG_LINES_SQL = f"""INSERT INTO history ({_COLUMNS})
     SELECT r.message_id, r.delivery_id, r.type, r.actor, r.text, CAST(r.data AS json), :now
       FROM {json_recordset("rows", LINE_FIELDS)} ORDER BY r.n"""
-_PG_LINES = text(_PG_LINES_SQL).bindparams(bindparam("now", type_=DateTime()))
+_PG_LINES = DriverSQL(_PG_LINES_SQL)
 
 
 @functools.cache
-def _pg_lines_after(sql: str):
+def _pg_lines_after(sql: str) -> DriverSQL:
     """The lines' INSERT run after the data-modifying statement ``sql`` (built once)."""
-    return text(f"WITH w AS ({sql})\n{_PG_LINES_SQL}").bindparams(
-        bindparam("now", type_=DateTime()))
+    return DriverSQL(f"WITH w AS ({sql})\n{_PG_LINES_SQL}")
 
 
 def packed_line(row: dict) -> dict:

@@ -52,6 +52,7 @@ from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
 from b2bhub.engine import blocking, presence, sequences, wakeups
+from b2bhub.engine.driver import DriverSQL
 from b2bhub.engine.history import add_line, add_lines, connection, raise_alert
 from b2bhub.engine.history import log as history_log
 from b2bhub.engine.settings import DeliverySettings, load_settings
@@ -263,8 +264,8 @@ def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
               "until": now + timedelta(seconds=lease_seconds),
               "queued_due": now + QUEUED_SKEW,
               "max_concurrent": instance.max_concurrent_deliveries}
-    statement = _claim_statement(_is_postgres(session), bool(instance.ordered))
-    rows = connection(session).execute(statement, params).all()
+    statement = _claim_driver(_is_postgres(session), bool(instance.ordered))
+    rows = statement.run(connection(session), params).all()
     ordered = bool(instance.ordered)
     claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered,
                     tuple(r[5:]) if len(r) > 5 and r[5] is not None else None)
@@ -342,6 +343,13 @@ def _claim_statement(postgres: bool, ordered: bool):
                                 bindparam("queued_due", type_=DateTime()))
 
 
+@functools.cache
+def _claim_driver(postgres: bool, ordered: bool) -> DriverSQL:
+    """:func:`_claim_statement` as the driver runs it (:mod:`.driver`)."""
+    return DriverSQL(_claim_statement(postgres, ordered).text, _TIMES)
+
+
+_TIMES = ("now", "until", "queued_due")
 _RESOLVE_STALLED = (update(Alert.__table__)
                     .where(Alert.__table__.c.kind == "delivery_stalled",
                            Alert.__table__.c.subject.in_(bindparam("subjects",
@@ -413,10 +421,10 @@ def _deliver_together(session: Session, planned: list, now: datetime) -> dict[in
         return {}
     conn = connection(session)
     postgres = conn.dialect.name == "postgresql"
-    statement, params = delivered_update(
+    statement, params = delivered_driver(
         [(claim.delivery_id, claim.attempt, outcome.text) for claim, outcome, *_ in planned],
         owners.pop(), now, postgres)
-    done = set(conn.execute(statement, params).scalars())
+    done = set(statement.run(conn, params).scalars())
     return {claim.delivery_id: claim.delivery_id in done for claim, *_ in planned}
 
 
@@ -425,15 +433,24 @@ def delivered_update(rows: list[tuple[int, int, str]], owner: str, now: datetime
     """The UPDATE that settles these (delivery id, attempt, result) rows as delivered,
     and its parameters: :func:`_delivered_statement`; on PostgreSQL
     :data:`_PG_DELIVERED`, whose text is the same for any batch."""
+    _statement, params = delivered_driver(rows, owner, now, postgres)
+    clause = _PG_DELIVERED if postgres else _delivered_statement(len(rows))
+    return clause, params
+
+
+def delivered_driver(rows: list[tuple[int, int, str]], owner: str, now: datetime,
+                     postgres: bool) -> tuple[DriverSQL, dict]:
+    """:func:`delivered_update` as the driver runs it (``statement.run(conn, params)``,
+    :mod:`.driver`): the statement a drain sends."""
     if postgres:
-        return _PG_DELIVERED, {"owner": owner, "now": now, "ids": [r[0] for r in rows],
+        return _PG_DELIVERED_DRIVER, {"owner": owner, "now": now, "ids": [r[0] for r in rows],
                                "attempts": [r[1] for r in rows],
                                "results": [r[2] for r in rows]}
     params = {"owner": owner, "now": now}
     for index, (delivery_id, attempt, result) in enumerate(rows):
         params[f"i{index}"], params[f"a{index}"], params[f"r{index}"] = \
             delivery_id, attempt, result
-    return _delivered_statement(len(rows)), params
+    return _delivered_driver(len(rows)), params
 
 
 # PostgreSQL: the batch as three arrays, so the text and its 5 parameters are the same
@@ -451,6 +468,12 @@ _PG_DELIVERED = text("""UPDATE deliveries
    AND attempt = (CAST(:attempts AS integer[]))[
            array_position(CAST(:ids AS bigint[]), deliveries.id)]
 RETURNING id""").bindparams(bindparam("now", type_=DateTime()))
+_PG_DELIVERED_DRIVER = DriverSQL(_PG_DELIVERED.text)
+
+
+@functools.cache
+def _delivered_driver(count: int) -> DriverSQL:
+    return DriverSQL.sqlite_of(_delivered_statement(count), ("now",))
 
 
 @functools.cache

@@ -8,13 +8,13 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import DateTime, bindparam, text
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
 from b2bhub.domain.states import LABELS, MessageStatus
 from b2bhub.domain.status import ALERTING_STATUSES, derive_status
+from b2bhub.engine.driver import DriverSQL
 from b2bhub.engine.history import add_lines, connection, raise_alert, resolve_alert
 from b2bhub.models import Message
 
@@ -22,15 +22,15 @@ from b2bhub.models import Message
 # JSON array (one parameter, the same text for any number of ids, so the driver's
 # statement cache keeps it prepared); each message by its primary key, its deliveries
 # by the message_id index.
-_READ = text("""SELECT m.id, m.status, d.state, d.failure_kind
+_READ = DriverSQL("""SELECT m.id, m.status, d.state, d.failure_kind
   FROM messages m LEFT JOIN deliveries d ON d.message_id = m.id
  WHERE m.id IN (SELECT value FROM json_each(:ids))""")
-_LOCK = text("""SELECT id, status FROM messages WHERE id = ANY(CAST(:ids AS bigint[]))
+_LOCK = DriverSQL("""SELECT id, status FROM messages WHERE id = ANY(CAST(:ids AS bigint[]))
  ORDER BY id FOR UPDATE""")
 # Each message's deliveries looked up by its id in the message_id index, one lookup per
 # message whatever the planner knows (OFFSET 0 keeps the subquery a lookup per id): a
 # plain IN list made PostgreSQL scan the whole table while it had no statistics.
-_STATES = text("""SELECT k.id, d.state, d.failure_kind
+_STATES = DriverSQL("""SELECT k.id, d.state, d.failure_kind
   FROM unnest(CAST(:ids AS bigint[])) AS k(id)
   CROSS JOIN LATERAL (SELECT d.state, d.failure_kind FROM deliveries d
                        WHERE d.message_id = k.id OFFSET 0) AS d""")
@@ -41,10 +41,10 @@ _STATES = text("""SELECT k.id, d.state, d.failure_kind
 _WRITE_PG = """UPDATE messages SET status = u.status, updated_at = :now
   FROM unnest(CAST(:status_ids AS bigint[]), CAST(:statuses AS text[])) AS u(id, status)
  WHERE messages.id = u.id"""
-_WRITE_SQLITE = text("""UPDATE messages SET status = u.status, updated_at = :now
+_WRITE_SQLITE = DriverSQL("""UPDATE messages SET status = u.status, updated_at = :now
   FROM (SELECT json_extract(value, '$[0]') AS id,
                json_extract(value, '$[1]') AS status FROM json_each(:pairs)) AS u
- WHERE messages.id = u.id""").bindparams(bindparam("now", type_=DateTime()))
+ WHERE messages.id = u.id""", ("now",))
 
 #: statuses set outside the deliveries (at intake, or an operator cancelling a message
 #: that had none); not re-derived while the message has no deliveries
@@ -96,10 +96,10 @@ def _read_statuses(session: Session, ids: list[int]
     postgres = conn.dialect.name == "postgresql"
     for chunk in _chunks(ids, 500):
         if postgres:
-            current.update(conn.execute(_LOCK, {"ids": chunk}).all())
-            rows = conn.execute(_STATES, {"ids": chunk}).all()
+            current.update(_LOCK.run(conn, {"ids": chunk}).all())
+            rows = _STATES.run(conn, {"ids": chunk}).all()
         else:
-            rows = conn.execute(_READ, {"ids": json.dumps(chunk)}).all()
+            rows = _READ.run(conn, {"ids": json.dumps(chunk)}).all()
         for row in rows:
             message_id, state, kind = row[0], row[-2], row[-1]
             if not postgres:
@@ -118,7 +118,7 @@ def _write_changes(session: Session, changed: dict[int, str], old: dict[int, str
             pg_with = (_WRITE_PG, {"status_ids": list(changed),
                                    "statuses": list(changed.values())})
         else:
-            conn.execute(_WRITE_SQLITE, {"pairs": json.dumps(list(changed.items())),
+            _WRITE_SQLITE.run(conn, {"pairs": json.dumps(list(changed.items())),
                                          "now": now})
         _sync_loaded(session, changed, now)
     add_lines(session, lines + [

@@ -1,0 +1,76 @@
+"""The hot statements of a drain as the driver's own SQL.
+
+A claim and its settlement send a handful of statements per batch, each through
+``Connection.execute`` of a ``text()`` or Core construct: SQLAlchemy looks the statement
+up in its compiled cache, builds its parameters through every bind processor and wraps
+the cursor in a result with its own processors. For these few statements, whose text
+never changes, :class:`DriverSQL` keeps the SQL in the driver's parameter style, built
+once, and runs it with ``Connection.exec_driver_sql``: the same connection and the same
+transaction as every other statement of the settlement, the same cursor events (the
+statements are still counted, logged and traced), and the same text at every execution,
+so psycopg's prepared statements and SQLite's statement cache still hit.
+
+What the bind processors did is done here for the parameters that need it: a time on
+SQLite is written in the text form the ORM writes (a raw datetime of a whole second
+would lose its ``.000000`` and compare as earlier than the stored ones).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import re
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import DateTime
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import Connection, CursorResult
+
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+_SQLITE_NAMED = sqlite.dialect(paramstyle="named")
+
+
+class DriverSQL:
+    """One statement written with ``:name`` parameters, run in the driver's style
+    (psycopg ``%(name)s``, sqlite3 ``:name``). ``times``: the parameters that are times."""
+
+    def __init__(self, sql: str, times: tuple[str, ...] = (),
+                 fixed: dict[str, Any] | None = None):
+        self.text = sql
+        self.pyformat = _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
+        self.times, self.fixed = times, fixed or {}
+
+    @classmethod
+    def sqlite_of(cls, clause, times: tuple[str, ...] = ()) -> DriverSQL:
+        """The SQLite text of a Core construct, compiled once with named parameters;
+        the values the construct holds itself (its literals) are kept with it."""
+        compiled = clause.compile(dialect=_SQLITE_NAMED)
+        fixed = {compiled.bind_names[bind]: _plain(bind.value)
+                 for bind in set(compiled.binds.values()) if not bind.required}
+        return cls(str(compiled), times, fixed)
+
+    def run(self, conn: Connection, params: dict[str, Any]) -> CursorResult:
+        if conn.dialect.name == "postgresql":
+            return conn.exec_driver_sql(self.pyformat, params)
+        if self.fixed:
+            params = {**self.fixed, **params}
+        if self.times:
+            write = _sqlite_time(conn.dialect)
+            params = dict(params)
+            for name in self.times:
+                value = params.get(name)
+                if isinstance(value, datetime):
+                    params[name] = write(value)
+        return conn.exec_driver_sql(self.text, params)
+
+
+def _plain(value: Any) -> Any:
+    """A literal as sqlite3 binds it (an enum member by its value)."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+@functools.cache
+def _sqlite_time(dialect):
+    """How SQLAlchemy's DateTime writes a time on this dialect (SQLite: text)."""
+    return DateTime().dialect_impl(dialect).bind_processor(dialect) or (lambda value: value)
