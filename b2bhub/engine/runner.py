@@ -220,9 +220,9 @@ class TargetRunner:
         offline, stopped, disabled or blocked, at its concurrency limit, or the
         delivery taken or settled already).
 
-        Three transactions on one connection: the claim (with its status and lines),
-        the read of the message, the settlement (with its status and lines). The state
-        left is the one the settlement wrote, not read again."""
+        Two transactions on one connection: the claim (with its status and lines) and
+        the read of the message, then the settlement (with its status and lines). The
+        state left is the one the settlement wrote, not read again."""
         session = self.session_factory()
         held_connection = _hold_connection(session)
         try:
@@ -233,6 +233,10 @@ class TargetRunner:
                 found = None if plugin is None else machine.claim_delivery(
                     session, delivery_id, target, self.owner, self.clock(),
                     settings.lease_seconds, instance)
+                # what the attempt reads of the message, in the claim's transaction: a
+                # read that fails takes the claim back with it (nothing to give back)
+                infos = None if found is None else _delivery_infos(session, [found],
+                                                                   self.store)
                 session.commit()
             if found is None:
                 return None
@@ -244,11 +248,6 @@ class TargetRunner:
                                                           found.failures + 2))
             held = self.leases.hold(session, [found], settings.lease_seconds)
             try:
-                try:
-                    infos = _delivery_infos(session, [found], self.store)
-                except Exception as exc:
-                    self._give_back(session, [found], exc)
-                    raise
                 context = AttemptContext(self.clock(), instance, self.session_factory,
                                          self.store, found, self.callbacks)
                 self._attempt(plugin, infos[found.delivery_id], context, self._rules(instance))
