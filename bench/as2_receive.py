@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,11 @@ from benchlib import (  # noqa: E402
     fresh_backend,
     make_app,
     print_table,
+    process_cpu,
+    start_py_spy,
+    stop_py_spy,
     wait_serving,
+    worker_pids,
 )
 from pyas2lib import Message, Organization, Partner  # noqa: E402
 
@@ -246,32 +249,6 @@ def timed_post(url: str, message, checks: Checks | None = None) -> tuple[float, 
     return elapsed, cpu
 
 
-def start_py_spy(path: str | None, workers: list[int]) -> subprocess.Popen | None:
-    """``py-spy record --gil`` of the first web worker into ``path`` (raw, collapsed
-    stacks), for the sequential run: where the worker holds the GIL (the samples of a
-    thread waiting on I/O or on the GIL are left out)."""
-    if not path:
-        return None
-    here = Path(sys.executable).parent / "py-spy"  # installed beside this Python, or on PATH
-    command = [str(here) if here.exists() else "py-spy", "record", "--pid", str(workers[0]),
-               "--gil", "--rate", "500", "--format", "raw", "--output", path, "--nonblocking"]
-    spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)  # attached before the first post
-    return spy
-
-
-def stop_py_spy(spy: subprocess.Popen | None) -> None:
-    if spy is not None:
-        spy.send_signal(signal.SIGINT)  # it writes the file on SIGINT
-        spy.wait(60)
-
-
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def start_gunicorn(backend, port: int, workers: int = 1) -> subprocess.Popen:
     env = {**backend.env(), "B2BHUB_LOG_LEVEL": "warning"}
     proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "--workers",
@@ -283,16 +260,6 @@ def start_gunicorn(backend, port: int, workers: int = 1) -> subprocess.Popen:
 
 def worker_pid(master: int) -> int:
     return worker_pids(master)[0]
-
-
-def worker_pids(master: int, expected: int = 1) -> list[int]:
-    """The gunicorn master's worker processes, once ``expected`` of them run."""
-    deadline = time.monotonic() + 60
-    while True:
-        out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
-        if len(pids) >= expected or time.monotonic() > deadline:
-            return pids
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -322,7 +289,7 @@ def run_latency(args, certs) -> None:
                 seq = build(certs, size, count)
                 conc = build(certs, size, count)
                 bare, hub, own = [], [], []
-                spy = start_py_spy(args.py_spy, workers)
+                spy = start_py_spy(args.py_spy, workers[:1])
                 worker_cpu = sum(map(process_cpu, workers))
                 seq_busy = 0.0  # the sequential posts' wall time (bare runs between them)
                 for i, message in enumerate(seq):  # alternating, the same messages

@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -315,3 +317,44 @@ def wait_serving(proc, url: str, what: str, timeout: float = 60.0):
             time.sleep(0.2)
     proc.kill()
     raise SystemExit(f"{what} did not start")
+
+
+def start_py_spy(path: str | None, workers: list[int]) -> list[subprocess.Popen]:
+    """``py-spy record --gil`` of each of ``workers`` into ``path`` (the first) and
+    ``path.1``, ``path.2``, ... (raw, collapsed stacks): where each holds the GIL (the
+    samples of a thread waiting on I/O or on the GIL are left out)."""
+    if not path:
+        return []
+    here = Path(sys.executable).parent / "py-spy"  # installed beside this Python, or on PATH
+    spies = []
+    for index, pid in enumerate(workers):
+        command = [str(here) if here.exists() else "py-spy", "record", "--pid", str(pid),
+                   "--gil", "--rate", "500", "--format", "raw", "--nonblocking",
+                   "--output", path if not index else f"{path}.{index}"]
+        spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+    time.sleep(1.0)  # attached before the first post
+    return spies
+
+
+def stop_py_spy(spies: list[subprocess.Popen]) -> None:
+    for spy in spies:
+        spy.send_signal(signal.SIGINT)  # it writes the file on SIGINT
+    for spy in spies:
+        spy.wait(60)
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(master: int, expected: int = 1) -> list[int]:
+    """The gunicorn master's worker processes, once ``expected`` of them run."""
+    deadline = time.monotonic() + 60
+    while True:
+        out = subprocess.run(["pgrep", "-P", str(master)], capture_output=True, text=True)
+        pids = [int(p) for p in out.stdout.split()]
+        if len(pids) >= expected or time.monotonic() > deadline:
+            return pids

@@ -10,7 +10,12 @@ settings (``bench/http_intake_floor.py``) that writes the body to a file, fsyncs
 inserts a row. Hub and floor run one after the other on the same machine in the same
 run; requests/s over the whole run of each, p50/p99 per request. Sync: ``POST
 /in/direct`` delivered through an ``http_poster`` to a loopback destination inside the
-request, its p50 minus the p50 of posting the same body to the destination directly.
+request, its p50 minus the p50 of posting the same body to the destination directly,
+and the web workers' CPU (user + system, from ``/proc``) per sync request.
+
+``--sync-only``: the sync figures alone. ``--py-spy FILE``: py-spy (installed beside this
+Python or on PATH) records each web worker during the sync posts, where it holds the GIL,
+as collapsed stacks (FILE, FILE.1; the one client's connection stays with one worker).
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import requests  # noqa: E402
-from benchlib import environment, fresh_backend, make_app, wait_serving  # noqa: E402
+from benchlib import (  # noqa: E402
+    environment,
+    fresh_backend,
+    make_app,
+    process_cpu,
+    start_py_spy,
+    stop_py_spy,
+    wait_serving,
+    worker_pids,
+)
 
 GUNICORN = ["--workers", "2", "--threads", "8"]
 BODY = (b"<order>" + b"x" * 2033 + b"</order>\n")[:2048]
@@ -131,6 +145,11 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--sync-count", type=int, default=200)
+    parser.add_argument("--sync-only", action="store_true",
+                        help="only the sync figures (no async intake, no floor)")
+    parser.add_argument("--py-spy", metavar="FILE", default=None,
+                        help="record the web workers during the sync posts with py-spy "
+                             "into FILE and FILE.1, collapsed stacks")
     args = parser.parse_args()
     for name, value in environment(["postgres"]):
         print(f"{name}: {value}")
@@ -154,16 +173,25 @@ def main() -> None:
         env = {**backend.env(), "B2BHUB_LOG_LEVEL": "warning"}
         hub = gunicorn(env, "wsgi:app", 18431)
         try:
-            intake = load("http://127.0.0.1:18431/in/inbox",
-                          {"Authorization": f"Bearer {tokens['inbox']}"}, args.count,
-                          args.clients, 202)
-            direct = sequential("http://127.0.0.1:18431/in/direct",
-                                {"Authorization": f"Bearer {tokens['direct']}"},
-                                args.sync_count)
+            intake = None if args.sync_only else load(
+                "http://127.0.0.1:18431/in/inbox",
+                {"Authorization": f"Bearer {tokens['inbox']}"}, args.count, args.clients, 202)
+            sync_url = "http://127.0.0.1:18431/in/direct"
+            sync_headers = {"Authorization": f"Bearer {tokens['direct']}"}
+            sequential(sync_url, sync_headers, 20)  # warm: each worker's runner and session
+            workers = worker_pids(hub.pid, int(GUNICORN[1]))
+            spy = start_py_spy(args.py_spy, workers)
+            cpu = sum(map(process_cpu, workers))
+            direct = sequential(sync_url, sync_headers, args.sync_count)
+            cpu = sum(map(process_cpu, workers)) - cpu
+            stop_py_spy(spy)
             destination = sequential(sink_url, {}, args.sync_count)
         finally:
             hub.terminate()
             hub.wait(30)
+        if args.sync_only:
+            report(None, None, direct, destination, cpu / args.sync_count)
+            return
         with tempfile.TemporaryDirectory(dir=backend.data_dir) as floor_dir:
             floor_env = {**env, "FLOOR_DATABASE_URL": backend.database_url,
                          "FLOOR_DIR": floor_dir, "PYTHONPATH": str(HERE)}
@@ -173,12 +201,20 @@ def main() -> None:
             finally:
                 floor.terminate()
                 floor.wait(30)
-    print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}")
-    for name, row in (("hub", intake), ("floor", bare)):
-        print(f"{name:8} {row['rps']:8.0f} {row['p50']:8.2f} {row['p99']:8.2f} {row['n']:6d}")
-    print(f"hub / floor: {intake['rps'] / bare['rps']:.0%} (goal >= 50%, and >= 400 req/s)")
+    report(intake, bare, direct, destination, cpu / args.sync_count)
+
+
+def report(intake: dict | None, bare: dict | None, direct: float, destination: float,
+           sync_cpu: float) -> None:
+    if intake is not None and bare is not None:
+        print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}")
+        for name, row in (("hub", intake), ("floor", bare)):
+            print(f"{name:8} {row['rps']:8.0f} {row['p50']:8.2f} {row['p99']:8.2f} "
+                  f"{row['n']:6d}")
+        print(f"hub / floor: {intake['rps'] / bare['rps']:.0%} (goal >= 50%, and >= 400 req/s)")
     print(f"sync p50 {direct:.2f} ms, destination alone p50 {destination:.2f} ms: "
           f"over the destination {direct - destination:.2f} ms (goal < 15 ms)")
+    print(f"web workers' CPU per sync request: {sync_cpu * 1000:.2f} ms")
     print(f"load average after: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

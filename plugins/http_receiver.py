@@ -389,7 +389,8 @@ def handle(request: EndpointRequest) -> EndpointReply:
             actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None)
         if alone and not writes_in_one_statement(session, [new], known):
             session.commit()  # more than one statement: the next begins a transaction
-        [message_id] = store_and_dispatch_many(session, [new], request.now, known)
+        made: list[tuple[int, int, str]] = []
+        [message_id] = store_and_dispatch_many(session, [new], request.now, known, made)
         if key is not None:
             _key_row(session, name, key[:255], message_id=message_id)
         session.commit()
@@ -400,7 +401,8 @@ def handle(request: EndpointRequest) -> EndpointReply:
             _forget_key(session, name, key[:255])
         raise
     if config.get("mode") == "sync":
-        reply = _deliver_in_request(session, message_id, config["target"])
+        [(delivery_id, _m, target)] = made
+        reply = _deliver_in_request(session, message_id, delivery_id, target, known)
     else:
         reply = _answer(202, message_id, "received")
     if key is not None:
@@ -512,41 +514,34 @@ def _sync_runner():
         return _runner
 
 
-def _attempts_allowed(instance_type: str, retry_policy: dict | None) -> int:
-    from b2bhub.domain.retry import RetryPolicy, merge
-    from b2bhub.hub import registry
-    cls = registry().types().get(instance_type)
-    policy = merge(retry_policy, getattr(cls, "default_retry_policy", None) or RetryPolicy())
-    return max(1, policy.attempts_allowed)
-
-
-def _deliver_in_request(session, message_id: int, target: str) -> EndpointReply:
-    from b2bhub.plugin_api import Delivery
-    # the delivery and its target's retry policy in one statement (a round trip each
-    # is most of what a sync request adds to the destination's own time), read alone
-    _statement_at_a_time(session)
-    delivery_id, instance_type, policy = session.execute(
-        select(Delivery.id, PluginInstance.type, PluginInstance.retry_policy)
-        .join(PluginInstance, PluginInstance.name == Delivery.target)
-        .where(Delivery.message_id == message_id, Delivery.target == target)).one()
-    session.commit()
-    allowed = _attempts_allowed(instance_type, policy)
+def _deliver_in_request(session, message_id: int, delivery_id: int, target: str,
+                        known: dict) -> EndpointReply:
+    """Attempts 1 s apart while the last one left the delivery Retrying, up to the
+    attempts the target's policy allows (the first attempt tells them). The delivery's id
+    came from the dispatch and the settings from the request's lookups: nothing is read
+    before the claim. Once the delivery was claimed here, the wake-up its intake queued
+    is dropped: it was settled, or left Retrying with a wake-up time of its own (a worker
+    woken now would find it not due); one never claimed keeps it, for a worker."""
+    from b2bhub.engine.settings import KEY, DeliverySettings
+    from b2bhub.engine.wakeups import forget as forget_wakeups
+    settings = DeliverySettings.from_dict(known.get(KEY))
     runner, result, made = _sync_runner(), None, 0
-    for n in range(allowed):
-        if n:
-            time.sleep(SYNC_INTERVAL)
-        got = runner.attempt_now(delivery_id, target, keep_retrying=True)
+    while True:
+        got = runner.attempt_now(delivery_id, target, keep_retrying=True, settings=settings)
         if got is None:
             break
         made, result = made + 1, got
-        if got[1] != "retrying":
+        if got.state != "retrying" or made >= got.attempts_allowed:
             break
+        time.sleep(SYNC_INTERVAL)
+    if made:
+        forget_wakeups(session, [delivery_id])
     return _sync_answer(session, message_id, target, result, made)
 
 
 def _sync_answer(session, message_id: int, target: str, result, made: int) -> EndpointReply:
     from b2bhub.plugin_api import Delivery
-    state = None if result is None else result[1]  # what the last attempt settled
+    state = None if result is None else result.state  # what the last attempt settled
     online = None
     if state in (None, "queued", "retrying"):  # not attempted, or left for the worker
         _statement_at_a_time(session)
@@ -561,7 +556,7 @@ def _sync_answer(session, message_id: int, target: str, result, made: int) -> En
                        attempts=made, state=state,
                        text=f"{target} is {why}; the message waits for the asynchronous "
                             "delivery")
-    outcome, state = result
+    outcome, state = result.outcome, result.state
     answer = outcome.answer
     destination = None if answer is None else {
         "status": answer.status, "body": answer.body[:1000].decode("utf-8", "replace")}

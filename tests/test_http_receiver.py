@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -25,7 +26,9 @@ from b2bhub.models import Delivery, HistoryLine, Message, Payload, PluginInstanc
 from plugins.http_poster import HttpPoster
 from plugins.http_receiver import HttpReceiver, IdempotencyKey, create_token
 from tests import test_http_poster
+from tests.enginekit import counted_statements
 from tests.http_peer import Script
+from tests.procs import wait_until
 
 peer = test_http_poster.peer  # the destination
 BODY = b"<order id='7'>\xc3\xa9t\xc3\xa9</order>\n" * 50
@@ -316,6 +319,31 @@ def test_sync_delivered_answers_200_with_the_destinations_answer(served, receive
     assert message.status == "delivered"
 
 
+def test_sync_delivered_in_the_request_wakes_no_worker(served, receiver, session, peer,
+                                                       wakeups, app):
+    """Delivered inside the request: nothing is left for a worker, so no wake-up goes out,
+    and the request sends only the statements of the intake, the claim and the
+    settlement (nothing read back that the request knows)."""
+    peer.script("/in", Script(200), Script(200), Script(202))
+    requests.post(f"{served}/in/direct", data=BODY, headers=auth(receiver["direct"]),
+                  timeout=30)  # warm: the process's runner and plugin
+    engine = app.extensions["sqlalchemy"].engines[None]
+    with counted_statements(engine) as seen:
+        answer = requests.post(f"{served}/in/direct", data=BODY,
+                               headers=auth(receiver["direct"]), timeout=30)
+    assert answer.status_code == 200, answer.text
+    # intake 2 (PostgreSQL: the lookups, then every row in one statement) or 5; claim 5
+    # (target row, claim, message status and lines); the message read 1; settlement 4
+    assert sum(seen.values()) == (12 if engine.dialect.name == "postgresql" else 15), seen
+    queued = requests.post(f"{served}/in/inbox", data=BODY, headers=auth(receiver["inbox"]),
+                           timeout=30)  # an async intake's wake-up, published as before
+    wait_until(lambda: wakeups, 10, "the async intake's wake-up")
+    time.sleep(0.3)  # the sync answers' after-answer steps are done by now too
+    [(_delivery, target)] = wakeups
+    assert target == "poster" and queued.status_code == 202
+    assert [m.status for m in messages(session)] == ["delivered", "delivered", "received"]
+
+
 def test_sync_business_error_is_422_naming_the_rule_after_one_attempt(served, receiver,
                                                                       session, peer, hub):
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == "poster"))
@@ -369,7 +397,7 @@ def test_sync_timeout_is_504(served, receiver, session, peer):
 
 
 def test_sync_offline_target_is_503_without_an_attempt_then_async(served, receiver,
-                                                                  session, peer):
+                                                                  session, peer, wakeups):
     session.execute(update(PluginInstance).where(PluginInstance.name == "poster")
                     .values(online=False))
     session.commit()
@@ -377,6 +405,8 @@ def test_sync_offline_target_is_503_without_an_attempt_then_async(served, receiv
                            timeout=30)
     assert answer.status_code == 503, answer.text
     assert answer.json()["attempts"] == 0 and peer.seen == []
+    # not claimed in the request: its wake-up goes out as for any intake
+    wait_until(lambda: wakeups, 10, "the wake-up of the delivery not attempted")
     [message] = messages(session)
     delivery = session.scalar(select(Delivery).where(Delivery.message_id == message.id))
     assert delivery.state == "queued" and delivery.attempt == 0

@@ -185,7 +185,8 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
 # --- a batch of messages in a handful of statements ---------------------------------
 
 def store_and_dispatch_many(session: Session, batch: list[NewMessage],
-                            now: datetime, known: dict | None = None) -> list[int]:
+                            now: datetime, known: dict | None = None,
+                            made: list[tuple[int, int, str]] | None = None) -> list[int]:
     """:func:`store_and_dispatch` for a batch, in the caller's transaction, with one
     statement for its rows on PostgreSQL (one per kind of row on SQLite) instead of
     several per message: the same messages, payload rows, deliveries, history lines,
@@ -194,13 +195,15 @@ def store_and_dispatch_many(session: Session, batch: list[NewMessage],
     Wake-ups (hints: a woken worker drains its target) go out after the commit as the
     sweep sends them: per target, one per batch it may claim at once, not one per
     delivery. ``known``: the :data:`INTAKE_KEYS` rows read in this transaction already
-    (:func:`read_settings`); else they are read here, in one statement.
+    (:func:`read_settings`); else they are read here, in one statement. ``made``: a list
+    extended with (delivery id, message id, target) of each delivery made, for a caller
+    that goes on with them (the HTTP receiver's sync mode), without reading them back.
     """
     if not batch:
         return []
     with tracing.span("dispatch", **{"b2bhub.source": batch[0].source,
                                      "b2bhub.messages": len(batch)}) as span:
-        ids = _dispatch_many(session, batch, now, known, tracing.traceparent())
+        ids = _dispatch_many(session, batch, now, known, tracing.traceparent(), made)
         if span is not None:
             span.set_attribute("b2bhub.message_ids", ids[:100])
         return ids
@@ -222,7 +225,8 @@ def writes_in_one_statement(session: Session, batch: list[NewMessage],
 
 
 def _dispatch_many(session: Session, batch: list[NewMessage], now: datetime,
-                   known: dict | None, trace_parent: str | None) -> list[int]:
+                   known: dict | None, trace_parent: str | None,
+                   out: list[tuple[int, int, str]] | None = None) -> list[int]:
     if known is None or any(key not in known for key in INTAKE_KEYS):
         known = {**read_settings(session, INTAKE_KEYS), **(known or {})}
     targets = _targets_of(session, batch, known)
@@ -239,6 +243,8 @@ def _dispatch_many(session: Session, batch: list[NewMessage], now: datetime,
                              actor=actor)
     after_commit(session, wakeups_per_target(session, [(d, t) for d, _m, t in made],
                                              settings))
+    if out is not None:
+        out.extend(made)
     return ids
 
 

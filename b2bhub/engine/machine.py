@@ -501,6 +501,11 @@ def _delivered_statement(count: int):
             .returning(t.c.id))
 
 
+def settled_state(claim: Claim, outcome: Outcome, policy: RetryPolicy, now: datetime) -> str:
+    """The state :func:`settle_many` with these arguments writes, when not stale (pure)."""
+    return _settlement(claim, outcome, policy, now)[0]["state"]
+
+
 def _settlement(claim: Claim, outcome: Outcome, policy: RetryPolicy,
                 now: datetime) -> tuple[dict, str]:
     """The new column values and the history text for an outcome (pure)."""

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.engine import Connection, Engine
@@ -134,6 +134,15 @@ class PendingOutcomes:
         return items
 
 
+class InRequest(NamedTuple):
+    """What :meth:`TargetRunner.attempt_now` did: the attempt's outcome, the state the
+    delivery was left in, and how many attempts the target's retry policy allows."""
+
+    outcome: Outcome
+    state: str
+    attempts_allowed: int
+
+
 @dataclass
 class _Batch:
     """A claimed batch in the hands of a runner: what its attempts need, the lease hold,
@@ -198,56 +207,70 @@ class TargetRunner:
                 held.close()
         return report
 
-    def attempt_now(self, delivery_id: int, target: str, keep_retrying: bool = False
-                    ) -> tuple[Outcome, str] | None:
+    def attempt_now(self, delivery_id: int, target: str, keep_retrying: bool = False,
+                    settings: DeliverySettings | None = None) -> InRequest | None:
         """Claim this one delivery and attempt it at once on the calling thread: the
         claim, attempt (business rules included) and settlement of :meth:`drain`, for a
         given delivery whatever its ``due_at`` (the HTTP receiver's synchronous mode).
         ``keep_retrying``: a failure the policy would retry stays Retrying even when it
         used up the maximum attempts, so that the ordinary asynchronous path still gets
-        an attempt of its own. Returns the outcome and the state the delivery was left
-        in; None when it could not be claimed (target offline, stopped, disabled or
-        blocked, at its concurrency limit, or the delivery taken or settled already)."""
+        an attempt of its own. ``settings``: the delivery settings, when the caller read
+        them already. Returns the outcome, the state the delivery was left in and the
+        attempts the target's policy allows; None when it could not be claimed (target
+        offline, stopped, disabled or blocked, at its concurrency limit, or the
+        delivery taken or settled already).
+
+        Two transactions on one connection: the claim (with its status and lines) and
+        the read of the message, then the settlement (with its status and lines). The
+        state left is the one the settlement wrote, not read again."""
         session = self.session_factory()
+        held_connection = _hold_connection(session)
         try:
-            settings = load_settings(session)
+            settings = settings or load_settings(session)
             with serialized_writes(session):
                 instance = machine.lock_target(session, target)
                 plugin = self._plugin(instance) if instance is not None else None
                 found = None if plugin is None else machine.claim_delivery(
                     session, delivery_id, target, self.owner, self.clock(),
                     settings.lease_seconds, instance)
+                # what the attempt reads of the message, in the claim's transaction: a
+                # read that fails takes the claim back with it (nothing to give back)
+                infos = None if found is None else _delivery_infos(session, [found],
+                                                                   self.store)
                 session.commit()
             if found is None:
                 return None
             policy = merge(instance.retry_policy,
                            getattr(plugin, "default_retry_policy", None) or RetryPolicy())
+            allowed = max(1, policy.attempts_allowed)
             if keep_retrying and policy.strategy is not Strategy.SCHEDULE:
                 policy = replace(policy, max_attempts=max(policy.max_attempts,
                                                           found.failures + 2))
             held = self.leases.hold(session, [found], settings.lease_seconds)
             try:
-                try:
-                    infos = _delivery_infos(session, [found], self.store)
-                except Exception as exc:
-                    self._give_back(session, [found], exc)
-                    raise
                 context = AttemptContext(self.clock(), instance, self.session_factory,
                                          self.store, found, self.callbacks)
                 self._attempt(plugin, infos[found.delivery_id], context, self._rules(instance))
                 pending = PendingOutcomes(0, getattr(plugin, "before_settle", None))
                 pending.add(found, context.outcome)
                 outcomes = pending.take()
+                now = self.clock()
                 with serialized_writes(session):
-                    machine.settle_many(session, outcomes, policy, self.clock())
+                    [written] = machine.settle_many(session, outcomes, policy, now)
                     session.commit()
             finally:
                 self.leases.drop(held)
-            state = session.scalar(select(Delivery.state).where(Delivery.id == delivery_id))
-            session.commit()
-            return outcomes[0][1], state
+            outcome = outcomes[0][1]
+            if written:
+                state = machine.settled_state(found, outcome, policy, now)
+            else:  # someone moved it on meanwhile: what it is now
+                state = session.scalar(select(Delivery.state).where(Delivery.id == delivery_id))
+                session.commit()
+            return InRequest(outcome, state, allowed)
         finally:
             session.close()
+            if held_connection is not None:
+                held_connection.close()
 
     def _next_batch(self, session: Session, target: str, settings: DeliverySettings,
                     report: DrainReport, last: _Batch | None) -> _Batch | None:

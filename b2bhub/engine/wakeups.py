@@ -71,6 +71,17 @@ def stop_deferring(session: Session) -> list[tuple[int, str]]:
     return session.info.pop(_DEFERRED, [])
 
 
+def forget(session: Session, delivery_ids: Iterable[int]) -> None:
+    """Drop the wake-ups of these deliveries that ``session`` has committed or will
+    commit but not yet handed out (a request deferring them): the caller took care of
+    the deliveries itself (the HTTP receiver's sync mode attempted them in the request,
+    and what it left Retrying has its own wake-up time for the sweep)."""
+    drop = set(delivery_ids)
+    for key in (_KEY, _DEFERRED):
+        if key in session.info:
+            session.info[key][:] = [w for w in session.info[key] if w[0] not in drop]
+
+
 @event.listens_for(Session, "after_commit")
 def _publish(session: Session) -> None:
     committed = session.info.pop(_KEY, [])
