@@ -26,7 +26,11 @@ def test_the_probe_interval_of_an_instance_is_checked(api, hub, session, peer):
     error = error_of(api.put("/api/v1/plugins/configs/poster", json={
         "probe_interval": 3, "config": config}), 400)
     assert error["message"] == "probe_interval must be 0 (the System > Settings probe " \
-                               "interval) or at least 5 seconds"
+                               "interval) or from 5 to 604800 seconds"
+    assert instance().probe_interval == 0
+    # a week at most: beyond, the column could not hold it on PostgreSQL
+    error_of(api.put("/api/v1/plugins/configs/poster", json={
+        "probe_interval": 7 * 86_400 + 1, "config": config}), 400)
     assert instance().probe_interval == 0
     assert api.put("/api/v1/plugins/configs/poster", json={
         "probe_interval": 30, "config": config}).get_json()["probe_interval"] == 30
@@ -106,7 +110,7 @@ def test_the_instance_form_edits_the_probe_interval(app, hub, session, peer):
     assert 'name="probe_interval" type="text" value="30"' in client.get(
         "/ui/plugins/poster/edit").text
     refused = save("3")
-    assert refused.status_code == 400 and "or at least 5 seconds" in refused.text
+    assert refused.status_code == 400 and "or from 5 to 604800 seconds" in refused.text
     assert instance().probe_interval == 30
     assert save("").status_code == 302
     assert instance().probe_interval == 0

@@ -22,6 +22,7 @@ from b2bhub import tracing
 from b2bhub.domain import business_rules, retry, routing
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.plugin_api import STEP_STATES
+from b2bhub.services import config as config_rules
 from b2bhub.services import users
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.tokens import ROLES
@@ -343,13 +344,16 @@ class InstanceFields(Schema):
     config = fields.Dict(metadata={
         "description": f"the type's settings; a secret shown as {SECRET_MASK} and sent "
                        "back unchanged keeps its stored value"})
-    max_concurrent_deliveries = _int(validate=validate.Range(min=1))
+    max_concurrent_deliveries = _int(validate=validate.Range(
+        min=1, max=config_rules.MAX_CONCURRENT_DELIVERIES))
     retry_policy = fields.Dict(allow_none=True, metadata=RETRY_POLICY)
     ordered = StrictBoolean()
     queue = fields.String(allow_none=True)
-    probe_interval = _int(validate=validate.Range(min=0), metadata={
+    probe_interval = _int(validate=validate.Range(
+        min=0, max=config_rules.MAX_PROBE_INTERVAL), metadata={
         "description": "0 (default): the System > Settings probe_interval; else at least 5"})
-    retention_days = _int(allow_none=True, validate=validate.Range(min=-1), metadata={
+    retention_days = _int(allow_none=True, validate=validate.Range(
+        min=-1, max=config_rules.MAX_RETENTION_DAYS), metadata={
         "description": "days a source's messages are kept once final; null or 0: the "
                        "retention_days setting; -1: kept forever"})
     business_rules = fields.Raw(allow_none=True, metadata={

@@ -23,8 +23,14 @@ SECRET_MASK = "********"
 #: a target's probe interval: 0 follows the System > Settings one; else at least the
 #: probe tick (b2bhub.engine.probes.TICK_SECONDS)
 MIN_PROBE_INTERVAL = 5
+#: the largest value of each whole-number field of an instance: far beyond any real use,
+#: and within the 32-bit integer columns that hold them (beyond those, PostgreSQL would
+#: refuse the row and the caller would see a server error instead of the rule)
+MAX_CONCURRENT_DELIVERIES = 10_000
+MAX_PROBE_INTERVAL = 7 * 86_400  # a week, in seconds
+MAX_RETENTION_DAYS = 36_500  # a hundred years
 PROBE_INTERVAL_RULE = (f"probe_interval must be 0 (the System > Settings probe interval) "
-                       f"or at least {MIN_PROBE_INTERVAL} seconds")
+                       f"or from {MIN_PROBE_INTERVAL} to {MAX_PROBE_INTERVAL} seconds")
 
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
                    "retry_policy", "ordered", "queue", "probe_interval", "retention_days",
@@ -193,10 +199,12 @@ def _check_types(data: dict) -> None:
                             (isinstance(value, bool) and bool not in kinds)):
             raise ServiceError(f"{key} must be {words}", {key: f"must be {words}"})
     retention = data.get("retention_days")
-    if retention is not None and retention < KEEP_FOREVER:
-        raise ServiceError("retention_days must be a whole number of days, 0 or null for "
-                           "the default, or -1 to keep forever",
-                           {"retention_days": "must be at least -1 (-1: keep forever)"})
+    if retention is not None and not KEEP_FOREVER <= retention <= MAX_RETENTION_DAYS:
+        raise ServiceError("retention_days must be a whole number of days up to "
+                           f"{MAX_RETENTION_DAYS}, 0 or null for the default, or -1 to keep "
+                           "forever",
+                           {"retention_days": f"must be from -1 (-1: keep forever) to "
+                                              f"{MAX_RETENTION_DAYS}"})
     if data.get("queue") is not None and routing.validate_name(data["queue"]):
         raise ServiceError(f"queue: {routing.validate_name(data['queue'])}",
                            {"queue": "invalid name"})
@@ -229,10 +237,11 @@ def _delivery_field_problems(data: dict, plugin_cls,
         problems.append(exc)
     mcd = data.get("max_concurrent_deliveries",
                    (existing.max_concurrent_deliveries if existing else None) or 4)
-    if not isinstance(mcd, int) or isinstance(mcd, bool) or mcd < 1:
-        problems.append(ServiceError(
-            "max_concurrent_deliveries must be a whole number of at least 1",
-            {"max_concurrent_deliveries": "must be a whole number of at least 1"}))
+    if (not isinstance(mcd, int) or isinstance(mcd, bool)
+            or not 1 <= mcd <= MAX_CONCURRENT_DELIVERIES):
+        rule = f"must be a whole number from 1 to {MAX_CONCURRENT_DELIVERIES}"
+        problems.append(ServiceError(f"max_concurrent_deliveries {rule}",
+                                     {"max_concurrent_deliveries": rule}))
     if "retry_policy" in data:
         try:
             # optional on a plugin type, as for the runner that applies the policy
@@ -242,7 +251,8 @@ def _delivery_field_problems(data: dict, plugin_cls,
             problems.append(ServiceError(f"invalid retry_policy: {exc}",
                                          {"retry_policy": str(exc)}))
     interval = data.get("probe_interval", 0)
-    if isinstance(interval, int) and interval != 0 and interval < MIN_PROBE_INTERVAL:
+    if (isinstance(interval, int) and interval != 0
+            and not MIN_PROBE_INTERVAL <= interval <= MAX_PROBE_INTERVAL):
         problems.append(ServiceError(PROBE_INTERVAL_RULE,
                                      {"probe_interval": PROBE_INTERVAL_RULE}))
     return problems
