@@ -15,7 +15,9 @@ and the web workers' CPU (user + system, from ``/proc``) per sync request.
 
 ``--sync-only``: the sync figures alone. ``--py-spy FILE``: py-spy (installed beside this
 Python or on PATH) records each web worker during the sync posts, where it holds the GIL,
-as collapsed stacks (FILE, FILE.1; the one client's connection stays with one worker).
+as collapsed stacks (FILE, FILE.1; the one client's connection stays with one worker);
+``--py-spy-async FILE`` the same during the async intake. The async rows also give the
+web workers' CPU per request, the hub's beside the floor's.
 """
 
 from __future__ import annotations
@@ -103,8 +105,10 @@ def gunicorn(env: dict, app: str, port: int) -> subprocess.Popen:
     return wait_serving(proc, f"http://127.0.0.1:{port}/", f"gunicorn {app}")
 
 
-def load(url: str, headers: dict, count: int, clients: int, expect: int) -> dict:
-    """``count`` posts from ``clients`` threads, each on its own connection."""
+def load(url: str, headers: dict, count: int, clients: int, expect: int,
+         workers: list[int]) -> dict:
+    """``count`` posts from ``clients`` threads, each on its own connection; with the
+    CPU the web ``workers`` spent per request."""
     latencies: list[float] = []
     lock = threading.Lock()
 
@@ -121,13 +125,16 @@ def load(url: str, headers: dict, count: int, clients: int, expect: int) -> dict
 
     for _ in range(20):  # warm: connections, caches
         requests.post(url, data=BODY, headers=headers, timeout=30)
+    cpu = sum(map(process_cpu, workers))
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, [count // clients] * clients))
     elapsed = time.perf_counter() - started
+    cpu = sum(map(process_cpu, workers)) - cpu
     latencies.sort()
     return {"rps": len(latencies) / elapsed, "p50": statistics.median(latencies) * 1000,
-            "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000, "n": len(latencies)}
+            "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000, "n": len(latencies),
+            "cpu_ms": cpu * 1000 / len(latencies)}
 
 
 def sequential(url: str, headers: dict, count: int) -> float:
@@ -150,6 +157,8 @@ def main() -> None:
     parser.add_argument("--py-spy", metavar="FILE", default=None,
                         help="record the web workers during the sync posts with py-spy "
                              "into FILE and FILE.1, collapsed stacks")
+    parser.add_argument("--py-spy-async", metavar="FILE", default=None,
+                        help="the same during the async intake")
     args = parser.parse_args()
     for name, value in environment(["postgres"]):
         print(f"{name}: {value}")
@@ -173,9 +182,14 @@ def main() -> None:
         env = {**backend.env(), "B2BHUB_LOG_LEVEL": "warning"}
         hub = gunicorn(env, "wsgi:app", 18431)
         try:
-            intake = None if args.sync_only else load(
-                "http://127.0.0.1:18431/in/inbox",
-                {"Authorization": f"Bearer {tokens['inbox']}"}, args.count, args.clients, 202)
+            intake = None
+            if not args.sync_only:
+                workers = worker_pids(hub.pid, int(GUNICORN[1]))
+                spy = start_py_spy(args.py_spy_async, workers)
+                intake = load("http://127.0.0.1:18431/in/inbox",
+                              {"Authorization": f"Bearer {tokens['inbox']}"}, args.count,
+                              args.clients, 202, workers)
+                stop_py_spy(spy)
             sync_url = "http://127.0.0.1:18431/in/direct"
             sync_headers = {"Authorization": f"Bearer {tokens['direct']}"}
             sequential(sync_url, sync_headers, 20)  # warm: each worker's runner and session
@@ -197,7 +211,8 @@ def main() -> None:
                          "FLOOR_DIR": floor_dir, "PYTHONPATH": str(HERE)}
             floor = gunicorn(floor_env, "http_intake_floor:app", 18432)
             try:
-                bare = load("http://127.0.0.1:18432/", {}, args.count, args.clients, 202)
+                bare = load("http://127.0.0.1:18432/", {}, args.count, args.clients, 202,
+                            worker_pids(floor.pid, int(GUNICORN[1])))
             finally:
                 floor.terminate()
                 floor.wait(30)
@@ -207,10 +222,10 @@ def main() -> None:
 def report(intake: dict | None, bare: dict | None, direct: float, destination: float,
            sync_cpu: float) -> None:
     if intake is not None and bare is not None:
-        print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}")
+        print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6} {'web CPU ms':>11}")
         for name, row in (("hub", intake), ("floor", bare)):
             print(f"{name:8} {row['rps']:8.0f} {row['p50']:8.2f} {row['p99']:8.2f} "
-                  f"{row['n']:6d}")
+                  f"{row['n']:6d} {row['cpu_ms']:11.2f}")
         print(f"hub / floor: {intake['rps'] / bare['rps']:.0%} (goal >= 50%, and >= 400 req/s)")
     print(f"sync p50 {direct:.2f} ms, destination alone p50 {destination:.2f} ms: "
           f"over the destination {direct - destination:.2f} ms (goal < 15 ms)")
