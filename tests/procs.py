@@ -150,11 +150,13 @@ class Processes:
 
     def web(self, threads: int = 16, extra_env: dict[str, str] | None = None,
             workers: int = 1) -> Proc:
-        """gunicorn serving ``wsgi:app`` on a free loopback port (``proc.url``), with the
-        worker class and threads of the Procfile; ``threads - 4`` event streams at once
-        per worker process."""
+        """gunicorn serving ``wsgi:app`` on a free loopback port (``proc.url``) with the
+        Procfile's settings module, so a stop ends the open event streams first as in
+        production (without it each stop with a live page open waited the whole graceful
+        timeout); ``threads - 4`` event streams at once per worker process."""
         port = free_port()
-        cmd = [str(BIN / "gunicorn"), "--worker-class", "gthread", "--workers", str(workers),
+        cmd = [str(BIN / "gunicorn"), "-c", "python:b2bhub.gunicorn_conf",
+               "--worker-class", "gthread", "--workers", str(workers),
                "--threads", str(threads), "--bind", f"127.0.0.1:{port}",
                "--graceful-timeout", "5", "wsgi:app"]
         proc = self.start("web", cmd, {"B2BHUB_WEB_THREADS": str(threads), **(extra_env or {})})
