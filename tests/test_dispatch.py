@@ -178,6 +178,18 @@ def test_the_redis_publisher_pushes_the_message_send_task_would(backend, registr
     assert [m["headers"]["argsrepr"] for m in (*pushed, other)] == [
         "['writer_a', 7]", "['writer_a', 9]", "['writer_b', 8]"]
     assert other["properties"]["delivery_info"]["routing_key"] == second.name
+    # made from a template per queue and target: names JSON or repr quote differently,
+    # and one holding the template's own mark of the delivery id, are sent as Celery would
+    for target in ("it's \"quoted\"", "ünïcode", "918273645546372819", "writer_a"):
+        try:
+            celery.send_task(DELIVER_TASK, args=[target, 918273645546372819], retry=False,
+                             exchange="", routing_key=first.name, queue=first)
+            pusher.send([(first, target, 918273645546372819)])
+            sent, pushed = [json.loads(m) for m in reversed(client.lrange(first.name, 0, -1))]
+        finally:
+            client.delete(first.name)
+        assert masked(pushed) == masked(sent), target
+        assert pushed["headers"]["argsrepr"] == repr([target, 918273645546372819])
 
 
 def test_read_settings_sees_the_transactions_own_rows_and_maps_missing_keys_to_none(
