@@ -65,6 +65,28 @@ class DriverSQL:
         return conn.exec_driver_sql(self.text, params)
 
 
+@functools.cache
+def _postgresql_dialect():
+    from sqlalchemy.dialects.postgresql import psycopg
+    return psycopg.dialect()
+
+
+def postgresql_text(clause) -> tuple[str, dict[str, Any]]:
+    """A Core construct's PostgreSQL text in psycopg's style, compiled once by the caller,
+    and the values the construct holds itself (its literals), for a read whose columns
+    need no result processing on psycopg (its own loaders read json, numbers and text):
+    :func:`run_postgresql` runs it without SQLAlchemy's cache key and parameter work."""
+    compiled = clause.compile(dialect=_postgresql_dialect())
+    return str(compiled), {compiled.bind_names[bind]: _plain(bind.value)
+                           for bind in set(compiled.binds.values()) if not bind.required}
+
+
+def run_postgresql(conn: Connection, made: tuple[str, dict[str, Any]],
+                   params: dict[str, Any]) -> CursorResult:
+    sql, fixed = made
+    return conn.exec_driver_sql(sql, {**fixed, **params})
+
+
 def _plain(value: Any) -> Any:
     """A literal as sqlite3 binds it (an enum member by its value)."""
     return value.value if isinstance(value, enum.Enum) else value
