@@ -47,6 +47,17 @@ class PayloadBackend(Protocol):
 
     def open(self, digest: str) -> VerifiedReader: ...
 
+    #: whether :meth:`read_ahead` may fetch anything (False: it always returns {})
+    reads_ahead: bool
+
+    def read_ahead(self, wanted: dict[str, int]) -> dict[str, bytes]:
+        """The bytes of some of the ``wanted`` payloads ({digest: size as recorded}),
+        fetched together: {digest: bytes}, not checked against the digest (hand them
+        out through a :class:`VerifiedReader`). What is left out (too large, past the
+        store's memory for it, failed, or a store with nothing to gain) is read with
+        :meth:`open` as ever, which reports a missing or corrupt payload."""
+        ...
+
     def exists(self, digest: str) -> bool: ...
 
     def size(self, digest: str) -> int: ...

@@ -20,6 +20,17 @@ A batch holds its small payloads in memory until :meth:`S3PayloadBatch.commit` (
 most ``batch_memory`` bytes, 16 MiB; beyond that they go to temporary keys at once) and
 puts them in parallel there: nothing is under its digest before the commit.
 
+Reading: :meth:`S3PayloadStore.open` is one GetObject, its body streamed. That is a
+round trip per payload, which a worker attempting a claimed batch of deliveries one
+after the other would pay in series; so :meth:`S3PayloadStore.read_ahead` fetches the
+payloads of a batch at once, in parallel on up to ``threads`` threads as a batch's
+commit puts them: only those of at most ``read_ahead_size`` bytes (1 MiB) each, at most
+``batch_memory`` bytes in all, each whole in memory. An object whose GetObject fails
+(missing, refused, unreachable) or whose length is not the size recorded for it is
+left out, and the ordinary :meth:`~S3PayloadStore.open` of it reports the error as
+ever; what is read ahead is handed out through a
+:class:`~b2bhub.payloads.VerifiedReader` all the same, so its sha256 is still checked.
+
 A process killed in the middle leaves at most a temporary object or an unfinished
 multipart upload (its parts), never an object under a digest that no row may reference
 yet: :meth:`S3PayloadStore.remove_stale_temp`, which the nightly cleanup and the file
@@ -45,7 +56,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import urlsplit
@@ -80,9 +91,13 @@ class _Written:
 class S3PayloadStore:
     """Stores payloads by sha256 as the objects ``<prefix>/<digest>`` of ``bucket``."""
 
+    #: a GetObject per payload is a round trip: :meth:`read_ahead` spares the batch them
+    reads_ahead = True
+
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  client_options: dict | None = None, part_size: int = 8 * 1024 * 1024,
                  batch_memory: int = 16 * 1024 * 1024, threads: int = 8,
+                 read_ahead_size: int = 1024 * 1024,
                  clock: Callable[[], float] = time.time):
         if not bucket:
             raise ValueError("an S3 payload store needs a bucket name")
@@ -94,6 +109,7 @@ class S3PayloadStore:
         self.part_size = part_size
         self.batch_memory = batch_memory
         self.threads = threads
+        self.read_ahead_size = read_ahead_size
         self.clock = clock
         self._client_options = dict(client_options or {})
         self._client = None
@@ -209,6 +225,44 @@ class S3PayloadStore:
         except self.client.exceptions.NoSuchKey:
             raise PayloadMissing(digest) from None
         return VerifiedReader(digest, _Body(answer["Body"]))
+
+    def read_ahead(self, wanted: dict[str, int]) -> dict[str, bytes]:
+        """The bytes of the ``wanted`` payloads ({digest: size as recorded}) of at most
+        ``read_ahead_size`` each and ``batch_memory`` in all, in the order given, got
+        in parallel: {digest: bytes}, not yet checked against the digest. One whose
+        GetObject fails or whose length is not its recorded size is left out (its
+        :meth:`open` reports what is wrong)."""
+        chosen, total = {}, 0
+        for digest, size in wanted.items():
+            if size <= self.read_ahead_size and total + size <= self.batch_memory:
+                chosen[digest] = size
+                total += size
+        if not chosen:
+            return {}
+        futures = self._each(lambda digest: self._get_whole(digest, chosen[digest]), chosen)
+        got = {}
+        for digest, future in zip(chosen, futures, strict=True):
+            if future.exception() is None and future.result() is not None:
+                got[digest] = future.result()
+        return got
+
+    def _get_whole(self, digest: str, size: int) -> bytes | None:
+        """The object's bytes, or None (nothing read) when it is not ``size`` bytes long."""
+        answer = self.client.get_object(Bucket=self.bucket, Key=self.key(digest))
+        body = answer["Body"]
+        try:
+            if int(answer["ContentLength"]) != size:
+                return None
+            return body.read()
+        finally:
+            body.close()
+
+    def _each(self, call: Callable, items) -> list[Future]:
+        """``call(item)`` for every item, on up to ``threads`` threads at once; returns
+        once every call has ended, their futures in the items' order."""
+        items = list(items)
+        with ThreadPoolExecutor(max(1, min(self.threads, len(items)))) as pool:
+            return [pool.submit(call, item) for item in items]
 
     def _head(self, digest: str) -> dict | None:
         from botocore.exceptions import ClientError
@@ -371,9 +425,8 @@ class S3PayloadBatch:
             if len(items) == 1:
                 self.store._place(items[0])
                 return
-            with ThreadPoolExecutor(min(self.store.threads, len(items))) as pool:
-                for future in [pool.submit(self.store._place, item) for item in items]:
-                    future.result()
+            for future in self.store._each(self.store._place, items):
+                future.result()
         finally:
             for item in items:
                 if item.temp is not None:

@@ -15,6 +15,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -839,3 +840,136 @@ def test_the_hub_stores_payloads_where_the_payload_url_says(s3_server, monkeypat
     with s3_server.store(bucket).open(stored.digest) as stream:
         assert stream.read() == DOC
     assert not (tmp_path / "payloads").exists()
+
+
+# --- reading a claimed batch's payloads ahead -------------------------------------------
+
+def gets_of(store) -> list[tuple[str, int]]:
+    """(key, thread) of each GetObject the store's client sends from now on: observed
+    on the client's own event hooks, the requests still made to the server."""
+    seen: list[tuple[str, int]] = []
+    store.client.meta.events.register(
+        "before-call.s3.GetObject",
+        lambda params, **_: seen.append((params["url_path"].rsplit("/", 1)[-1],
+                                         threading.get_ident())))
+    return seen
+
+
+def test_only_the_s3_store_reads_ahead(store):
+    from b2bhub.payload_s3 import S3PayloadStore
+
+    stored = store.put(DOC)
+    assert store.reads_ahead is isinstance(store, S3PayloadStore)
+    if not store.reads_ahead:  # a local file costs no round trip to save
+        assert store.read_ahead({stored.digest: stored.size}) == {}
+
+
+def test_read_ahead_gets_the_small_payloads_together_and_leaves_out_the_rest(s3_server):
+    store = s3_server.store(read_ahead_size=len(DOC) + 1)
+    assert s3_server.store().read_ahead_size == 1024 * 1024  # by default
+    small = [store.put(DOC + bytes([n])) for n in range(3)]
+    big = store.put(DOC + b"too big")
+    missing = sha(b"never stored")
+    misrecorded = store.put(DOC[:100])  # its row says another size than the object has
+    wanted = {s.digest: s.size for s in [*small, big]}
+    wanted |= {missing: 10, misrecorded.digest: misrecorded.size + 1}
+    together = threading.Barrier(len(small) + 2, timeout=30)  # the small, missing, short
+
+    def all_under_way(**_) -> None:  # passes only when every GET is sent at once
+        together.wait()
+    store.client.meta.events.register("before-call.s3.GetObject", all_under_way)
+    seen = gets_of(store)
+
+    got = store.read_ahead(wanted)
+
+    assert got == {s.digest: DOC + bytes([n]) for n, s in enumerate(small)}
+    assert sorted(key for key, _ in seen) == sorted(
+        [s.digest for s in small] + [missing, misrecorded.digest])  # never the big one
+    assert not together.broken
+
+
+def test_read_ahead_takes_no_more_than_the_batch_memory_in_the_order_asked(s3_server):
+    store = s3_server.store(batch_memory=2 * len(DOC) + 4)
+    stored = [store.put(DOC[:len(DOC) - n]) for n in range(5)]
+    seen = gets_of(store)
+    got = store.read_ahead({s.digest: s.size for s in stored})
+    assert list(got) == [s.digest for s in stored[:2]]  # a third would pass the memory
+    assert sum(map(len, got.values())) <= store.batch_memory
+    assert sorted(key for key, _ in seen) == sorted(s.digest for s in stored[:2])
+    one_more = store.put(b"small")  # 5 bytes: the memory exactly
+    assert list(store.read_ahead({**{s.digest: s.size for s in stored},
+                                  one_more.digest: one_more.size})) == [
+        stored[0].digest, stored[1].digest, one_more.digest]  # fits beside the first two
+
+
+def test_a_corrupt_object_read_ahead_raises_what_its_open_raises(s3_server):
+    from b2bhub.engine.runner import ReadAhead, StoredPayloads
+
+    store = s3_server.store()
+    good, bad, large = store.put(DOC), store.put(DOC[::-1]), store.put(b"L" * (2 << 20))
+    flipped = bytearray(DOC[::-1])
+    flipped[100] ^= 0x01
+    store.client.put_object(Bucket=store.bucket, Key=store.key(bad.digest),
+                            Body=bytes(flipped))  # same length, another sha256
+    batch = [{"unpacked": (s.digest, s.size)} for s in (good, bad, large, good)]
+    ahead = ReadAhead(store, batch)
+    payloads = [StoredPayloads(store, stages, ahead, n) for n, stages in enumerate(batch)]
+    seen = gets_of(store)
+
+    with payloads[0].open("unpacked") as stream:
+        assert stream.read() == DOC and stream.verified
+    assert sorted(key for key, _ in seen) == sorted([good.digest, bad.digest])  # at once
+    with payloads[1].open("unpacked") as stream, pytest.raises(PayloadCorrupt) as ahead_info:
+        stream.read()
+    assert len(seen) == 2  # read ahead, not opened again
+    with store.open(bad.digest) as stream, pytest.raises(PayloadCorrupt) as open_info:
+        stream.read()
+    assert (type(ahead_info.value), str(ahead_info.value), ahead_info.value.actual) == (
+        type(open_info.value), str(open_info.value), open_info.value.actual)
+
+    del seen[:]
+    with payloads[2].open("unpacked") as stream:  # past read_ahead_size: opened
+        assert len(stream.read()) == large.size and stream.verified
+    with payloads[3].open("unpacked") as stream:  # handed out once: opened again
+        assert stream.read() == DOC and stream.verified
+    assert [key for key, _ in seen] == [large.digest, good.digest]
+
+
+def test_a_claimed_batch_is_delivered_from_s3_with_its_payloads_read_ahead(
+        s3_server, hub, session, registry, record_dir):
+    """Four deliveries claimed together: their payloads come in parallel GETs made at
+    the first attempt's open, every body reaches the target intact, and the one whose
+    object was corrupted fails its attempt with the store's integrity error."""
+    import json
+
+    from sqlalchemy import select
+
+    from b2bhub.engine.runner import TargetRunner
+    from b2bhub.hub import new_session
+    from b2bhub.models import Delivery
+
+    hub.store = store = s3_server.store()
+    hub.parties()
+    hub.instance("inbox", "manual_source")
+    hub.instance("out", "recorder", config={"record_dir": str(record_dir), "claim_batch": 4})
+    hub.route("inbox", "*", "*", "out")
+    bodies = [DOC + bytes([n]) for n in range(4)]
+    messages = [hub.message(body=body) for body in bodies]
+    corrupt = sha(bodies[2])
+    store.client.put_object(Bucket=store.bucket, Key=store.key(corrupt),
+                            Body=bodies[2][:-1] + b"?")
+    seen = gets_of(store)
+
+    report = TargetRunner(new_session, registry, store, "test-owner").drain("out", 10)
+
+    assert report.claimed == 4
+    assert sorted(key for key, _ in seen) == sorted(sha(body) for body in bodies)
+    assert threading.get_ident() not in {thread for _, thread in seen}  # none in series
+    records = [json.loads(line) for path in record_dir.iterdir()
+               for line in path.read_text().splitlines()]
+    assert sorted(r["sha256"] for r in records) == sorted(sha(b) for b in bodies[:2] + bodies[3:])
+    session.expire_all()
+    rows = {d.message_id: d for d in session.scalars(select(Delivery))}
+    assert [rows[m.id].state for m in messages] == ["delivered", "delivered", "retrying",
+                                                    "delivered"]
+    assert f"payload {corrupt}: corrupt" in rows[messages[2].id].last_result

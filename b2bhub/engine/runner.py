@@ -11,6 +11,7 @@ Plain Python and SQLAlchemy; the Celery task only calls :meth:`TargetRunner.drai
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import threading
@@ -35,7 +36,7 @@ from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.stopping import AttemptCancelled, StopControl, stop_control
 from b2bhub.engine.writelock import serialized_writes
 from b2bhub.models import Delivery, Message, Payload, PluginInstance, utcnow
-from b2bhub.payloads import PayloadStore
+from b2bhub.payloads import PayloadStore, VerifiedReader
 from b2bhub.plugin_api import DeliveryInfo
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,49 @@ class DrainReport:
     more_due: bool = False
 
 
-class StoredPayloads:
-    """The PayloadReader a target gets: the message's recorded stages."""
+class ReadAhead:
+    """The payload store as the attempts of one claimed batch read it, one after the
+    other. On a store where an open is a round trip (``store.reads_ahead``, S3), the
+    first open of a stage by a delivery of a batch of more than one fetches that
+    stage's payloads for this delivery and those after it, together
+    (``store.read_ahead``: in parallel, the small ones, within the store's memory for
+    it); each payload so fetched is handed out once, through a
+    :class:`~b2bhub.payloads.VerifiedReader` whose sha256 check is the one an open
+    makes. Any other open (not fetched, fetched and handed out already, another store)
+    is the store's ordinary open."""
 
-    def __init__(self, store: PayloadStore, stages: dict[str, tuple[str, int]]):
+    def __init__(self, store: PayloadStore, batch: list[dict[str, tuple[str, int]]]):
+        self.store = store
+        self._batch = batch  # each delivery's stages, in the order they are attempted
+        self._ahead = store.reads_ahead and len(batch) > 1
+        self._stages_read: set[str] = set()
+        self._held: dict[str, bytes] = {}
+
+    def open(self, index: int, stage: str) -> VerifiedReader:
+        """The payload of ``stage`` of the batch's delivery number ``index``."""
+        digest = self._batch[index][stage][0]
+        if self._ahead and stage not in self._stages_read:
+            self._stages_read.add(stage)
+            wanted: dict[str, int] = {}  # in the order of the attempts
+            for stages in self._batch[index:]:
+                if stage in stages:
+                    wanted.setdefault(*stages[stage])
+            if len(wanted) > 1:
+                self._held.update(self.store.read_ahead(wanted))
+        data = self._held.pop(digest, None)
+        if data is None:
+            return self.store.open(digest)
+        return VerifiedReader(digest, io.BytesIO(data))
+
+
+class StoredPayloads:
+    """The PayloadReader a target gets: the message's recorded stages, read through
+    the batch's :class:`ReadAhead` (as delivery ``index`` of it) when there is one."""
+
+    def __init__(self, store: PayloadStore, stages: dict[str, tuple[str, int]],
+                 ahead: ReadAhead | None = None, index: int = 0):
         self._store, self._stages = store, stages
+        self._ahead, self._index = ahead, index
 
     def stages(self) -> tuple[str, ...]:
         return tuple(self._stages)
@@ -67,6 +106,8 @@ class StoredPayloads:
     def open(self, stage: str) -> IO[bytes]:
         if stage not in self._stages:
             raise KeyError(f"the message has no '{stage}' payload stage")
+        if self._ahead is not None:
+            return self._ahead.open(self._index, stage)
         return self._store.open(self._stages[stage][0])
 
 
@@ -528,8 +569,10 @@ def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
             if stage is not None:
                 found[stage] = (digest, size)
         session.commit()
+    # the attempts of the batch read their payloads through one ReadAhead
+    ahead = ReadAhead(store, [stages[c.message_id] for c in claims])
     out = {}
-    for c in claims:
+    for index, c in enumerate(claims):
         (message_id, source, from_party, to_party, direction, original_filename,
          external_id, correlation_id, sequence_key, created_at,
          trace_parent) = messages[c.message_id]
@@ -540,7 +583,7 @@ def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
             external_id=external_id, correlation_id=correlation_id,
             sequence_key=sequence_key, created_at=created_at,
             payload_stages=tuple(stages[message_id]), trace_parent=trace_parent),
-            StoredPayloads(store, stages[message_id]))
+            StoredPayloads(store, stages[message_id], ahead, index))
     return out
 
 
