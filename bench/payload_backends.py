@@ -66,6 +66,10 @@ def _options(parser) -> None:
     parser.add_argument("--s3-server", choices=("moto", "s3rver"),
                         help="the S3 API server on loopback (default: s3rver, installed "
                              "with npm on first use, or moto where node or npm is missing)")
+    parser.add_argument("--server-core", type=int, default=None, metavar="N",
+                        help="the S3 server on core N alone and the hub (this script and "
+                             "what it starts) on the other cores, for both stores: the "
+                             "object store as if on a host of its own")
     parser.add_argument("--timeout", type=float, default=1800.0)
 
 
@@ -236,6 +240,14 @@ def start_s3_server(choice: str | None, log_dir: Path) -> S3Server:
     return S3rverServer(log_dir / f"b2bhub-bench-s3rver-{os.getpid()}.log", script)
 
 
+def pin_threads(pids: list[int], cores: set[int]) -> None:
+    """Every thread of these processes on ``cores`` (an affinity set by pid moves only the
+    thread of that id; node's and gunicorn's other threads exist already)."""
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            os.sched_setaffinity(int(tid), cores)
+
+
 def peak_rss_mb(pid: int) -> float:
     """VmHWM of a process, in MiB (0 when it is gone)."""
     try:
@@ -318,9 +330,20 @@ def main() -> None:
     args = arguments(__doc__.splitlines()[0], _options)
     stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    hub_cores = None
+    if args.server_core is not None:
+        hub_cores = os.sched_getaffinity(0) - {args.server_core}
+        if not hub_cores or args.server_core not in os.sched_getaffinity(0):
+            sys.exit(f"--server-core {args.server_core}: needs that core and another")
     s3 = start_s3_server(args.s3_server, tmp) if "s3" in stores else None
+    if hub_cores is not None:
+        os.sched_setaffinity(0, hub_cores)  # what starts from here on inherits it
+        if s3 is not None:
+            pin_threads(s3.pids(), {args.server_core})
+    where = ("on the same cores" if hub_cores is None else
+             f"on core {args.server_core} alone, the hub on {sorted(hub_cores)}")
     if s3 is not None:
-        print(f"the S3 server: {s3.name} at {s3.url} (log: {s3.log})", flush=True)
+        print(f"the S3 server: {s3.name} at {s3.url} (log: {s3.log}), {where}", flush=True)
     results = []
     try:
         for store in stores:
@@ -336,7 +359,7 @@ def main() -> None:
         print(f"[{r['store']}] msgs/s: {r['msgs']:.1f} ({r['seconds']:.2f} s); CPU per "
               f"message: {r['cpu_ms']:.2f} ms (" + ", ".join(
                   f"{n} {s:.1f} s" for n, s in sorted(r["cpu"].items())) + ")"
-              + (f"; the S3 server ({s3.name}, on the same cores) besides: "
+              + (f"; the S3 server ({s3.name}, {where}) besides: "
                  f"{r['server_ms']:.2f} ms CPU, {r['requests']:.2f} requests per message"
                  if r["store"] == "s3" else ""))
         if args.large_mb:
