@@ -1,6 +1,7 @@
 """A real HTTP destination on loopback for business-rule tests: it records every body it
 is sent, in order, and answers each with the first answer whose marker the body
-contains (else 200 ``{"status": "OK"}``). Tests change ``answers`` while it runs."""
+contains (else 200 ``{"status": "OK"}``). Tests change ``answers`` while it runs. Like
+every test peer it serves under a path prefix of its own (:mod:`tests.http_peer`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests.http_peer import own_path, own_prefix
 
 
 @dataclass
@@ -23,6 +26,8 @@ class AnsweringPeer:
     answers: dict[bytes, PeerAnswer] = field(default_factory=dict)  # marker -> answer
     received: list[bytes] = field(default_factory=list)
     url: str = ""
+    prefix: str = field(default_factory=own_prefix)
+    strays: list[str] = field(default_factory=list)
 
     def answer_for(self, body: bytes) -> PeerAnswer:
         for marker, answer in list(self.answers.items()):
@@ -37,6 +42,8 @@ def start_peer() -> tuple[AnsweringPeer, ThreadingHTTPServer]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 (the http.server name)
+            if own_path(self, peer.prefix, peer.strays) is None:
+                return
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with lock:
                 peer.received.append(body)
@@ -51,7 +58,7 @@ def start_peer() -> tuple[AnsweringPeer, ThreadingHTTPServer]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    peer.url = f"http://127.0.0.1:{server.server_address[1]}/orders"
+    peer.url = f"http://127.0.0.1:{server.server_address[1]}{peer.prefix}/orders"
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return peer, server
 

@@ -1,12 +1,20 @@
 """A real HTTP destination on loopback for the http_poster tests (``http.server`` in a
 thread, TLS optional): it answers each path as the test scripted it and records what
 came (method, path, headers, body size, sha256 and the body's first 64 KB), counting a
-body's bytes without keeping more of them."""
+body's bytes without keeping more of them.
+
+Every peer's URLs start with a path prefix of its own (:func:`own_prefix`), and it counts
+only what comes under it. The two backends' suites run side by side, and a worker of
+one test may still be retrying to its own peer's port for a moment after that peer
+closed; when the kernel gives the freed port to the next peer, in either suite, such a
+stray request must not count as what the new test's hub sent. A stray is answered 404
+and kept apart (``strays``)."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import secrets
 import socket
 import ssl
 import struct
@@ -19,6 +27,25 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from b2bhub.plugin_api import DeliveryInfo
 
 KEEP = 64 * 1024
+
+
+def own_prefix() -> str:
+    """A path prefix no other peer has: what a peer serves is under it alone."""
+    return "/peer-" + secrets.token_hex(6)
+
+
+def own_path(handler: BaseHTTPRequestHandler, prefix: str, strays: list[str]) -> str | None:
+    """The request's path below ``prefix``; None, after a 404 and a note in ``strays``,
+    when it is not under it (a request meant for a peer that had this port before)."""
+    if handler.path.startswith(prefix + "/"):
+        return handler.path[len(prefix):]
+    strays.append(f"{handler.command} {handler.path}")
+    handler.close_connection = True
+    handler.send_response(404)
+    handler.send_header("Content-Length", "0")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    return None
 
 
 @dataclass
@@ -51,6 +78,7 @@ class Peer:
     def __init__(self, tls: ssl.SSLContext | None = None):
         self.scripts: dict[str, list[Script]] = {}
         self.seen: list[Seen] = []
+        self.prefix, self.strays = own_prefix(), []
         self.lock = threading.Lock()
         peer = self
 
@@ -81,7 +109,7 @@ class Peer:
 
     def url(self, path: str = "/in") -> str:
         host = "localhost" if self.scheme == "https" else "127.0.0.1"
-        return f"{self.scheme}://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{self.prefix}{path}"
 
     def script(self, path: str, *answers: Script) -> None:
         """Answer ``path`` with these in turn, the last one from then on."""
@@ -97,6 +125,9 @@ class Peer:
             return answers.pop(0) if len(answers) > 1 else answers[0]
 
     def _handle(self, handler: BaseHTTPRequestHandler, head: bool = False) -> None:
+        target = own_path(handler, self.prefix, self.strays)
+        if target is None:
+            return
         length = int(handler.headers.get("Content-Length") or 0)
         digest, size, kept = hashlib.sha256(), 0, bytearray()
         while size < length:
@@ -110,9 +141,9 @@ class Peer:
         cert = None
         if isinstance(handler.connection, ssl.SSLSocket):
             cert = handler.connection.getpeercert()
-        path = handler.path.split("?")[0]
+        path = target.split("?")[0]
         with self.lock:
-            self.seen.append(Seen(handler.command, handler.path, dict(handler.headers.items()),
+            self.seen.append(Seen(handler.command, target, dict(handler.headers.items()),
                                   size, digest.hexdigest(), bytes(kept), cert))
         script = self._next(path)
         if script.delay:

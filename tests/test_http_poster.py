@@ -553,3 +553,16 @@ def test_an_answer_no_rule_matches_is_delivered(poster, peer, hub, session, regi
     message = hub.message(body=BODY, now=clock())
     drain(registry, clock)
     assert the_delivery(session, message).state == "delivered"
+
+
+def test_the_peer_counts_only_what_comes_under_its_own_prefix(peer):
+    """A request to the peer's port but not under its prefix (a worker of another test
+    still retrying to the peer that had this port before) is answered 404 and not
+    counted as what this test's hub sent."""
+    import requests
+
+    answer = requests.post(f"http://127.0.0.1:{peer.port}/in", data=BODY, timeout=5)
+    assert answer.status_code == 404
+    assert peer.seen == [] and peer.strays == ["POST /in"]
+    assert requests.post(peer.url("/in"), data=BODY, timeout=5).status_code == 200
+    assert [(s.method, s.path, s.body) for s in peer.seen] == [("POST", "/in", BODY)]

@@ -28,6 +28,7 @@ from b2bhub.models import Alert, Delivery, HistoryLine, PluginInstance, utcnow
 from b2bhub.registry import PluginRegistry
 from b2bhub.services import config as svc
 from tests.enginekit import T0, at
+from tests.http_peer import own_path, own_prefix
 from tests.procs import free_port, wait_until
 
 SUBJECT = "instance:poster"
@@ -37,20 +38,26 @@ SUBJECT = "instance:poster"
 
 class Peer:
     """A destination on loopback. ``GET /health`` answers ``health`` (503: the
-    destination is down); ``POST /in`` records the body and answers 200."""
+    destination is down); ``POST /in`` records the body and answers 200. Its URL has a
+    path prefix of its own (:mod:`tests.http_peer`)."""
 
     def __init__(self) -> None:
         self.health = 503
         self.posts: list[dict] = []
         self.probes = 0
+        self.prefix, self.strays = own_prefix(), []
         peer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
+                if own_path(self, peer.prefix, peer.strays) is None:
+                    return
                 peer.probes += 1
                 self._answer(peer.health)
 
             def do_POST(self):  # noqa: N802
+                if own_path(self, peer.prefix, peer.strays) is None:
+                    return
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 peer.posts.append({"body": body, "attempt": self.headers.get("X-Attempt")})
                 self._answer(200)
@@ -64,7 +71,7 @@ class Peer:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{self.prefix}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
