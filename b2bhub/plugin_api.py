@@ -503,8 +503,7 @@ _PROTOCOL_API = {
     "payload_store": "b2bhub.hub:store",
     "connection": "b2bhub.engine.history:connection",
     # a hot read as psycopg's own SQL, compiled once (b2bhub.engine.driver)
-    "postgresql_text": "b2bhub.engine.driver:postgresql_text",
-    "run_postgresql": "b2bhub.engine.driver:run_postgresql",
+    "run_read": "b2bhub.engine.driver:run_read",
     "bump_version": "b2bhub.engine.settings:bump_version",
     "PROFILES_VERSION_KEY": "b2bhub.engine.settings:PROFILES_VERSION_KEY",
     "PayloadStore": "b2bhub.payloads:PayloadStore",

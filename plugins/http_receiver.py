@@ -88,8 +88,7 @@ from b2bhub.plugin_api import (
     add_line,
     connection,
     direction_of,
-    postgresql_text,
-    run_postgresql,
+    run_read,
     store_and_dispatch_many,
     utcnow,
     writes_in_one_statement,
@@ -276,10 +275,7 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
         "to_party": to_header or (config.get("to_party") or None if given else None),
     }
     conn = connection(session)
-    if conn.dialect.name == "postgresql":
-        row = run_postgresql(conn, _lookups_postgresql(given), params).one()
-    else:
-        row = conn.execute(_lookups_query(given), params).one()
+    row = run_read(conn, _lookups_query(given), params).one()
     if not given:
         if not row.enabled:
             return None
@@ -291,20 +287,14 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
 
 
 @functools.cache
-def _lookups_postgresql(config_given: bool) -> tuple[str, dict]:
-    """:func:`_lookups_query` as psycopg's own SQL: its columns are json, text and
-    numbers, which psycopg reads as SQLAlchemy would, and the cache key SQLAlchemy makes
-    of a statement of this size at every execution cost more than the statement."""
-    return postgresql_text(_lookups_query(config_given))
-
-
-@functools.cache
 def _lookups_query(config_given: bool):
     """The one row of :func:`_lookups`, built once a shape. The instance (when not
     given) and the two parties are outer joins on one row, so each table is read once
     and a missing row reads as NULL: the statement is planned on every execution
     (``plan_cache_mode``, :func:`b2bhub.config.postgres_options`), and scalar
-    subqueries, the instance's repeated for each value of it, took twice the planning."""
+    subqueries, the instance's repeated for each value of it, took twice the planning.
+    On PostgreSQL it runs as psycopg's own SQL (:func:`run_read`): its columns are json,
+    text and numbers, which psycopg reads as SQLAlchemy would."""
     instances, parties = PluginInstance.__table__, Party.__table__
 
     def party(role: str):

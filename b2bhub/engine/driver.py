@@ -71,19 +71,27 @@ def _postgresql_dialect():
     return psycopg.dialect()
 
 
-def postgresql_text(clause) -> tuple[str, dict[str, Any]]:
-    """A Core construct's PostgreSQL text in psycopg's style, compiled once by the caller,
-    and the values the construct holds itself (its literals), for a read whose columns
-    need no result processing on psycopg (its own loaders read json, numbers and text):
-    :func:`run_postgresql` runs it without SQLAlchemy's cache key and parameter work."""
-    compiled = clause.compile(dialect=_postgresql_dialect())
-    return str(compiled), {compiled.bind_names[bind]: _plain(bind.value)
-                           for bind in set(compiled.binds.values()) if not bind.required}
+#: each read's PostgreSQL text, by the statement's identity (the statement is kept with
+#: it, so the identity stays its own): a handful of statements built once each
+_READS: dict[int, tuple[Any, str, dict[str, Any]]] = {}
 
 
-def run_postgresql(conn: Connection, made: tuple[str, dict[str, Any]],
-                   params: dict[str, Any]) -> CursorResult:
-    sql, fixed = made
+def run_read(conn: Connection, clause, params: dict[str, Any]) -> CursorResult:
+    """Execute a read built once (a cached Core construct). On PostgreSQL it runs as
+    psycopg's own SQL, compiled at its first use, with the values the construct holds
+    itself (its literals): for a read whose columns need no result processing on psycopg
+    (its own loaders read json, numbers and text), SQLAlchemy's cache key and parameter
+    work for a statement of some size cost more than the statement. Elsewhere it is
+    ``conn.execute``."""
+    if conn.dialect.name != "postgresql":
+        return conn.execute(clause, params)
+    made = _READS.get(id(clause))
+    if made is None or made[0] is not clause:
+        compiled = clause.compile(dialect=_postgresql_dialect())
+        fixed = {compiled.bind_names[bind]: _plain(bind.value)
+                 for bind in set(compiled.binds.values()) if not bind.required}
+        made = _READS[id(clause)] = (clause, str(compiled), fixed)
+    _clause, sql, fixed = made
     return conn.exec_driver_sql(sql, {**fixed, **params})
 
 

@@ -56,8 +56,7 @@ from b2bhub.plugin_api import (
     StoredPayload,
     add_line,
     connection,
-    postgresql_text,
-    run_postgresql,
+    run_read,
     store_and_dispatch_many,
     store_refused,
 )
@@ -340,25 +339,17 @@ def _lookups(session: Session, instance: str | None, accepted_key: str | None) -
     ``as2_inbound`` row holding ``accepted_key`` (when given)."""
     conn, shape = connection(session), (instance is not None, accepted_key is not None)
     params = {"instance": instance, "accepted_key": accepted_key}
-    if conn.dialect.name == "postgresql":
-        row = run_postgresql(conn, _lookups_postgresql(*shape), params).one()
-    else:
-        row = conn.execute(_lookups_query(*shape), params).one()
+    row = run_read(conn, _lookups_query(*shape), params).one()
     return _Looked(enabled=bool(row.enabled), config=dict(row.config or {}),
                    settings={key: row._mapping[f"s{i}"] for i, key in enumerate(_KEYS)},
                    duplicate=row.duplicate)
 
 
 @functools.cache
-def _lookups_postgresql(instance: bool, accepted_key: bool) -> tuple[str, dict]:
-    """:func:`_lookups_query` as psycopg's own SQL (json, booleans and numbers, read by
-    psycopg's loaders as SQLAlchemy would): no cache key made of it per message."""
-    return postgresql_text(_lookups_query(instance, accepted_key))
-
-
-@functools.cache
 def _lookups_query(instance: bool, accepted_key: bool):
-    """One row of scalar subqueries (a missing row reads as NULL), built once a shape."""
+    """One row of scalar subqueries (a missing row reads as NULL), built once a shape; on
+    PostgreSQL it runs as psycopg's own SQL (:func:`run_read`: json, booleans and numbers,
+    read by psycopg's loaders as SQLAlchemy would)."""
     def of_instance(column):
         return select(column).where(PluginInstance.name == bindparam("instance"),
                                     PluginInstance.type == TYPE).scalar_subquery()
