@@ -52,11 +52,11 @@ class DrainReport:
 
 class ReadAhead:
     """The payload store as the attempts of one claimed batch read it, one after the
-    other. On a store where an open is a round trip (``store.reads_ahead``, S3), the
-    first open of a stage by a delivery of a batch of more than one fetches that
-    stage's payloads for this delivery and those after it, together
-    (``store.read_ahead``: in parallel, the small ones, within the store's memory for
-    it); each payload so fetched is handed out once, through a
+    other, made for a batch of more than one on a store where an open is a round trip
+    (``store.reads_ahead``, S3: :func:`_delivery_infos`). The first open of a stage by
+    a delivery fetches that stage's payloads for this delivery and those after it,
+    together (``store.read_ahead``: in parallel, the small ones, within the store's
+    memory for it); each payload so fetched is handed out once, through a
     :class:`~b2bhub.payloads.VerifiedReader` whose sha256 check is the one an open
     makes. Any other open (not fetched, fetched and handed out already, another store)
     is the store's ordinary open."""
@@ -64,14 +64,13 @@ class ReadAhead:
     def __init__(self, store: PayloadStore, batch: list[dict[str, tuple[str, int]]]):
         self.store = store
         self._batch = batch  # each delivery's stages, in the order they are attempted
-        self._ahead = store.reads_ahead and len(batch) > 1
         self._stages_read: set[str] = set()
         self._held: dict[str, bytes] = {}
 
     def open(self, index: int, stage: str) -> VerifiedReader:
         """The payload of ``stage`` of the batch's delivery number ``index``."""
         digest = self._batch[index][stage][0]
-        if self._ahead and stage not in self._stages_read:
+        if stage not in self._stages_read:
             self._stages_read.add(stage)
             wanted: dict[str, int] = {}  # in the order of the attempts
             for stages in self._batch[index:]:
@@ -569,8 +568,10 @@ def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
             if stage is not None:
                 found[stage] = (digest, size)
         session.commit()
-    # the attempts of the batch read their payloads through one ReadAhead
-    ahead = ReadAhead(store, [stages[c.message_id] for c in claims])
+    # on a store where an open is a round trip, the attempts of a batch of more than one
+    # read their payloads through one ReadAhead; elsewhere each opens its own
+    ahead = (ReadAhead(store, [stages[c.message_id] for c in claims])
+             if store.reads_ahead and len(claims) > 1 else None)
     out = {}
     for index, c in enumerate(claims):
         (message_id, source, from_party, to_party, direction, original_filename,
