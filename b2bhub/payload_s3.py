@@ -46,12 +46,36 @@ No Flask, no Celery, no SQLAlchemy. boto3 is the S3 client (credentials, regions
 retries, signing and the managed multipart copy beyond 5 GB are its business, and done
 better than we would); a client is made per process, as boto3's clients must not cross
 a fork.
+
+The two requests every message makes, the PutObject of a payload held in memory (at
+intake, and a batch's move to a temporary key) and the GetObject of a payload (``open``,
+``read_ahead``), do not go through the client's call machinery but through
+:class:`_LeanRequests`: botocore's per-call work (its event system, parameter
+validation, serialisation, response parsing) costs about 3.5 ms of CPU per request,
+more than the request itself on a payload of a few KB, and at two requests a message it
+was what kept the hub's throughput with this store under half the filesystem store's.
+Those requests are signed by botocore's own SigV4 signer (``S3SigV4Auth``) with the
+credentials, region and endpoint of the boto3 client (configuration stays in one place:
+:func:`_make_client`), and sent over a urllib3 connection pool of this process (made
+anew after a fork with the client). A PUT signs the payload's sha256, which its key
+already is, as ``x-amz-content-sha256``: no second hash, and S3 refuses a body that does
+not match it. They mean what the client's calls meant: the same retries as its standard
+mode (connection errors, 500/502/503/504, throttling, with its backoff), the same
+exceptions (a missing object is the client's ``NoSuchKey``, any other refusal a
+``ClientError`` of the S3 error's code and message, a connection failure botocore's
+``EndpointConnectionError`` and its kin), the body of a GET streamed and its length
+checked by botocore's ``StreamingBody``. What S3 would redirect (a bucket in another
+region than the client's) and a configured proxy go through the client as before.
+Everything else (multipart uploads, copies, lists, deletes, heads, bucket creation) is
+the client's.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import re
 import secrets
 import threading
 import time
@@ -59,7 +83,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from b2bhub.payloads import (
     DIGEST_RE,
@@ -114,7 +138,11 @@ class S3PayloadStore:
         self._client_options = dict(client_options or {})
         self._client = None
         self._client_pid = 0
+        self._lean: _LeanRequests | None = None
         self._lock = threading.Lock()
+        #: called with (operation name, key) before each PutObject and GetObject of a
+        #: payload this store sends, in the thread sending it, whichever way it goes
+        self.request_hooks: list[Callable[[str, str], None]] = []
 
     @classmethod
     def from_url(cls, url: str, **options) -> S3PayloadStore:
@@ -137,10 +165,46 @@ class S3PayloadStore:
         if self._client is None or self._client_pid != os.getpid():
             with self._lock:
                 if self._client is None or self._client_pid != os.getpid():
-                    self._client = _make_client(self.endpoint_url, self.threads,
-                                                self._client_options)
+                    client = _make_client(self.endpoint_url, self.threads,
+                                          self._client_options)
+                    self._lean = _LeanRequests.for_client(
+                        client, self.bucket, path_style=bool(self.endpoint_url),
+                        verify=self._client_options.get("verify"))
+                    self._client = client
                     self._client_pid = os.getpid()
         return self._client
+
+    def _lean_requests(self) -> _LeanRequests | None:
+        """This process's direct PUT and GET (None where they go through the client)."""
+        self.client  # noqa: B018 (made with this process's client)
+        lean = self._lean
+        return lean if lean is not None and lean.usable else None
+
+    def _put_object(self, key: str, body: bytes, digest: str) -> None:
+        """PutObject of a payload in memory whose sha256 is ``digest``."""
+        for hook in self.request_hooks:
+            hook("PutObject", key)
+        lean = self._lean_requests()
+        if lean is not None:
+            try:
+                lean.put(key, body, digest)
+                return
+            except _UseClient:
+                pass
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
+
+    def _get_object(self, key: str):
+        """GetObject: (the body as botocore's StreamingBody, its length or None)."""
+        for hook in self.request_hooks:
+            hook("GetObject", key)
+        lean = self._lean_requests()
+        if lean is not None:
+            try:
+                return lean.get(key)
+            except _UseClient:
+                pass
+        answer = self.client.get_object(Bucket=self.bucket, Key=key)
+        return answer["Body"], answer.get("ContentLength")
 
     # keys --------------------------------------------------------------------
     def key(self, digest: str) -> str:
@@ -195,14 +259,14 @@ class S3PayloadStore:
     def _to_temp(self, written: _Written) -> None:
         """Move a payload held in memory to a temporary key (a batch past its memory)."""
         key = self._temp_key()
-        self.client.put_object(Bucket=self.bucket, Key=key, Body=written.body)
+        self._put_object(key, written.body, written.stored.digest)
         written.body, written.temp = None, key
 
     def _place(self, written: _Written) -> None:
         """Put a payload under its digest; a temporary object is copied and deleted."""
         final = self.key(written.stored.digest)
         if written.temp is None:
-            self.client.put_object(Bucket=self.bucket, Key=final, Body=written.body or b"")
+            self._put_object(final, written.body or b"", written.stored.digest)
             return
         try:
             # boto3's managed copy: one CopyObject, or UploadPartCopy beyond its threshold
@@ -220,11 +284,12 @@ class S3PayloadStore:
     # reading -----------------------------------------------------------------
     def open(self, digest: str) -> VerifiedReader:
         """Open a stored payload for reading (streamed); the sha256 is checked at the end."""
+        key = self.key(digest)
         try:
-            answer = self.client.get_object(Bucket=self.bucket, Key=self.key(digest))
+            body, _length = self._get_object(key)
         except self.client.exceptions.NoSuchKey:
             raise PayloadMissing(digest) from None
-        return VerifiedReader(digest, _Body(answer["Body"]))
+        return VerifiedReader(digest, _Body(body))
 
     def read_ahead(self, wanted: dict[str, int]) -> dict[str, bytes]:
         """The bytes of the ``wanted`` payloads ({digest: size as recorded}) of at most
@@ -248,10 +313,9 @@ class S3PayloadStore:
 
     def _get_whole(self, digest: str, size: int) -> bytes | None:
         """The object's bytes, or None (nothing read) when it is not ``size`` bytes long."""
-        answer = self.client.get_object(Bucket=self.bucket, Key=self.key(digest))
-        body = answer["Body"]
+        body, length = self._get_object(self.key(digest))
         try:
-            if int(answer["ContentLength"]) != size:
+            if length is None or int(length) != size:
                 return None
             return body.read()
         finally:
@@ -520,3 +584,239 @@ def _make_client(endpoint_url: str | None, threads: int, options: dict):
                     s3={"addressing_style": "path"} if endpoint_url else {})
     return boto3.session.Session().client("s3", endpoint_url=endpoint_url,
                                           region_name=region, config=config, **options)
+
+
+class _UseClient(Exception):
+    """The answer says this request is the client's to make (S3 redirects it: a bucket in
+    another region than the client's, which the client finds and remembers)."""
+
+
+#: what the client's standard retry mode retries besides 500, 502, 503, 504 and 429:
+#: transient errors, and throttling (the longer backoff)
+_TRANSIENT_CODES = frozenset({"RequestTimeout", "RequestTimeoutException",
+                              "PriorRequestNotComplete"})
+_THROTTLING_CODES = frozenset({
+    "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
+    "TooManyRequestsException", "ProvisionedThroughputExceededException",
+    "TransactionInProgressException", "RequestLimitExceeded", "BandwidthLimitExceeded",
+    "LimitExceededException", "RequestThrottled", "SlowDown", "PriorRequestNotComplete",
+    "EC2ThrottledException"})
+_RETRIED_STATUS = frozenset({500, 502, 503, 504, 429})
+#: S3's answers that the request went to the wrong region's endpoint
+_REDIRECTS = frozenset({"PermanentRedirect", "TemporaryRedirect",
+                        "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"})
+_VIRTUAL_HOST_BUCKET = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+
+
+def object_url(endpoint_url: str, bucket: str, key: str, *, path_style: bool) -> str:
+    """The URL of ``key`` in ``bucket`` as the client addresses it: under the endpoint's
+    path with the bucket first (path style: an S3-compatible server's endpoint URL, or a
+    bucket name that cannot be a TLS host name, such as one with dots), else on the
+    bucket's own host name (virtual-hosted, as AWS wants). The key is percent-encoded
+    as botocore encodes it."""
+    parts = urlsplit(endpoint_url)
+    path = quote(key, safe="/~")
+    base = parts.path.rstrip("/")
+    if path_style or not _VIRTUAL_HOST_BUCKET.fullmatch(bucket):
+        return f"{parts.scheme}://{parts.netloc}{base}/{quote(bucket, safe='~')}/{path}"
+    return f"{parts.scheme}://{bucket}.{parts.netloc}{base}/{path}"
+
+
+class _LeanRequests:
+    """PutObject and GetObject of one bucket, signed with botocore's SigV4 signer and sent
+    over a urllib3 pool of their own, everything taken from one boto3 client (see the
+    module docstring); made per process, with the client."""
+
+    def __init__(self, client, bucket: str, *, path_style: bool, verify=None):
+        import urllib3
+        from botocore.httpsession import get_cert_path
+
+        config = client.meta.config
+        self.client = client
+        self.bucket = bucket
+        self.region = client.meta.region_name
+        self.endpoint_url = client.meta.endpoint_url
+        self.path_style = path_style
+        # Asked per request, as the client's signer asks: refreshable credentials (an
+        # assumed role, an instance profile) renew themselves. The client's method,
+        # private by its name, is the one boto3's own CRT transfers read it with; the
+        # alternative (client._request_signer._credentials) reaches two levels further in.
+        self._credentials = client._get_credentials
+        self.max_attempts = max(1, int((config.retries or {}).get("total_max_attempts", 3)))
+        self.user_agent = config.user_agent
+        self.usable = True
+        origin = urlsplit(object_url(self.endpoint_url, bucket, "k", path_style=path_style))
+        tls = {}
+        if origin.scheme == "https":
+            verify = _default_verify() if verify is None else verify
+            tls = ({"cert_reqs": "CERT_REQUIRED", "ca_certs": get_cert_path(verify)}
+                   if verify else {"cert_reqs": "CERT_NONE"})
+        self.pool = urllib3.connectionpool.connection_from_url(
+            f"{origin.scheme}://{origin.netloc}", maxsize=config.max_pool_connections,
+            timeout=urllib3.Timeout(connect=config.connect_timeout, read=config.read_timeout),
+            retries=False, **tls)
+        self.pid = os.getpid()
+
+    @classmethod
+    def for_client(cls, client, bucket: str, *, path_style: bool,
+                   verify=None) -> _LeanRequests | None:
+        """The direct requests for ``client``, or None where they must stay the client's:
+        a proxy is configured (the client's business), or the bucket is an access point's
+        ARN or a directory bucket (other signing)."""
+        from botocore.utils import get_environ_proxies
+
+        if ":" in bucket or bucket.endswith("--x-s3") or client.meta.config.proxies:
+            return None
+        url = object_url(client.meta.endpoint_url, bucket, "k", path_style=path_style)
+        if get_environ_proxies(url).get(urlsplit(url).scheme):
+            return None
+        return cls(client, bucket, path_style=path_style, verify=verify)
+
+    def url(self, key: str) -> str:
+        return object_url(self.endpoint_url, self.bucket, key, path_style=self.path_style)
+
+    def put(self, key: str, body: bytes, sha256: str) -> None:
+        """PutObject of ``body`` whose sha256 is ``sha256``."""
+        self._send("PutObject", "PUT", key, body, sha256).release_conn()
+
+    def get(self, key: str):
+        """GetObject: (botocore's StreamingBody over the response, its Content-Length)."""
+        from botocore.auth import EMPTY_SHA256_HASH
+        from botocore.response import StreamingBody
+
+        response = self._send("GetObject", "GET", key, None, EMPTY_SHA256_HASH)
+        length = response.headers.get("Content-Length")
+        length = int(length) if length is not None else None
+        return StreamingBody(response, length), length
+
+    def _send(self, operation: str, method: str, key: str, body: bytes | None,
+              sha256: str):
+        """The response (2xx) to the request, sent again as the client's standard retry
+        mode would; its body not read yet."""
+        import random
+
+        import urllib3
+
+        url = self.url(key)
+        target = url[url.index("/", len(urlsplit(url).scheme) + 3):]
+        for attempt in range(1, self.max_attempts + 1):
+            headers = self._signed(method, url, body, sha256)
+            try:
+                response = self.pool.urlopen(
+                    method, target, body=body, headers=headers, retries=False,
+                    redirect=False, assert_same_host=False, preload_content=False,
+                    decode_content=False, enforce_content_length=False)
+            except (urllib3.exceptions.HTTPError, OSError) as exc:
+                error = _connection_error(exc, url)
+                if attempt == self.max_attempts:
+                    raise error from exc
+                time.sleep(random.random() * min(0.05 * 2 ** (attempt - 1), 20))
+                continue
+            if 200 <= response.status < 300:
+                return response
+            try:
+                answer = _error_response(response.status, response.headers, response.data,
+                                         attempt - 1)
+            finally:
+                response.release_conn()
+            code = answer["Error"]["Code"]
+            if response.status in (301, 307) or code in _REDIRECTS:
+                self.usable = False  # the client finds the bucket's region from now on
+                raise _UseClient(code)
+            throttled = code in _THROTTLING_CODES or response.status == 429
+            if throttled or code in _TRANSIENT_CODES or response.status in _RETRIED_STATUS:
+                if attempt < self.max_attempts:
+                    scale = 1 if throttled else 0.05
+                    time.sleep(random.random() * min(scale * 2 ** (attempt - 1), 20))
+                    continue
+                answer["ResponseMetadata"]["MaxAttemptsReached"] = True
+            raise self.client.exceptions.from_code(code)(answer, operation)
+        raise AssertionError("unreachable")
+
+    def _signed(self, method: str, url: str, body: bytes | None, sha256: str) -> dict:
+        """The headers of the request, signed now (a retry is signed again)."""
+        from botocore.awsrequest import AWSRequest
+        from botocore.exceptions import NoCredentialsError
+
+        credentials = self._credentials()
+        if credentials is None:
+            raise NoCredentialsError()
+        request = AWSRequest(method=method, url=url, data=body,
+                             headers={"User-Agent": self.user_agent})
+        _signer(credentials.get_frozen_credentials(), self.region, sha256).add_auth(request)
+        return dict(request.headers.items())
+
+
+def _signer(credentials, region: str, sha256: str):
+    """botocore's S3 SigV4 signer, told the payload's sha256 instead of hashing it."""
+    return _signer_class()(credentials, region, sha256)
+
+
+@functools.cache
+def _signer_class():
+    from botocore.auth import S3SigV4Auth
+
+    class KnownPayload(S3SigV4Auth):
+        def __init__(self, credentials, region: str, sha256: str):
+            super().__init__(credentials, "s3", region)
+            self._sha256 = sha256
+
+        def payload(self, request) -> str:
+            return self._sha256
+
+    return KnownPayload
+
+
+def _default_verify():
+    """The CA bundle the client verifies with when its options name none: the
+    ``ca_bundle`` of the AWS configuration (``AWS_CA_BUNDLE``), ``REQUESTS_CA_BUNDLE``,
+    else botocore's default (True)."""
+    import botocore.session
+
+    return (botocore.session.get_session().get_config_variable("ca_bundle")
+            or os.environ.get("REQUESTS_CA_BUNDLE") or True)
+
+
+def _connection_error(exc: Exception, url: str) -> Exception:
+    """The botocore exception the client raises for what urllib3 raised."""
+    import socket
+
+    from botocore import exceptions as be
+    from urllib3 import exceptions as ue
+
+    if isinstance(exc, ue.SSLError):
+        return be.SSLError(endpoint_url=url, error=exc)
+    if isinstance(exc, (ue.NewConnectionError, socket.gaierror)):
+        return be.EndpointConnectionError(endpoint_url=url, error=exc)
+    if isinstance(exc, ue.ConnectTimeoutError):
+        return be.ConnectTimeoutError(endpoint_url=url, error=exc)
+    if isinstance(exc, ue.ReadTimeoutError):
+        return be.ReadTimeoutError(endpoint_url=url, error=exc)
+    if isinstance(exc, ue.ProtocolError):
+        return be.ConnectionClosedError(error=exc, request=None, endpoint_url=url)
+    return be.HTTPClientError(error=exc)
+
+
+def _error_response(status: int, headers, data: bytes, retries: int) -> dict:
+    """A refusal as botocore parses it for a ClientError: the S3 XML error's Code and
+    Message (the status as the code when the body has none, as on a HEAD), and the
+    response's metadata."""
+    from xml.etree import ElementTree
+
+    error = {"Code": str(status), "Message": ""}
+    metadata = {"HTTPStatusCode": status, "HTTPHeaders": {k.lower(): v for k, v in
+                                                          headers.items()},
+                "RetryAttempts": retries}
+    try:
+        root = ElementTree.fromstring(data) if data else None
+    except ElementTree.ParseError:
+        root = None
+    if root is not None:
+        for child in root:
+            if child.tag in ("RequestId", "HostId"):
+                metadata[child.tag] = child.text or ""
+            elif not len(child):
+                error[child.tag] = child.text or ""
+    if "x-amz-request-id" in metadata["HTTPHeaders"]:
+        metadata.setdefault("RequestId", metadata["HTTPHeaders"]["x-amz-request-id"])
+    return {"Error": error, "ResponseMetadata": metadata}

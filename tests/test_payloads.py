@@ -845,13 +845,13 @@ def test_the_hub_stores_payloads_where_the_payload_url_says(s3_server, monkeypat
 # --- reading a claimed batch's payloads ahead -------------------------------------------
 
 def gets_of(store) -> list[tuple[str, int]]:
-    """(key, thread) of each GetObject the store's client sends from now on: observed
-    on the client's own event hooks, the requests still made to the server."""
+    """(key, thread) of each GetObject the store sends from now on: observed on the
+    store's own request hooks, called in the thread that sends it, the requests still
+    made to the server (whether signed by the store or by its client)."""
     seen: list[tuple[str, int]] = []
-    store.client.meta.events.register(
-        "before-call.s3.GetObject",
-        lambda params, **_: seen.append((params["url_path"].rsplit("/", 1)[-1],
-                                         threading.get_ident())))
+    store.request_hooks.append(
+        lambda operation, key: seen.append((key.rsplit("/", 1)[-1], threading.get_ident()))
+        if operation == "GetObject" else None)
     return seen
 
 
@@ -875,9 +875,10 @@ def test_read_ahead_gets_the_small_payloads_together_and_leaves_out_the_rest(s3_
     wanted |= {missing: 10, misrecorded.digest: misrecorded.size + 1}
     together = threading.Barrier(len(small) + 2, timeout=30)  # the small, missing, short
 
-    def all_under_way(**_) -> None:  # passes only when every GET is sent at once
-        together.wait()
-    store.client.meta.events.register("before-call.s3.GetObject", all_under_way)
+    def all_under_way(operation, key) -> None:  # passes only when every GET is sent at once
+        if operation == "GetObject":
+            together.wait()
+    store.request_hooks.append(all_under_way)
     seen = gets_of(store)
 
     got = store.read_ahead(wanted)
