@@ -46,9 +46,7 @@ class DriverSQL:
         """The SQLite text of a Core construct, compiled once with named parameters;
         the values the construct holds itself (its literals) are kept with it."""
         compiled = clause.compile(dialect=_SQLITE_NAMED)
-        fixed = {compiled.bind_names[bind]: _plain(bind.value)
-                 for bind in set(compiled.binds.values()) if not bind.required}
-        return cls(str(compiled), times, fixed)
+        return cls(str(compiled), times, _literals(compiled))
 
     def run(self, conn: Connection, params: dict[str, Any]) -> CursorResult:
         if conn.dialect.name == "postgresql":
@@ -88,11 +86,15 @@ def run_read(conn: Connection, clause, params: dict[str, Any]) -> CursorResult:
     made = _READS.get(id(clause))
     if made is None or made[0] is not clause:
         compiled = clause.compile(dialect=_postgresql_dialect())
-        fixed = {compiled.bind_names[bind]: _plain(bind.value)
-                 for bind in set(compiled.binds.values()) if not bind.required}
-        made = _READS[id(clause)] = (clause, str(compiled), fixed)
+        made = _READS[id(clause)] = (clause, str(compiled), _literals(compiled))
     _clause, sql, fixed = made
     return conn.exec_driver_sql(sql, {**fixed, **params})
+
+
+def _literals(compiled) -> dict[str, Any]:
+    """The values a compiled construct holds itself (its literals), by parameter name."""
+    return {compiled.bind_names[bind]: _plain(bind.value)
+            for bind in set(compiled.binds.values()) if not bind.required}
 
 
 def _plain(value: Any) -> Any:
