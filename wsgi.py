@@ -2,6 +2,8 @@
 
 from b2bhub import create_app
 from b2bhub.agent import start_agent
+from b2bhub.hub import prepare_publisher
 
 app = create_app()
+prepare_publisher(app)  # the first intake does not pay the broker client's imports
 start_agent(app, "web")

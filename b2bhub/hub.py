@@ -38,6 +38,19 @@ def hub_init_app(app: Flask) -> None:
         wakeups.set_publisher(CeleryPublisher(app).publish)
 
 
+def prepare_publisher(app: Flask) -> None:
+    """Load the broker's transport now (kombu's module for it and its client library,
+    a few hundred milliseconds of imports), not in the first request that publishes a
+    wake-up: the web process calls this at start. Nothing connects; a broker that is
+    down or unknown is left to the first publish to report."""
+    if "WAKEUP_PUBLISHER" in app.config or "celery" not in app.extensions:
+        return
+    try:
+        app.extensions["celery"].connection_for_write().release()
+    except Exception:  # noqa: BLE001 - the first publish says what is wrong
+        log.debug("the broker's transport did not load", exc_info=True)
+
+
 def store() -> PayloadBackend:
     return current_app.extensions["b2bhub.store"]
 

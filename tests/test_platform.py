@@ -97,3 +97,23 @@ def _health(port: int) -> dict | None:
             return json.loads(r.read())
     except OSError:
         return None
+
+
+def test_the_web_process_loads_its_brokers_transport_before_its_first_request(backend):
+    """``wsgi.py`` (what gunicorn's workers import) loads the broker's transport and its
+    client library at start, so the first intake's wake-up does not pay those imports
+    inside a request (a few hundred milliseconds); nothing connects to the broker."""
+    import os
+    import subprocess
+
+    from kombu import Connection
+
+    module = type(Connection(backend["broker_url"]).transport).__module__
+    probe = ("import sys; import wsgi; "
+             f"print({module!r} in sys.modules, 'kombu.transport' in sys.modules)")
+    env = {**os.environ, "B2BHUB_DATABASE_URL": backend["database_url"],
+           "B2BHUB_BROKER_URL": backend["broker_url"], "B2BHUB_DATA_DIR": backend["data_dir"]}
+    out = subprocess.run([str(BIN / "python"), "-c", probe], cwd=ROOT, env=env, text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"], (module, out.stdout, out.stderr[-2000:])
