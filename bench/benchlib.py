@@ -350,6 +350,23 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_booted(pids: list[int], quiet: float = 0.5, timeout: float = 60.0) -> None:
+    """Once every one of ``pids`` has spent no CPU for ``quiet`` seconds: started (its
+    imports, its app made), not in the middle of it. A server answers as soon as one of
+    its workers is up; a measurement begun then had the others still starting on the
+    same cores and serving nothing."""
+    deadline = time.monotonic() + timeout
+    last = {pid: process_cpu(pid) for pid in pids}
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = {pid: process_cpu(pid) for pid in pids}
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+
+
 def worker_pids(master: int, expected: int = 1) -> list[int]:
     """The gunicorn master's worker processes, once ``expected`` of them run."""
     deadline = time.monotonic() + 60

@@ -45,6 +45,7 @@ from benchlib import (  # noqa: E402
     process_cpu,
     start_py_spy,
     stop_py_spy,
+    wait_booted,
     wait_serving,
     worker_pids,
 )
@@ -123,8 +124,12 @@ def load(url: str, headers: dict, count: int, clients: int, expect: int,
         with lock:
             latencies.extend(mine)
 
-    for _ in range(20):  # warm: connections, caches
-        requests.post(url, data=BODY, headers=headers, timeout=30)
+    wait_booted(workers)
+    # warm every worker (connections, caches): new connections from several clients at
+    # once, so each worker takes some
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda _: requests.post(url, data=BODY, headers=headers, timeout=30),
+                      range(10 * clients)))
     cpu = sum(map(process_cpu, workers))
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -192,6 +197,7 @@ def main() -> None:
                 stop_py_spy(spy)
             sync_url = "http://127.0.0.1:18431/in/direct"
             sync_headers = {"Authorization": f"Bearer {tokens['direct']}"}
+            wait_booted(worker_pids(hub.pid, int(GUNICORN[1])))
             sequential(sync_url, sync_headers, 20)  # warm: each worker's runner and session
             workers = worker_pids(hub.pid, int(GUNICORN[1]))
             spy = start_py_spy(args.py_spy, workers)
