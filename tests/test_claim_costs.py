@@ -12,7 +12,7 @@ from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.history import add_line, add_lines
-from b2bhub.engine.runner import TargetRunner
+from b2bhub.engine.runner import LeaseKeeper, TargetRunner
 from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, PluginInstance
@@ -232,6 +232,46 @@ def test_a_long_attempt_keeps_its_lease(hub, session, registry):
     assert report.settled == 1
     assert [d.state for d in deliveries(session, message_id)] == ["delivered"]
     assert len(seen) == 2 and seen[1] > seen[0]
+
+
+def test_the_lease_keepers_thread_ends_when_idle_and_a_new_hold_renews_again(
+        hub, session, registry, monkeypatch):
+    """With nothing held for its idle time the keeper's thread ends (a dropped runner
+    leaves no thread behind); a later long attempt gets a thread again, which renews."""
+    monkeypatch.setattr(LeaseKeeper, "idle_seconds", 0.3)
+    standard_hub(hub, max_concurrent_deliveries=4)
+    hub.route("inbox", "*", "*", "writer_a")
+    save_settings(session, DeliverySettings(lease_seconds=3))
+    session.commit()
+    runner = TargetRunner(new_session, registry, hub.store, "w")
+    seen, threads = [], []
+
+    def deliver(delivery, payload, context):
+        threads.append(runner.leases._thread)  # the thread renewing this attempt's lease
+        with new_session() as look:
+            seen.append(look.scalar(select(Delivery.lease_until).where(
+                Delivery.id == delivery.delivery_id)))
+        if len(seen) % 2:
+            time.sleep(1.6)  # past a third of the lease: renewed meanwhile
+            with new_session() as look:
+                seen.append(look.scalar(select(Delivery.lease_until).where(
+                    Delivery.id == delivery.delivery_id)))
+        return Outcome.delivered("ok")
+
+    _plugin(runner, session, "writer_a").deliver = deliver
+    for _ in range(2):
+        message_id = hub.message().id
+        session.commit()
+        assert runner.drain("writer_a", budget=30).settled == 1
+        assert [d.state for d in deliveries(session, message_id)] == ["delivered"]
+        deadline = time.monotonic() + 10
+        while threads[-1] is not None and threads[-1].is_alive() \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threads[-1] is not None and not threads[-1].is_alive()
+        assert runner.leases._thread is None
+    assert threads[0] is not threads[1]
+    assert len(seen) == 4 and seen[1] > seen[0] and seen[3] > seen[2]
 
 
 def test_lines_added_together_are_stored_as_lines_added_one_by_one(hub, session):

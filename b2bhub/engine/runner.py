@@ -596,7 +596,14 @@ class LeaseKeeper:
     The thread opens its sessions on the engine of the session that claimed (it has no
     application context of its own). It is woken only when a new batch must be renewed
     before the time it already sleeps until: waking a thread hands it the GIL, which
-    cost the claiming thread milliseconds per batch."""
+    cost the claiming thread milliseconds per batch.
+
+    Holding nothing for ``idle_seconds`` the thread ends (the next :meth:`hold` starts
+    another): a runner that is dropped (an app made anew, a test's) leaves no thread
+    waiting for ever behind it, and a worker busy with deliveries keeps its one."""
+
+    #: how long the thread waits with nothing held before it ends
+    idle_seconds = 5.0
 
     def __init__(self, clock: Callable[[], datetime]):
         self.clock = clock
@@ -631,6 +638,13 @@ class LeaseKeeper:
     def _run(self) -> None:
         while True:
             with self._changed:
+                if not self._held:
+                    self._wakes_at = math.inf  # a hold() wakes it
+                    self._changed.wait(self.idle_seconds)
+                    if not self._held:
+                        self._thread = None  # under the lock: the next hold() starts one
+                        return
+                    continue
                 due = [h for h in self._held.values() if h.renew_at <= time.monotonic()]
                 if not due:
                     self._wakes_at = min((h.renew_at for h in self._held.values()),
