@@ -80,7 +80,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import quote, urlsplit
@@ -139,6 +139,7 @@ class S3PayloadStore:
         self._client = None
         self._client_pid = 0
         self._lean: _LeanRequests | None = None
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None  # (pid, its threads)
         self._lock = threading.Lock()
         #: called with (operation name, key) before each PutObject and GetObject of a
         #: payload this store sends, in the thread sending it, whichever way it goes
@@ -324,9 +325,25 @@ class S3PayloadStore:
     def _each(self, call: Callable, items) -> list[Future]:
         """``call(item)`` for every item, on up to ``threads`` threads at once; returns
         once every call has ended, their futures in the items' order."""
-        items = list(items)
-        with ThreadPoolExecutor(max(1, min(self.threads, len(items)))) as pool:
-            return [pool.submit(call, item) for item in items]
+        pool = self._threads()
+        futures = [pool.submit(call, item) for item in items]
+        wait(futures)
+        return futures
+
+    def _threads(self) -> ThreadPoolExecutor:
+        """This process's ``threads`` threads for a batch's requests, made at first use
+        (anew after a fork) and kept: a pool made for each batch started up to
+        ``threads`` threads per batch of deliveries and per batch of intake, about a
+        thread per message. The callers wait for their own futures only; none of the
+        calls submits to the pool, so no call waits for a thread its caller holds."""
+        made = self._pool
+        if made is None or made[0] != os.getpid():
+            with self._lock:
+                if self._pool is None or self._pool[0] != os.getpid():
+                    self._pool = (os.getpid(), ThreadPoolExecutor(
+                        max(1, self.threads), thread_name_prefix="s3-payloads"))
+                made = self._pool
+        return made[1]
 
     def _head(self, digest: str) -> dict | None:
         from botocore.exceptions import ClientError

@@ -284,3 +284,48 @@ def test_parallel_gets_share_the_pool(peer):
     assert all(s.verified for s in peer.seen)
     # the parallel GETs came over at most the store's pool of connections, not one each
     assert len({seen.port for seen in peer.seen if seen.method == "GET"}) <= store.threads
+
+
+def test_the_requests_of_every_batch_go_out_on_the_same_few_threads(peer):
+    """A batch's PUTs (its commit) and GETs (a read-ahead) run on the process's pool of
+    ``threads`` threads, kept from one batch to the next, not on threads started for
+    each batch; a forked process gets threads of its own."""
+    import threading
+
+    store = peer_store(peer)
+    store.threads = 4
+    senders: list[tuple[str, int]] = []
+    store.request_hooks.append(
+        lambda operation, key: senders.append((operation, threading.get_ident())))
+    for round_ in range(3):
+        batch = store.batch()
+        stored = [batch.put(DOC + bytes([round_, n])) for n in range(6)]
+        batch.commit()
+        assert store.read_ahead({s.digest: s.size for s in stored}) == {
+            s.digest: DOC + bytes([round_, n]) for n, s in enumerate(stored)}
+    assert [op for op, _ in senders] == (["PutObject"] * 6 + ["GetObject"] * 6) * 3
+    used = {ident for _, ident in senders}
+    assert len(used) <= 4
+    named = {t.ident: t.name for t in threading.enumerate()}
+    assert all(named.get(ident, "").startswith("s3-payloads") for ident in used)
+
+    parent_pool = store._threads()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its batch's requests on threads of its own
+        try:
+            senders.clear()
+            batch = store.batch()
+            for n in range(3):
+                batch.put(DOC + bytes([9, n]))
+            batch.commit()
+            own = store._threads()
+            mine = {t.ident for t in own._threads}
+            ok = (own is not parent_pool and senders
+                  and {ident for _, ident in senders} <= mine)
+            os.write(write, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 2) == b"ok"
+    os.waitpid(child, 0)
