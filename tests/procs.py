@@ -34,10 +34,11 @@ class Proc:
 
     url: str = ""  # the web process's base URL
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path):
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path,
+                 cwd: Path = ROOT):
         self.name, self.cmd, self.log = name, cmd, log
         self._fh = open(log, "ab")  # noqa: SIM115  (closed in stop())
-        self.popen = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._fh,
+        self.popen = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=self._fh,
                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True)
         self.pid = self.popen.pid

@@ -5,15 +5,22 @@ the platform's port."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import urllib.request
+from urllib.parse import urlsplit
 
 import pytest
+import requests
 from sqlalchemy.engine import make_url
 
 from b2bhub import config
-from tests.procs import BIN, ROOT, Proc, Processes, free_port
+from tests.procs import BIN, ROOT, Proc, Processes, free_port, wait_until
+
+BACKEND_DB = os.environ.get("B2BHUB_TEST_DATABASE_URL", "")
+BACKEND_BROKER = os.environ.get("B2BHUB_TEST_BROKER_URL", "")
 
 PLATFORM = ("DATABASE_URL", "REDIS_URL", "PORT", "B2BHUB_DATABASE_URL", "B2BHUB_BROKER_URL",
             "B2BHUB_HOST", "B2BHUB_PORT")
@@ -89,6 +96,69 @@ def test_the_procfile_web_line_serves_on_the_platforms_port(backend, tmp_path):
         assert f"0.0.0.0:{port}" in proc.output()
     finally:
         procs.stop_all()
+
+
+@pytest.mark.processes
+@pytest.mark.postgres
+@pytest.mark.skipif(not (BACKEND_DB.startswith("postgresql") and BACKEND_BROKER.startswith(
+    "redis")), reason="the platform's variables name a PostgreSQL database and a Redis")
+def test_the_platforms_three_variables_alone_run_the_procfiles_hub(
+        backend, hub, session, registry, procs, tmp_path):
+    """Web, worker and beat started by the Procfile's own lines with no ``B2BHUB_*``
+    variable at all, only what a platform hands over: ``DATABASE_URL`` in its
+    ``postgres://`` form, ``REDIS_URL`` and the web's ``PORT``. A document posted to the
+    web is stored, woken through Redis and delivered by the worker, byte-identical; the
+    data directory is the default one, in the app's directory."""
+    from plugins.http_poster import HttpPoster
+    from plugins.http_receiver import HttpReceiver
+    from tests.http_peer import Peer
+    from tests.test_http_receiver import set_up_receivers
+
+    registry.register(HttpReceiver)
+    registry.register(HttpPoster)
+    destination = Peer()
+    try:
+        tokens = set_up_receivers(hub, session, destination.url("/in"), timeout=5,
+                                  base_delay=1)
+        url = make_url(backend["database_url"])
+        database = url.set(drivername="postgres").render_as_string(hide_password=False)
+        assert database.startswith("postgres://")
+        app_dir = tmp_path / "app"  # the dyno's own directory, its disk
+        app_dir.mkdir()
+        base = {k: v for k, v in procs.env().items() if not k.startswith("B2BHUB_")}
+        base |= {"DATABASE_URL": database, "REDIS_URL": backend["broker_url"],
+                 "PYTHONPATH": str(ROOT), "WEB_CONCURRENCY": "1"}
+        port = free_port()
+        lines = dict(re.findall(r"^(\w+): (.+)$", (ROOT / "Procfile").read_text(), re.M))
+        started = {}
+        for kind in ("web", "worker", "beat"):
+            cmd = lines[kind].split()
+            env = {**base, "PORT": str(port)} if kind == "web" else base
+            started[kind] = proc = Proc(kind, [str(BIN / cmd[0]), *cmd[1:]], env,
+                                        tmp_path / f"{kind}.log", cwd=app_dir)
+            procs.procs.append(proc)
+        started["web"].wait_for(lambda: _health(port) is not None, 60,
+                                f"serving on port {port}")
+        started["worker"].wait_in_log("ready", 60)
+        broker = urlsplit(backend["broker_url"])
+        assert f"Connected to redis://:**@{broker.hostname}:{broker.port}{broker.path}" \
+            in started["worker"].output()  # the platform's Redis, not the embedded broker
+        body = os.urandom(5000)
+        answer = requests.post(f"http://127.0.0.1:{port}/in/inbox", data=body,
+                               headers={"Authorization": f"Bearer {tokens['inbox']}"},
+                               timeout=30)
+        assert answer.status_code == 202, answer.text
+        wait_until(lambda: len(destination.seen) == 1, 60, "delivered by the worker")
+        assert destination.seen[0].sha256 == hashlib.sha256(body).hexdigest()
+        assert all(proc.alive() for proc in started.values())
+        assert (app_dir / "var" / "secret_key").is_file()  # the default data directory
+        assert not (app_dir / "var" / "broker.sqlite").exists()
+        assert not (app_dir / "var" / "b2bhub.sqlite").exists()
+        assert [p for p in (app_dir / "var" / "payloads").rglob("*")
+                if p.is_file() and len(p.name) == 64]  # the payload store there too
+    finally:
+        procs.stop_all()
+        destination.close()
 
 
 def _health(port: int) -> dict | None:
