@@ -274,6 +274,26 @@ def test_the_lease_keepers_thread_ends_when_idle_and_a_new_hold_renews_again(
     assert len(seen) == 4 and seen[1] > seen[0] and seen[3] > seen[2]
 
 
+def test_a_dropped_runners_lease_keeper_thread_ends(hub, session, registry, monkeypatch):
+    """A runner that is dropped (an app made anew, a test's) takes its lease keeper's
+    thread with it, however long the thread had to wait for its next renewal."""
+    import gc
+
+    monkeypatch.setattr(LeaseKeeper, "idle_seconds", 600.0)  # not the idle exit
+    standard_hub(hub, max_concurrent_deliveries=4)
+    hub.route("inbox", "*", "*", "writer_a")
+    hub.message()
+    session.commit()
+    runner = TargetRunner(new_session, registry, hub.store, "w")  # lease 300 s by default
+    assert runner.drain("writer_a", budget=30).settled == 1
+    thread = runner.leases._thread
+    assert thread is not None and thread.is_alive()  # waiting 100 s for its renewal
+    del runner
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
 def test_lines_added_together_are_stored_as_lines_added_one_by_one(hub, session):
     """Lines of a batch go to the database as one JSON array; they are stored in order,
     with the same text, actor, ids and data as lines written through the ORM."""

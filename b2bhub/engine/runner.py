@@ -16,6 +16,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -598,9 +599,10 @@ class LeaseKeeper:
     before the time it already sleeps until: waking a thread hands it the GIL, which
     cost the claiming thread milliseconds per batch.
 
-    Holding nothing for ``idle_seconds`` the thread ends (the next :meth:`hold` starts
-    another): a runner that is dropped (an app made anew, a test's) leaves no thread
-    waiting for ever behind it, and a worker busy with deliveries keeps its one."""
+    The thread ends when its keeper is gone (the runner dropped: an app made anew, a
+    test's): it holds the keeper only between its waits, and the keeper's finalizer
+    wakes it. It also ends after ``idle_seconds`` holding nothing once it wakes (the
+    next :meth:`hold` starts another); a worker busy with deliveries keeps its one."""
 
     #: how long the thread waits with nothing held before it ends
     idle_seconds = 5.0
@@ -612,6 +614,7 @@ class LeaseKeeper:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._wakes_at = math.inf  # when the thread wakes next on its own
+        weakref.finalize(self, _wake_all, self._changed)
 
     def hold(self, session: Session, claims: list[Claim], lease_seconds: int) -> int:
         """Keep these claims' leases alive until :meth:`drop` of the token returned."""
@@ -623,8 +626,9 @@ class LeaseKeeper:
                                                  renew_at)
             if self._thread is None or not self._thread.is_alive():
                 self._wakes_at = renew_at
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name="lease-keeper")
+                self._thread = threading.Thread(
+                    target=_keep_renewing, args=(weakref.ref(self), self._changed),
+                    daemon=True, name="lease-keeper")
                 self._thread.start()
             elif renew_at < self._wakes_at:
                 self._wakes_at = renew_at
@@ -635,30 +639,24 @@ class LeaseKeeper:
         with self._changed:
             self._held.pop(token, None)
 
-    def _run(self) -> None:
-        while True:
-            with self._changed:
-                if not self._held:
-                    self._wakes_at = math.inf  # a hold() wakes it
-                    self._changed.wait(self.idle_seconds)
-                    if not self._held:
-                        self._thread = None  # under the lock: the next hold() starts one
-                        return
-                    continue
-                due = [h for h in self._held.values() if h.renew_at <= time.monotonic()]
-                if not due:
-                    self._wakes_at = min((h.renew_at for h in self._held.values()),
-                                         default=math.inf)
-                    self._changed.wait(None if self._wakes_at == math.inf
-                                       else max(0.0, self._wakes_at - time.monotonic()))
-                    continue
-                for held in due:
-                    held.renew_at = time.monotonic() + held.lease / 3
-            for held in due:
-                try:
-                    self.renew(held.bind, held.claims, held.lease)
-                except Exception:
-                    log.warning("could not renew leases", exc_info=True)
+    def _next(self, idle_since: float | None):
+        """Under the lock, in the thread: ("renew", due), ("wait", seconds, idle since)
+        or ("end",) (idle past ``idle_seconds``; the next hold() starts a thread)."""
+        now = time.monotonic()
+        if not self._held:
+            if idle_since is not None and now - idle_since >= self.idle_seconds:
+                self._thread = None
+                return ("end",)
+            self._wakes_at = math.inf  # a hold() wakes it
+            since = now if idle_since is None else idle_since
+            return ("wait", self.idle_seconds - (now - since), since)
+        due = [h for h in self._held.values() if h.renew_at <= now]
+        if not due:
+            self._wakes_at = min(h.renew_at for h in self._held.values())
+            return ("wait", max(0.0, self._wakes_at - now), None)
+        for held in due:
+            held.renew_at = now + held.lease / 3
+        return ("renew", due)
 
     def renew(self, bind, claims: list[Claim], lease_seconds: int) -> int:
         """Extend the leases of the claims still held as claimed; how many were."""
@@ -667,6 +665,41 @@ class LeaseKeeper:
             return session.connection().execute(_RENEW, [
                 {"_id": c.delivery_id, "_attempt": c.attempt, "_owner": c.owner,
                  "_until": until} for c in claims]).rowcount
+
+
+def _keep_renewing(keeper_ref: weakref.ref, changed: threading.Condition) -> None:
+    """The lease keeper's thread. It takes the keeper from its weak reference for each
+    step and lets go of it before it waits (``Condition.wait`` releases the lock, so a
+    hold() that notifies is never missed), so a keeper nothing else holds is collected
+    and its finalizer (:func:`_wake_all`) wakes the thread to end."""
+    idle_since = None
+    while True:
+        with changed:
+            keeper = keeper_ref()
+            if keeper is None:
+                return
+            step = keeper._next(idle_since)
+            if step[0] == "end":
+                return
+            if step[0] == "wait":
+                idle_since = step[2]
+                del keeper
+                changed.wait(step[1])
+                continue
+            idle_since = None
+        try:
+            for held in step[1]:
+                try:
+                    keeper.renew(held.bind, held.claims, held.lease)
+                except Exception:
+                    log.warning("could not renew leases", exc_info=True)
+        finally:
+            del keeper
+
+
+def _wake_all(changed: threading.Condition) -> None:
+    with changed:
+        changed.notify_all()
 
 
 @dataclass
