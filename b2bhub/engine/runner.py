@@ -614,7 +614,7 @@ class LeaseKeeper:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._wakes_at = math.inf  # when the thread wakes next on its own
-        weakref.finalize(self, _wake_all, self._changed)
+        weakref.finalize(self, _wake_all, self._changed).atexit = False
 
     def hold(self, session: Session, claims: list[Claim], lease_seconds: int) -> int:
         """Keep these claims' leases alive until :meth:`drop` of the token returned."""
@@ -683,7 +683,9 @@ def _keep_renewing(keeper_ref: weakref.ref, changed: threading.Condition) -> Non
                 return
             if step[0] == "wait":
                 idle_since = step[2]
-                del keeper
+                del keeper  # the last reference, maybe: then its finalizer ran just now
+                if keeper_ref() is None:
+                    return
                 changed.wait(step[1])
                 continue
             idle_since = None
