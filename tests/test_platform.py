@@ -17,10 +17,8 @@ import requests
 from sqlalchemy.engine import make_url
 
 from b2bhub import config
+from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.procs import BIN, ROOT, Proc, Processes, free_port, wait_until
-
-BACKEND_DB = os.environ.get("B2BHUB_TEST_DATABASE_URL", "")
-BACKEND_BROKER = os.environ.get("B2BHUB_TEST_BROKER_URL", "")
 
 PLATFORM = ("DATABASE_URL", "REDIS_URL", "PORT", "B2BHUB_DATABASE_URL", "B2BHUB_BROKER_URL",
             "B2BHUB_HOST", "B2BHUB_PORT")
@@ -100,8 +98,8 @@ def test_the_procfile_web_line_serves_on_the_platforms_port(backend, tmp_path):
 
 @pytest.mark.processes
 @pytest.mark.postgres
-@pytest.mark.skipif(not (BACKEND_DB.startswith("postgresql") and BACKEND_BROKER.startswith(
-    "redis")), reason="the platform's variables name a PostgreSQL database and a Redis")
+@pytest.mark.skipif(not (IS_POSTGRES and BROKER_URL.startswith("redis")),
+                    reason="the platform's variables name a PostgreSQL database and a Redis")
 def test_the_platforms_three_variables_alone_run_the_procfiles_hub(
         backend, hub, session, registry, procs, tmp_path):
     """Web, worker and beat started by the Procfile's own lines with no ``B2BHUB_*``
@@ -173,7 +171,6 @@ def test_the_web_process_loads_its_brokers_transport_before_its_first_request(ba
     """``wsgi.py`` (what gunicorn's workers import) loads the broker's transport and its
     client library at start, so the first intake's wake-up does not pay those imports
     inside a request (a few hundred milliseconds); nothing connects to the broker."""
-    import os
     import subprocess
 
     from kombu import Connection
