@@ -322,14 +322,18 @@ def wait_serving(proc, url: str, what: str, timeout: float = 60.0):
 def start_py_spy(path: str | None, workers: list[int]) -> list[subprocess.Popen]:
     """``py-spy record --gil`` of each of ``workers`` into ``path`` (the first) and
     ``path.1``, ``path.2``, ... (raw, collapsed stacks): where each holds the GIL (the
-    samples of a thread waiting on I/O or on the GIL are left out)."""
+    samples of a thread waiting on I/O or on the GIL are left out). With
+    ``B2BHUB_BENCH_PY_SPY_IDLE=1`` every thread's every sample instead (``--idle``):
+    where the wall-clock time went, waits included (keep the stacks of the request
+    threads: ``grep 'ThreadWorker.handle '``)."""
     if not path:
         return []
     here = Path(sys.executable).parent / "py-spy"  # installed beside this Python, or on PATH
     spies = []
+    which = "--idle" if os.environ.get("B2BHUB_BENCH_PY_SPY_IDLE") else "--gil"
     for index, pid in enumerate(workers):
         command = [str(here) if here.exists() else "py-spy", "record", "--pid", str(pid),
-                   "--gil", "--rate", "500", "--format", "raw", "--nonblocking",
+                   which, "--rate", "500", "--format", "raw", "--nonblocking",
                    "--output", path if not index else f"{path}.{index}"]
         spies.append(subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))

@@ -2,13 +2,15 @@
 concurrent clients against gunicorn, beside a floor in the same run, and sync mode's
 latency over the destination's own.
 
-    python bench/http_intake.py [--count 2000] [--clients 4]
+    python bench/http_intake.py [--count 1000] [--rounds 5] [--clients 4]
 
 "hub": ``POST /in/inbox`` (bearer token, body streamed into the payload store, message,
 delivery and history committed, 202). "floor": a bare WSGI app under the same gunicorn
 settings (``bench/http_intake_floor.py``) that writes the body to a file, fsyncs and
-inserts a row. Hub and floor run one after the other on the same machine in the same
-run; requests/s over the whole run of each, p50/p99 per request. Sync: ``POST
+inserts a row. Hub and floor are both up for the whole run and take turns, ``--rounds``
+rounds (default 5) of ``--count`` requests each (default 1,000), the order swapped each
+round; each round's ratio is printed, then the medians of the rounds (requests/s over
+each run, p50/p99 per request). Sync: ``POST
 /in/direct`` delivered through an ``http_poster`` to a loopback destination inside the
 request, its p50 minus the p50 of posting the same body to the destination directly,
 and the web workers' CPU (user + system, from ``/proc``) per sync request.
@@ -16,7 +18,7 @@ and the web workers' CPU (user + system, from ``/proc``) per sync request.
 ``--sync-only``: the sync figures alone. ``--py-spy FILE``: py-spy (installed beside this
 Python or on PATH) records each web worker during the sync posts, where it holds the GIL,
 as collapsed stacks (FILE, FILE.1; the one client's connection stays with one worker);
-``--py-spy-async FILE`` the same during the async intake. The async rows also give the
+``--py-spy-async FILE`` the same during the first round's async intake. The async rows also give the
 web workers' CPU per request, the hub's beside the floor's.
 """
 
@@ -154,7 +156,10 @@ def sequential(url: str, headers: dict, count: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=2000)
+    parser.add_argument("--count", type=int, default=1000,
+                        help="requests per run of the hub and of the floor in each round")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds of one floor run and one hub run, alternating")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--sync-count", type=int, default=200)
     parser.add_argument("--sync-only", action="store_true",
@@ -185,54 +190,83 @@ def main() -> None:
                               "created_at timestamptz NOT NULL DEFAULT now())"))
         engine.dispose()
         env = {**backend.env(), "B2BHUB_LOG_LEVEL": "warning"}
-        hub = gunicorn(env, "wsgi:app", 18431)
-        try:
-            intake = None
-            if not args.sync_only:
-                workers = worker_pids(hub.pid, int(GUNICORN[1]))
-                spy = start_py_spy(args.py_spy_async, workers)
-                intake = load("http://127.0.0.1:18431/in/inbox",
-                              {"Authorization": f"Bearer {tokens['inbox']}"}, args.count,
-                              args.clients, 202, workers)
-                stop_py_spy(spy)
-            sync_url = "http://127.0.0.1:18431/in/direct"
-            sync_headers = {"Authorization": f"Bearer {tokens['direct']}"}
-            wait_booted(worker_pids(hub.pid, int(GUNICORN[1])))
-            sequential(sync_url, sync_headers, 20)  # warm: each worker's runner and session
-            workers = worker_pids(hub.pid, int(GUNICORN[1]))
-            spy = start_py_spy(args.py_spy, workers)
-            cpu = sum(map(process_cpu, workers))
-            direct = sequential(sync_url, sync_headers, args.sync_count)
-            cpu = sum(map(process_cpu, workers)) - cpu
-            stop_py_spy(spy)
-            destination = sequential(sink_url, {}, args.sync_count)
-        finally:
-            hub.terminate()
-            hub.wait(30)
-        if args.sync_only:
-            report(None, None, direct, destination, cpu / args.sync_count)
-            return
         with tempfile.TemporaryDirectory(dir=backend.data_dir) as floor_dir:
             floor_env = {**env, "FLOOR_DATABASE_URL": backend.database_url,
                          "FLOOR_DIR": floor_dir, "PYTHONPATH": str(HERE)}
-            floor = gunicorn(floor_env, "http_intake_floor:app", 18432)
+            hub = gunicorn(env, "wsgi:app", 18431)
+            floor = None if args.sync_only else gunicorn(floor_env, "http_intake_floor:app",
+                                                         18432)
             try:
-                bare = load("http://127.0.0.1:18432/", {}, args.count, args.clients, 202,
-                            worker_pids(floor.pid, int(GUNICORN[1])))
+                rounds = [] if args.sync_only else alternate(args, hub, floor, tokens)
+                direct, destination, cpu = sync_figures(args, hub, tokens, sink_url)
             finally:
-                floor.terminate()
-                floor.wait(30)
-    report(intake, bare, direct, destination, cpu / args.sync_count)
+                for proc in (hub, floor):
+                    if proc is not None:
+                        proc.terminate()
+                        proc.wait(30)
+    report(rounds, direct, destination, cpu / args.sync_count)
 
 
-def report(intake: dict | None, bare: dict | None, direct: float, destination: float,
+def alternate(args, hub: subprocess.Popen, floor: subprocess.Popen, tokens: dict
+              ) -> list[tuple[dict, dict]]:
+    """``--rounds`` rounds of the floor's run and the hub's, both servers up throughout,
+    the order swapped each round: the machine's speed drifts (by a fifth within an hour
+    on one machine), and a ratio of runs taken minutes apart measured the drift as much
+    as the code. (floor, hub) per round."""
+    hub_workers = worker_pids(hub.pid, int(GUNICORN[1]))
+    floor_workers = worker_pids(floor.pid, int(GUNICORN[1]))
+    rounds = []
+    for number in range(args.rounds):
+        runs = {}
+        for which in (("floor", "hub") if number % 2 == 0 else ("hub", "floor")):
+            if which == "hub":
+                spy = start_py_spy(args.py_spy_async if number == 0 else None, hub_workers)
+                runs["hub"] = load("http://127.0.0.1:18431/in/inbox",
+                                   {"Authorization": f"Bearer {tokens['inbox']}"},
+                                   args.count, args.clients, 202, hub_workers)
+                stop_py_spy(spy)
+            else:
+                runs["floor"] = load("http://127.0.0.1:18432/", {}, args.count,
+                                     args.clients, 202, floor_workers)
+        rounds.append((runs["floor"], runs["hub"]))
+        print(f"round {number + 1}: floor {runs['floor']['rps']:.0f} req/s, hub "
+              f"{runs['hub']['rps']:.0f} req/s: {runs['hub']['rps'] / runs['floor']['rps']:.0%}"
+              f"; load average {os.getloadavg()[0]:.2f}", flush=True)
+    return rounds
+
+
+def sync_figures(args, hub: subprocess.Popen, tokens: dict, sink_url: str
+                 ) -> tuple[float, float, float]:
+    """Sync mode's p50, the destination's own p50, and the web workers' CPU over the
+    sync posts."""
+    sync_url = "http://127.0.0.1:18431/in/direct"
+    sync_headers = {"Authorization": f"Bearer {tokens['direct']}"}
+    wait_booted(worker_pids(hub.pid, int(GUNICORN[1])))
+    sequential(sync_url, sync_headers, 20)  # warm: each worker's runner and session
+    workers = worker_pids(hub.pid, int(GUNICORN[1]))
+    spy = start_py_spy(args.py_spy, workers)
+    cpu = sum(map(process_cpu, workers))
+    direct = sequential(sync_url, sync_headers, args.sync_count)
+    cpu = sum(map(process_cpu, workers)) - cpu
+    stop_py_spy(spy)
+    destination = sequential(sink_url, {}, args.sync_count)
+    return direct, destination, cpu
+
+
+def report(rounds: list[tuple[dict, dict]], direct: float, destination: float,
            sync_cpu: float) -> None:
-    if intake is not None and bare is not None:
-        print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6} {'web CPU ms':>11}")
-        for name, row in (("hub", intake), ("floor", bare)):
-            print(f"{name:8} {row['rps']:8.0f} {row['p50']:8.2f} {row['p99']:8.2f} "
-                  f"{row['n']:6d} {row['cpu_ms']:11.2f}")
-        print(f"hub / floor: {intake['rps'] / bare['rps']:.0%} (goal >= 50%, and >= 400 req/s)")
+    if rounds:
+        print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6} {'web CPU ms':>11}"
+              "   (medians of the rounds)")
+        for name, index in (("hub", 1), ("floor", 0)):
+            rows = [pair[index] for pair in rounds]
+            median = {key: statistics.median(row[key] for row in rows)
+                      for key in ("rps", "p50", "p99", "cpu_ms")}
+            print(f"{name:8} {median['rps']:8.0f} {median['p50']:8.2f} {median['p99']:8.2f} "
+                  f"{sum(row['n'] for row in rows):6d} {median['cpu_ms']:11.2f}")
+        ratios = sorted(hub["rps"] / floor["rps"] for floor, hub in rounds)
+        print(f"hub / floor: {statistics.median(ratios):.0%}, the median of {len(ratios)} "
+              f"rounds ({ratios[0]:.0%} to {ratios[-1]:.0%}) (goal >= 50%, and >= 400 req/s)")
     print(f"sync p50 {direct:.2f} ms, destination alone p50 {destination:.2f} ms: "
           f"over the destination {direct - destination:.2f} ms (goal < 15 ms)")
     print(f"web workers' CPU per sync request: {sync_cpu * 1000:.2f} ms")
