@@ -117,6 +117,22 @@ def test_async_intake_stores_what_came_and_answers_202(served, receiver, session
         == ("mycompany", "acme", "a.edi", "c-1")
 
 
+def test_an_intake_opens_no_ui_session(served, receiver, session, app):
+    """The endpoints authenticate by protocol: a request there reads, checks and writes
+    back no UI session cookie, so its answer does not vary by one (``Vary: Cookie`` is
+    what Flask adds once a request's session was looked at) and sets none; the UI's
+    pages still do."""
+    login = requests.get(f"{served}/login", timeout=10)
+    assert "Cookie" in login.headers.get("Vary", "")
+    cookie = login.cookies
+    answer = requests.post(f"{served}/in/inbox", data=BODY, cookies=cookie,
+                           headers=auth(receiver["inbox"]), timeout=10)
+    assert answer.status_code == 202, answer.text
+    assert "Cookie" not in answer.headers.get("Vary", "")
+    assert "Set-Cookie" not in answer.headers
+    assert len(messages(session)) == 1
+
+
 def test_async_message_reaches_the_destination_byte_identical(served, receiver, session,
                                                               peer):
     answer = requests.post(f"{served}/in/inbox", data=BODY, headers=auth(receiver["inbox"]),
