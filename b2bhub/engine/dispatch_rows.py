@@ -8,6 +8,9 @@ between requests), and the AS2 receiver stores one message per request: its four
 INSERTs were most of the database time of a receive. Here the four are data-modifying
 CTEs of one statement, each kind of row travelling as one JSON array parameter (see
 :mod:`b2bhub.engine.rows`), so the text is the same for any batch and is parsed once.
+It runs as the driver's own SQL (:class:`b2bhub.engine.driver.DriverSQL`): SQLAlchemy's
+cache lookup and bind processing of a ``text()`` this size cost the web process more
+than building its parameters.
 
 The CTEs of a statement run in no set order, so each child INSERT takes its message ids
 from ``mo``, which reads the messages' INSERT, and the history's from the deliveries'
@@ -24,9 +27,10 @@ import functools
 import json
 from datetime import datetime
 
-from sqlalchemy import JSON, DateTime, Table, bindparam, text
+from sqlalchemy import JSON, Table
 from sqlalchemy.engine import Connection
 
+from b2bhub.engine.driver import DriverSQL
 from b2bhub.engine.history import LINE_FIELDS, packed_line
 from b2bhub.engine.rows import json_recordset, next_id, typed
 from b2bhub.models import Delivery, Message, Payload
@@ -52,7 +56,7 @@ def insert_batch(conn: Connection, messages: list[dict], payloads: list[dict],
     shapes = tuple((table, tuple(rows[0])) for table, rows in own.items())
     params = {f"own{i}": _json([_packed_own(table, row) for row in rows])
               for i, (table, rows) in enumerate(own.items())}
-    rows = conn.execute(_statement(tuple(messages[0]), shapes), {
+    rows = _statement(tuple(messages[0]), shapes).run(conn, {
         "messages": _json(messages), "payloads": _json(payloads),
         "deliveries": _json(deliveries), "lines": _json(packed),
         "now": now, "rewake": first_rewake, **params}).all()
@@ -149,5 +153,4 @@ FROM {json_recordset("lines", [*LINE_FIELDS, ("delivery_target", "text")])} {joi
 LEFT JOIN d ON d.message_id = mo.id AND d.target = r.delivery_target ORDER BY r.n){own_ctes}
 SELECT mo.id, d.id, d.target FROM mo LEFT JOIN d ON d.message_id = mo.id
 ORDER BY mo.n, d.id"""
-    return text(sql).bindparams(bindparam("now", type_=DateTime()),
-                                bindparam("rewake", type_=DateTime()))
+    return DriverSQL(sql)
