@@ -122,9 +122,12 @@ def test_an_intake_opens_no_ui_session(served, receiver, session, app):
     back no UI session cookie, so its answer does not vary by one (``Vary: Cookie`` is
     what Flask adds once a request's session was looked at) and sets none; the UI's
     pages still do."""
-    login = requests.get(f"{served}/login", timeout=10)
+    login = requests.get(f"{served}/ui/login", timeout=10)
+    assert login.status_code == 200, login.status_code
     assert "Cookie" in login.headers.get("Vary", "")
-    cookie = login.cookies
+    # a valid session cookie of this app, which the intake is sent and leaves alone
+    signed = app.session_interface.get_signing_serializer(app).dumps({"seen": 1})
+    cookie = {app.config["SESSION_COOKIE_NAME"]: signed}
     answer = requests.post(f"{served}/in/inbox", data=BODY, cookies=cookie,
                            headers=auth(receiver["inbox"]), timeout=10)
     assert answer.status_code == 202, answer.text
