@@ -10,16 +10,16 @@ settings (``bench/http_intake_floor.py``) that writes the body to a file, fsyncs
 inserts a row. Hub and floor are both up for the whole run and take turns, ``--rounds``
 rounds (default 5) of ``--count`` requests each (default 1,000), the order swapped each
 round; each round's ratio is printed, then the medians of the rounds (requests/s over
-each run, p50/p99 per request). Sync: ``POST
-/in/direct`` delivered through an ``http_poster`` to a loopback destination inside the
-request, its p50 minus the p50 of posting the same body to the destination directly,
-and the web workers' CPU (user + system, from ``/proc``) per sync request.
+each run, p50/p99 per request). Sync: ``POST /in/direct`` delivered through an
+``http_poster`` to a loopback destination inside the request, its p50 minus the p50 of
+posting the same body to the destination directly, and the web workers' CPU (user +
+system, from ``/proc``) per sync request.
 
 ``--sync-only``: the sync figures alone. ``--py-spy FILE``: py-spy (installed beside this
 Python or on PATH) records each web worker during the sync posts, where it holds the GIL,
 as collapsed stacks (FILE, FILE.1; the one client's connection stays with one worker);
-``--py-spy-async FILE`` the same during the first round's async intake. The async rows also give the
-web workers' CPU per request, the hub's beside the floor's.
+``--py-spy-async FILE`` the same during the first round's async intake. The async rows
+also give the web workers' CPU per request, the hub's beside the floor's.
 """
 
 from __future__ import annotations
@@ -215,19 +215,24 @@ def alternate(args, hub: subprocess.Popen, floor: subprocess.Popen, tokens: dict
     as the code. (floor, hub) per round."""
     hub_workers = worker_pids(hub.pid, int(GUNICORN[1]))
     floor_workers = worker_pids(floor.pid, int(GUNICORN[1]))
+
+    def floor_run(_number: int) -> dict:
+        return load("http://127.0.0.1:18432/", {}, args.count, args.clients, 202,
+                    floor_workers)
+
+    def hub_run(number: int) -> dict:
+        spy = start_py_spy(args.py_spy_async if number == 0 else None, hub_workers)
+        run = load("http://127.0.0.1:18431/in/inbox",
+                   {"Authorization": f"Bearer {tokens['inbox']}"}, args.count,
+                   args.clients, 202, hub_workers)
+        stop_py_spy(spy)
+        return run
+
     rounds = []
     for number in range(args.rounds):
-        runs = {}
-        for which in (("floor", "hub") if number % 2 == 0 else ("hub", "floor")):
-            if which == "hub":
-                spy = start_py_spy(args.py_spy_async if number == 0 else None, hub_workers)
-                runs["hub"] = load("http://127.0.0.1:18431/in/inbox",
-                                   {"Authorization": f"Bearer {tokens['inbox']}"},
-                                   args.count, args.clients, 202, hub_workers)
-                stop_py_spy(spy)
-            else:
-                runs["floor"] = load("http://127.0.0.1:18432/", {}, args.count,
-                                     args.clients, 202, floor_workers)
+        order = (("floor", floor_run), ("hub", hub_run))
+        runs = {which: run(number) for which, run in (order if number % 2 == 0
+                                                      else order[::-1])}
         rounds.append((runs["floor"], runs["hub"]))
         print(f"round {number + 1}: floor {runs['floor']['rps']:.0f} req/s, hub "
               f"{runs['hub']['rps']:.0f} req/s: {runs['hub']['rps'] / runs['floor']['rps']:.0%}"

@@ -41,12 +41,17 @@ def connect(url: str, mode: str) -> psycopg.Connection:
                            options=f"-c plan_cache_mode={mode}")
 
 
+def parent_and_child(conn: psycopg.Connection, name: str) -> None:
+    """New tables ``<name>_parent`` and ``<name>_child``, a foreign key from the child."""
+    conn.execute(f"DROP TABLE IF EXISTS {name}_child; DROP TABLE IF EXISTS {name}_parent")
+    conn.execute(f"CREATE TABLE {name}_parent (id bigserial PRIMARY KEY, x int)")
+    conn.execute(f"CREATE TABLE {name}_child (id bigserial PRIMARY KEY, "
+                 f"parent_id bigint REFERENCES {name}_parent (id), y int)")
+
+
 def trap(url: str, mode: str, parents: int) -> tuple[float, float]:
     with connect(url, mode) as conn:
-        conn.execute("DROP TABLE IF EXISTS trap_child; DROP TABLE IF EXISTS trap_parent")
-        conn.execute("CREATE TABLE trap_parent (id bigserial PRIMARY KEY, x int)")
-        conn.execute("CREATE TABLE trap_child (id bigserial PRIMARY KEY, "
-                     "parent_id bigint REFERENCES trap_parent (id), y int)")
+        parent_and_child(conn, "trap")
         conn.execute("VACUUM ANALYZE trap_parent")
 
         def per_insert(count: int) -> float:
@@ -66,10 +71,7 @@ def trap(url: str, mode: str, parents: int) -> tuple[float, float]:
 
 def price(url: str, mode: str, rows: int) -> tuple[float, float]:
     with connect(url, mode) as conn:
-        conn.execute("DROP TABLE IF EXISTS price_child; DROP TABLE IF EXISTS price_parent")
-        conn.execute("CREATE TABLE price_parent (id bigserial PRIMARY KEY, x int)")
-        conn.execute("CREATE TABLE price_child (id bigserial PRIMARY KEY, "
-                     "parent_id bigint REFERENCES price_parent (id), y int)")
+        parent_and_child(conn, "price")
         conn.execute("INSERT INTO price_parent (x) SELECT g FROM generate_series(1, 1000) g")
         checked = ("INSERT INTO price_child (parent_id, y) "
                    f"SELECT (g % 1000) + 1, 1 FROM generate_series(1, {rows}) g")
