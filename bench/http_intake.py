@@ -15,6 +15,14 @@ each run, p50/p99 per request). Sync: ``POST /in/direct`` delivered through an
 posting the same body to the destination directly, and the web workers' CPU (user +
 system, from ``/proc``) per sync request.
 
+The clients post over keep-alive connections with a lean client of a few socket calls
+(:class:`Poster`): ``requests`` spent 0.8 ms of CPU per request on the same two cores as
+the servers, which slowed the floor more than the hub (the floor waits on its client
+more) and so lifted the ratio; ``--requests-client`` measures that way again. Each
+run's rows give the CPU per request of the web workers, PostgreSQL, Redis and the
+clients. After the rounds, the hub's database must hold exactly one message for each
+202 it answered, each with the id its answer named.
+
 ``--sync-only``: the sync figures alone. ``--py-spy FILE``: py-spy (installed beside this
 Python or on PATH) records each web worker during the sync posts, where it holds the GIL,
 as collapsed stacks (FILE, FILE.1; the one client's connection stays with one worker);
@@ -25,7 +33,9 @@ also give the web workers' CPU per request, the hub's beside the floor's.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +45,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -108,21 +119,105 @@ def gunicorn(env: dict, app: str, port: int) -> subprocess.Popen:
     return wait_serving(proc, f"http://127.0.0.1:{port}/", f"gunicorn {app}")
 
 
+class Poster:
+    """One client's keep-alive connection, posting the same body again and again: the
+    request's bytes made once, the answer read by its Content-Length. ``requests``
+    spent 0.8 ms of CPU per request here, on the two cores the servers measured use
+    too (a fifth of all the CPU a hub request took); this takes a tenth of that, so
+    the figures are the servers' and not the load generator's."""
+
+    def __init__(self, url: str, headers: dict[str, str]):
+        parts = urlsplit(url)
+        self.address = (parts.hostname, parts.port)
+        head = [f"POST {parts.path or '/'} HTTP/1.1", f"Host: {parts.netloc}",
+                "Content-Type: application/octet-stream", f"Content-Length: {len(BODY)}",
+                *(f"{name}: {value}" for name, value in headers.items())]
+        self.request = ("\r\n".join(head) + "\r\n\r\n").encode() + BODY
+        self.sock = socket.create_connection(self.address, timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
+
+    def post(self, body: bytes) -> tuple[int, bytes]:
+        """(status, body) of one POST of ``body`` (the one the request was made with)."""
+        assert body is BODY
+        self.sock.sendall(self.request)
+        while b"\r\n\r\n" not in self.buffer:
+            self._receive()
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length = next(int(line.split(b":", 1)[1]) for line in lines[1:]
+                      if line.lower().startswith(b"content-length:"))
+        while len(self.buffer) < length:
+            self._receive()
+        answer, self.buffer = self.buffer[:length], self.buffer[length:]
+        return status, answer
+
+    def _receive(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise SystemExit(f"{self.address}: the server closed the connection")
+        self.buffer += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class RequestsPoster:
+    """The same with ``requests`` (``--requests-client``: as the figures before
+    2026-12-04 evening were measured)."""
+
+    def __init__(self, url: str, headers: dict[str, str]):
+        self.url, self.headers, self.session = url, headers, requests.Session()
+
+    def post(self, body: bytes) -> tuple[int, bytes]:
+        answer = self.session.post(self.url, data=body, headers=self.headers, timeout=30)
+        return answer.status_code, answer.content
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def by_kind() -> dict[str, float]:
+    """CPU seconds so far of this machine's PostgreSQL and Redis server processes, and
+    of this process (the clients): with the web workers', where a request's CPU goes on
+    a machine whose two cores they all share."""
+    seconds = {"postgres": 0.0, "redis": 0.0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            kind = ("postgres" if comm == "postgres" else
+                    "redis" if comm.startswith("redis-server") else None)
+            if kind is not None:
+                seconds[kind] += process_cpu(int(entry.name))
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    own = os.times()
+    seconds["clients"] = own.user + own.system
+    return seconds
+
+
 def load(url: str, headers: dict, count: int, clients: int, expect: int,
-         workers: list[int]) -> dict:
+         workers: list[int], heavy: bool = False) -> dict:
     """``count`` posts from ``clients`` threads, each on its own connection; with the
-    CPU the web ``workers`` spent per request."""
+    CPU the web ``workers`` spent per request, and PostgreSQL's, Redis's and the
+    clients' own (:func:`by_kind`)."""
     latencies: list[float] = []
+    answers: list[bytes] = []  # list.append is atomic
     lock = threading.Lock()
 
     def client(n: int) -> None:
-        session, mine = requests.Session(), []
+        poster, mine = (RequestsPoster if heavy else Poster)(url, headers), []
         for _ in range(n):
             start = time.perf_counter()
-            answer = session.post(url, data=BODY, headers=headers, timeout=30)
+            status, answer = poster.post(BODY)
             mine.append(time.perf_counter() - start)
-            if answer.status_code != expect:
-                raise SystemExit(f"{url}: {answer.status_code} {answer.text[:200]}")
+            if status != expect:
+                raise SystemExit(f"{url}: {status} {answer[:200]!r}")
+            answers.append(answer)
+        poster.close()
         with lock:
             latencies.extend(mine)
 
@@ -130,18 +225,25 @@ def load(url: str, headers: dict, count: int, clients: int, expect: int,
     # warm every worker (connections, caches): new connections from several clients at
     # once, so each worker takes some
     with ThreadPoolExecutor(clients) as pool:
-        list(pool.map(lambda _: requests.post(url, data=BODY, headers=headers, timeout=30),
-                      range(10 * clients)))
-    cpu = sum(map(process_cpu, workers))
+        for warm in pool.map(lambda _: requests.post(url, data=BODY, headers=headers,
+                                                     timeout=30), range(10 * clients)):
+            if warm.status_code != expect:
+                raise SystemExit(f"{url}: {warm.status_code} {warm.text[:200]}")
+            answers.append(warm.content)
+    cpu, others = sum(map(process_cpu, workers)), by_kind()
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, [count // clients] * clients))
     elapsed = time.perf_counter() - started
     cpu = sum(map(process_cpu, workers)) - cpu
+    others = {kind: spent - others[kind] for kind, spent in by_kind().items()}
     latencies.sort()
-    return {"rps": len(latencies) / elapsed, "p50": statistics.median(latencies) * 1000,
-            "p99": latencies[int(len(latencies) * 0.99) - 1] * 1000, "n": len(latencies),
-            "cpu_ms": cpu * 1000 / len(latencies)}
+    n = len(latencies)
+    return {"rps": n / elapsed, "p50": statistics.median(latencies) * 1000,
+            "answers": answers,
+            "p99": latencies[int(n * 0.99) - 1] * 1000, "n": n,
+            "cpu_ms": cpu * 1000 / n,
+            **{f"{kind}_ms": spent * 1000 / n for kind, spent in others.items()}}
 
 
 def sequential(url: str, headers: dict, count: int) -> float:
@@ -162,6 +264,9 @@ def main() -> None:
                         help="rounds of one floor run and one hub run, alternating")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--sync-count", type=int, default=200)
+    parser.add_argument("--requests-client", action="store_true",
+                        help="post with requests (0.8 ms of CPU a request on the "
+                             "servers' cores) instead of the lean keep-alive client")
     parser.add_argument("--sync-only", action="store_true",
                         help="only the sync figures (no async intake, no floor)")
     parser.add_argument("--py-spy", metavar="FILE", default=None,
@@ -198,6 +303,7 @@ def main() -> None:
                                                          18432)
             try:
                 rounds = [] if args.sync_only else alternate(args, hub, floor, tokens)
+                check_stored(backend, rounds)
                 direct, destination, cpu = sync_figures(args, hub, tokens, sink_url)
             finally:
                 for proc in (hub, floor):
@@ -218,13 +324,13 @@ def alternate(args, hub: subprocess.Popen, floor: subprocess.Popen, tokens: dict
 
     def floor_run(_number: int) -> dict:
         return load("http://127.0.0.1:18432/", {}, args.count, args.clients, 202,
-                    floor_workers)
+                    floor_workers, args.requests_client)
 
     def hub_run(number: int) -> dict:
         spy = start_py_spy(args.py_spy_async if number == 0 else None, hub_workers)
         run = load("http://127.0.0.1:18431/in/inbox",
                    {"Authorization": f"Bearer {tokens['inbox']}"}, args.count,
-                   args.clients, 202, hub_workers)
+                   args.clients, 202, hub_workers, args.requests_client)
         stop_py_spy(spy)
         return run
 
@@ -238,6 +344,22 @@ def alternate(args, hub: subprocess.Popen, floor: subprocess.Popen, tokens: dict
               f"{runs['hub']['rps']:.0f} req/s: {runs['hub']['rps'] / runs['floor']['rps']:.0%}"
               f"; load average {os.getloadavg()[0]:.2f}", flush=True)
     return rounds
+
+
+def check_stored(backend, rounds: list[tuple[dict, dict]]) -> None:
+    """Exactly one message for each 202 of the async intake, under the id it named."""
+    from sqlalchemy import text
+    named = [json.loads(answer)["message_id"] for _floor, hub in rounds
+             for answer in hub["answers"]]
+    engine = backend.engine()
+    with engine.connect() as conn:
+        stored = set(conn.execute(text("SELECT id FROM messages WHERE source = 'inbox'"))
+                     .scalars())
+    engine.dispose()
+    if len(set(named)) != len(named) or set(named) != stored:
+        raise SystemExit(f"{len(named)} answers named {len(set(named))} messages; "
+                         f"{len(stored)} stored")
+    print(f"stored: one message for each of the {len(named)} answers, under its id")
 
 
 def sync_figures(args, hub: subprocess.Popen, tokens: dict, sink_url: str
@@ -261,14 +383,16 @@ def sync_figures(args, hub: subprocess.Popen, tokens: dict, sink_url: str
 def report(rounds: list[tuple[dict, dict]], direct: float, destination: float,
            sync_cpu: float) -> None:
     if rounds:
-        print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6} {'web CPU ms':>11}"
-              "   (medians of the rounds)")
+        kinds = ("cpu_ms", "postgres_ms", "redis_ms", "clients_ms")
+        print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}   CPU ms per "
+              "request: web, PostgreSQL, Redis, clients   (medians of the rounds)")
         for name, index in (("hub", 1), ("floor", 0)):
             rows = [pair[index] for pair in rounds]
             median = {key: statistics.median(row[key] for row in rows)
-                      for key in ("rps", "p50", "p99", "cpu_ms")}
+                      for key in ("rps", "p50", "p99", *kinds)}
             print(f"{name:8} {median['rps']:8.0f} {median['p50']:8.2f} {median['p99']:8.2f} "
-                  f"{sum(row['n'] for row in rows):6d} {median['cpu_ms']:11.2f}")
+                  f"{sum(row['n'] for row in rows):6d}   "
+                  + "  ".join(f"{median[kind]:.2f}" for kind in kinds))
         ratios = sorted(hub["rps"] / floor["rps"] for floor, hub in rounds)
         print(f"hub / floor: {statistics.median(ratios):.0%}, the median of {len(ratios)} "
               f"rounds ({ratios[0]:.0%} to {ratios[-1]:.0%}) (goal >= 50%, and >= 400 req/s)")
