@@ -515,6 +515,7 @@ _PROTOCOL_API = {
     "direction_of": "b2bhub.engine.dispatch:direction_of",
     "store_and_dispatch_many": "b2bhub.engine.dispatch:store_and_dispatch_many",
     "writes_in_one_statement": "b2bhub.engine.dispatch:writes_in_one_statement",
+    "store_and_dispatch_grouped": "b2bhub.engine.grouped:store_and_dispatch_grouped",
     "store_refused": "b2bhub.engine.dispatch:store_refused",
     # a connection test's message: stored never routed, then given its outcome
     "TEST_SOURCE": "b2bhub.engine.dispatch:TEST_SOURCE",

@@ -21,7 +21,9 @@ Order of work for one request, each refusal storing nothing:
    before it stored a message forgets its key, so the client may try again; a key left
    in progress by a process that died is taken over after :data:`ABANDONED`.
 5. Async mode: stored and dispatched by the routes, 202 with the message id and a
-   ``Location`` of its API resource.
+   ``Location`` of its API resource. On PostgreSQL a request without a key whose
+   message is one statement goes with those of other requests of the process arriving
+   meanwhile, in one statement and commit (:mod:`b2bhub.engine.grouped`).
 6. Sync mode (seed 003): the message goes to the instance's one ``target`` (routes are
    not consulted), then is attempted inside the request through the engine's claim,
    attempt and settlement (:meth:`b2bhub.engine.runner.TargetRunner.attempt_now`),
@@ -89,6 +91,7 @@ from b2bhub.plugin_api import (
     connection,
     direction_of,
     run_read,
+    store_and_dispatch_grouped,
     store_and_dispatch_many,
     utcnow,
     writes_in_one_statement,
@@ -394,11 +397,18 @@ def handle(request: EndpointRequest) -> EndpointReply:
             actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None)
         if alone and not writes_in_one_statement(session, [new], known):
             session.commit()  # more than one statement: the next begins a transaction
+            alone = False
         made: list[tuple[int, int, str]] = []
-        [message_id] = store_and_dispatch_many(session, [new], request.now, known, made)
-        if key is not None:
-            _key_row(session, name, key[:255], message_id=message_id)
-        session.commit()
+        if alone and config.get("mode") != "sync":
+            # one statement, nothing else to write: with the other requests' that
+            # arrive meanwhile, in one statement and commit (b2bhub.engine.grouped)
+            message_id = store_and_dispatch_grouped(session, new, request.now, known)
+        else:
+            [message_id] = store_and_dispatch_many(session, [new], request.now, known,
+                                                   made)
+            if key is not None:
+                _key_row(session, name, key[:255], message_id=message_id)
+            session.commit()
     except BaseException:
         batch.discard()
         session.rollback()
