@@ -178,6 +178,13 @@ class RequestsPoster:
         self.session.close()
 
 
+def _cpu_with_reaped(pid: int) -> float:
+    """A process's CPU seconds and those of its children that ended: the backends of
+    connections closed during a run (a pool's overflow) are the postmaster's."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def by_kind() -> dict[str, float]:
     """CPU seconds so far of this machine's PostgreSQL and Redis server processes, and
     of this process (the clients): with the web workers', where a request's CPU goes on
@@ -191,7 +198,7 @@ def by_kind() -> dict[str, float]:
             kind = ("postgres" if comm == "postgres" else
                     "redis" if comm.startswith("redis-server") else None)
             if kind is not None:
-                seconds[kind] += process_cpu(int(entry.name))
+                seconds[kind] += _cpu_with_reaped(int(entry.name))
         except (OSError, ValueError):
             continue  # ended meanwhile
     own = os.times()
