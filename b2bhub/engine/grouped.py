@@ -37,7 +37,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
 from b2bhub import tracing
-from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many
+from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many, writes_in_one_statement
 
 #: the errors after which each message of a group is written again alone: the server
 #: refused the statement for what it holds, and did nothing
@@ -162,9 +162,15 @@ def store_and_dispatch_grouped(session: Session, new: NewMessage, now: datetime,
 
 def _write_intakes(session: Session, known: dict, items: Sequence[tuple[NewMessage, datetime]]
                    ) -> list[int]:
+    news = [new for new, _now in items]
     try:
-        ids = store_and_dispatch_many(session, [new for new, _now in items],
-                                      max(now for _new, now in items), known)
+        if not writes_in_one_statement(session, news, known):
+            # each request saw its messages written by one statement, but with the
+            # routes as this request read them one is not routed (a route removed in
+            # between): its status, line and alert are statements of their own, so the
+            # group goes in a transaction (the commit ends this one, in autocommit)
+            session.commit()
+        ids = store_and_dispatch_many(session, news, max(now for _new, now in items), known)
         session.commit()
     except BaseException:
         session.rollback()
