@@ -348,10 +348,12 @@ def stop_py_spy(spies: list[subprocess.Popen]) -> None:
         spy.wait(60)
 
 
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
+def process_cpu(pid: int, reaped: bool = False) -> float:
+    """User + system CPU seconds of a process so far; with ``reaped``, also those of its
+    children that ended (a postmaster's: the backends of connections closed meanwhile)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = fields[11:15] if reaped else fields[11:13]
+    return sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_booted(pids: list[int], quiet: float = 0.5, timeout: float = 60.0) -> None:

@@ -164,8 +164,8 @@ class Poster:
 
 
 class RequestsPoster:
-    """The same with ``requests`` (``--requests-client``: as the figures before
-    2026-12-04 evening were measured)."""
+    """The same with ``requests`` (``--requests-client``: as the figures before a3257a6
+    were measured)."""
 
     def __init__(self, url: str, headers: dict[str, str]):
         self.url, self.headers, self.session = url, headers, requests.Session()
@@ -176,13 +176,6 @@ class RequestsPoster:
 
     def close(self) -> None:
         self.session.close()
-
-
-def _cpu_with_reaped(pid: int) -> float:
-    """A process's CPU seconds and those of its children that ended: the backends of
-    connections closed during a run (a pool's overflow) are the postmaster's."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def by_kind() -> dict[str, float]:
@@ -198,7 +191,7 @@ def by_kind() -> dict[str, float]:
             kind = ("postgres" if comm == "postgres" else
                     "redis" if comm.startswith("redis-server") else None)
             if kind is not None:
-                seconds[kind] += _cpu_with_reaped(int(entry.name))
+                seconds[kind] += process_cpu(int(entry.name), reaped=True)
         except (OSError, ValueError):
             continue  # ended meanwhile
     own = os.times()

@@ -395,15 +395,15 @@ def handle(request: EndpointRequest) -> EndpointReply:
             original_filename=_filename(headers), correlation_id=_correlation(headers),
             sequence_key=(_header(headers, "X-B2BHub-Sequence-Key") or "")[:200] or None,
             actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None)
-        if alone and not writes_in_one_statement(session, [new], known):
-            session.commit()  # more than one statement: the next begins a transaction
-            alone = False
         made: list[tuple[int, int, str]] = []
         if alone and config.get("mode") != "sync":
-            # one statement, nothing else to write: with the other requests' that
-            # arrive meanwhile, in one statement and commit (b2bhub.engine.grouped)
+            # nothing else to write: with the other requests' that arrive meanwhile, in
+            # one statement and commit (b2bhub.engine.grouped, which also sees to a
+            # group of more than one statement going in a transaction)
             message_id = store_and_dispatch_grouped(session, new, request.now, known)
         else:
+            if alone and not writes_in_one_statement(session, [new], known):
+                session.commit()  # more than one statement: the next begins a transaction
             [message_id] = store_and_dispatch_many(session, [new], request.now, known,
                                                    made)
             if key is not None:

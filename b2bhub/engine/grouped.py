@@ -106,24 +106,20 @@ class WriteGroup:
     def _write(taken: list[_Entry], write: Write) -> None:
         try:
             results = write([e.item for e in taken])
-        except REFUSED as exc:
-            if len(taken) == 1:
-                taken[0].error, taken[0].done = exc, True
-                return
         except Exception as exc:
+            if len(taken) > 1 and isinstance(exc, REFUSED):
+                for e in taken:  # refused for what one of them holds: each again alone
+                    try:
+                        [e.result] = write([e.item])
+                    except Exception as own:
+                        e.error = own
+                    e.done = True
+                return
             for e in taken:
                 e.error, e.done = exc if len(taken) == 1 else _copy(exc), True
             return
-        else:
-            for e, result in zip(taken, results, strict=True):
-                e.result, e.done = result, True
-            return
-        for e in taken:  # refused: each again alone
-            try:
-                [e.result] = write([e.item])
-            except Exception as exc:
-                e.error = exc
-            e.done = True
+        for e, result in zip(taken, results, strict=True):
+            e.result, e.done = result, True
 
 
 def _copy(exc: Exception) -> Exception:
