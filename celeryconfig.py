@@ -60,3 +60,6 @@ beat_schedule = {
     "broker-cleanup": {"task": "b2bhub.broker_cleanup", "schedule": 300.0,
                        "options": {"expires": 60.0}},
 }
+# Celery's persistent scheduler, recovering from a publish that leaves its producer on a
+# closed channel (it would otherwise never publish again): b2bhub/beat.py
+beat_scheduler = "b2bhub.beat:Scheduler"
