@@ -13,9 +13,10 @@ What it removes, in order:
    (queued, in progress, retrying, awaiting a receipt, deferred, stalled), however old.
    Each batch is one short transaction that deletes whole messages (as many as fit in
    :data:`BATCH_BUDGET`, 100 ms, by what the last batch took: its locks are held that
-   long; :class:`~b2bhub.domain.retention.BatchSizer`): their deliveries,
-   history, payload rows and AS2 records go by ``ON DELETE CASCADE``, the alerts that
-   name them in the same statement list; the run's counts are updated in that same
+   long; :class:`~b2bhub.domain.retention.BatchSizer`): their deliveries, payload
+   rows and AS2 records go by ``ON DELETE CASCADE``, their history lines (no foreign
+   key: :class:`~b2bhub.models.HistoryLine`) and the alerts that name them by a
+   statement each in the same list; the run's counts are updated in that same
    transaction. A run killed at any point leaves whole messages or none, and the next
    run goes on from where the data is (there is no cursor to lose). The bodies of
    refused and unattributable requests are stored as the payloads of a message (status
@@ -73,6 +74,7 @@ from b2bhub.models import (
     Alert,
     CleanupRun,
     Delivery,
+    HistoryLine,
     Lock,
     Message,
     Payload,
@@ -360,15 +362,17 @@ def _message_digests(session: Session, ids: list[int], refs: tuple
 
 def _delete_batch(session: Session, ids: list[int], report: CleanupReport) -> set[str]:
     """Delete the messages of ``ids`` that are still removable, in the caller's
-    transaction (rows that reference them go by cascade); the digests they held."""
+    transaction (rows that reference them by a foreign key go by cascade; history lines
+    and alerts by a statement of their own); the digests they held."""
     held = _message_digests(session, ids, report.references)
     removed = set(session.scalars(delete(Message).where(*_removable(ids))
                                   .returning(Message.id)
                                   .execution_options(synchronize_session=False)))
     if not removed:
         return set()
-    session.execute(delete(Alert).where(Alert.message_id.in_(removed))
-                    .execution_options(synchronize_session=False))
+    for model in (HistoryLine, Alert):
+        session.execute(delete(model).where(model.message_id.in_(removed))
+                        .execution_options(synchronize_session=False))
     report.messages += len(removed)
     report.message_bytes += sum(size for mid, _d, size in held
                                 if mid in removed and size)
