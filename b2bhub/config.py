@@ -165,19 +165,19 @@ def load(overrides: dict | None = None) -> dict:
 
 
 def postgres_options(extra: str = "") -> str:
-    """The server settings of every PostgreSQL connection (after ``extra``, the
-    environment's PGOPTIONS, which the connection's own options would otherwise hide).
+    """The server settings of every PostgreSQL connection: the environment's
+    PGOPTIONS, which the connection's own options would otherwise hide.
 
-    ``plan_cache_mode=force_custom_plan``: psycopg prepares a statement once it has run
-    five times, and PostgreSQL then keeps a generic plan made for the table as it was.
-    Workers start with empty tables, so the generic plans of the lookups by id of a
-    batch's messages were sequential scans, kept while the tables grew (without a
-    vacuum or ANALYZE nothing replans them): the message lock and status UPDATE of a
-    batch took 1.1-1.4 ms instead of 0.13-0.25. Planned for each execution, every
-    statement gets the plan of its own parameters and table; the planning costs less
-    than that (the intake and delivery of 4,000 files: 2.0 s of server time, 1.5 s)."""
-    return " ".join(part for part in (extra.strip(), "-c plan_cache_mode=force_custom_plan")
-                    if part)
+    PostgreSQL's own plan caching (``plan_cache_mode`` left at ``auto``): psycopg
+    prepares a statement once it has run five times, and PostgreSQL then keeps a
+    generic plan, as it keeps one for each foreign-key check. A plan made while a table
+    was empty is a sequential scan, and was kept while the tables grew (the lookups by
+    id of a batch's messages took 1.1-1.4 ms instead of 0.13-0.25): so every connection
+    discards its plans once they are a few seconds old (:mod:`b2bhub.dbsetup`). The hub
+    planned every execution instead (``force_custom_plan``) until that cost more than it
+    saved: half of PostgreSQL's CPU per HTTP intake, a third of its time per AS2
+    message, 20 us per foreign-key check (``bench/plan_cache.py``)."""
+    return extra.strip()
 
 
 def secret_key(data_dir: str) -> str:

@@ -1,6 +1,7 @@
-"""Why every PostgreSQL connection of the hub plans each execution
-(``plan_cache_mode=force_custom_plan``, :func:`b2bhub.config.postgres_options`), and
-what that costs in the foreign-key checks of its INSERTs.
+"""Why every PostgreSQL connection of the hub discards its cached plans once they are
+a few seconds old (``REPLAN_SECONDS``, :mod:`b2bhub.dbsetup`) instead of planning
+each execution (``plan_cache_mode=force_custom_plan``, as it did before), and what
+planning each execution costs in the foreign-key checks of its INSERTs.
 
     python bench/plan_cache.py [--parents 300000] [--rows 64]
 
@@ -16,8 +17,9 @@ per row.
    a parent and a child at a time, 20 times (the check's plan is cached generic after
    five executions), then ``--parents`` more parent rows and 200 more INSERTs on the
    same connection: ms per INSERT before and after the growth, in each mode. With the
-   default, the check keeps the plan made for an empty table (a sequential scan) until
-   something replans it.
+   default (``auto``), the check keeps the plan made for an empty table (a sequential
+   scan) until something replans it; ``auto, replanned`` discards the connection's
+   plans after the growth (``DISCARD PLANS``), as the hub's next checkout of it does.
 2. **The price** of planning each check: a child table of ``--rows`` rows per INSERT
    (as a claimed batch writes 64 history lines) with a foreign key to a 1,000-row
    parent, and the same INSERT with the key left NULL (no check), 300 times each: ms
@@ -36,9 +38,16 @@ import psycopg
 from sqlalchemy import create_engine, make_url, text
 
 
+#: the modes measured: PostgreSQL's setting, and whether the connection discards its
+#: cached plans after the growth, as the hub's next checkout does once they are
+#: ``REPLAN_SECONDS`` old (b2bhub.dbsetup)
+MODES = {"force_custom_plan": ("force_custom_plan", False), "auto": ("auto", False),
+         "auto, replanned": ("auto", True)}
+
+
 def connect(url: str, mode: str) -> psycopg.Connection:
     return psycopg.connect(url, autocommit=True, prepare_threshold=None,
-                           options=f"-c plan_cache_mode={mode}")
+                           options=f"-c plan_cache_mode={MODES[mode][0]}")
 
 
 def parent_and_child(conn: psycopg.Connection, name: str) -> None:
@@ -64,6 +73,8 @@ def trap(url: str, mode: str, parents: int) -> tuple[float, float]:
         before = per_insert(20)
         conn.execute("INSERT INTO trap_parent (x) SELECT g FROM generate_series(1, %s) g",
                      (parents,))
+        if MODES[mode][1]:
+            conn.execute("DISCARD PLANS")
         after = per_insert(200)
         conn.execute("DROP TABLE trap_child; DROP TABLE trap_parent")
     return before, after
@@ -104,7 +115,7 @@ def main() -> None:
         conn.execute(text(f'CREATE DATABASE "{db_name}"'))
     url = make_url(benchlib.PG_ADMIN_URL).set(drivername="postgresql", database=db_name)
     dsn = url.render_as_string(hide_password=False)
-    modes = ("force_custom_plan", "auto")
+    modes = tuple(MODES)
     try:
         print(f"\n1. the trap: a parent vacuumed while empty, then {args.parents:,} more "
               "parents on the same connection (ms per INSERT of a parent and a child)")

@@ -293,9 +293,9 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
 def _lookups_query(config_given: bool):
     """The one row of :func:`_lookups`, built once a shape. The instance (when not
     given) and the two parties are outer joins on one row, so each table is read once
-    and a missing row reads as NULL: the statement is planned on every execution
-    (``plan_cache_mode``, :func:`b2bhub.config.postgres_options`), and scalar
-    subqueries, the instance's repeated for each value of it, took twice the planning.
+    and a missing row reads as NULL: scalar subqueries, the instance's repeated for
+    each value of it, took twice the planning (still paid at a connection's first
+    executions and after each replan, :mod:`b2bhub.dbsetup`).
     On PostgreSQL it runs as psycopg's own SQL (:func:`run_read`): its columns are json,
     text and numbers, which psycopg reads as SQLAlchemy would."""
     instances, parties = PluginInstance.__table__, Party.__table__

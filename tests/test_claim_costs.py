@@ -4,6 +4,7 @@ statements a claim + settlement sends stay few, whatever the batch size."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from sqlalchemy import DateTime, Text, bindparam, cast, select, text
@@ -315,24 +316,72 @@ def test_lines_added_together_are_stored_as_lines_added_one_by_one(hub, session)
     assert [line.data for line in lines(session, message_id)][-4:] == [data, None, data, None]
 
 
-def test_postgresql_connections_plan_each_statement_for_its_own_parameters(session):
-    """Generic plans kept from when the tables were empty made the lookups by id of a
-    batch's messages sequential scans for the life of a worker's connection. The
-    configuration of a PostgreSQL URL asks for a plan per execution (SQLite has no
-    such setting); on PostgreSQL the live connection runs with it."""
+def _grown_lookup_plan(conn, grow: bool) -> str:
+    """The plan a lookup of a message by id, prepared by psycopg on ``conn``, runs with
+    now; with ``grow``, 20,000 messages are inserted first (the lookup was prepared and
+    planned while ``messages`` was empty)."""
+    if grow:
+        conn.exec_driver_sql(
+            "INSERT INTO messages (source, from_party, to_party, direction, size, sha256, "
+            "status, status_text, created_at, updated_at) SELECT 'inbox', 'acme', "
+            "'mycompany', 'inbound', 1, '', 'received', '', now(), now() "
+            "FROM generate_series(1, 20000)")
+        conn.commit()
+    for n in range(16):  # prepared after 5 runs (psycopg), planned generic after 5 more
+        conn.exec_driver_sql("SELECT id FROM messages WHERE id = %(n)s", {"n": n}).all()
+    conn.commit()  # (a rollback would make psycopg drop its prepared statements)
+    name, generic = conn.exec_driver_sql(
+        "SELECT name, generic_plans FROM pg_prepared_statements "
+        "WHERE statement = 'SELECT id FROM messages WHERE id = $1'").one()
+    assert generic > 0  # a cached plan is what runs
+    plan = " ".join(row[0] for row in conn.exec_driver_sql(f"EXPLAIN EXECUTE {name}(1)"))
+    conn.commit()
+    return plan
+
+
+def test_postgresql_plans_follow_the_tables_as_they_grow(app, session, monkeypatch):
+    """Cached plans are PostgreSQL's default, and cheap (a statement, or a foreign-key
+    check, is not planned at every execution), but a plan made while a table was empty
+    is a sequential scan, kept while the table grows: the trap of bench/plan_cache.py.
+    Every connection discards its cached plans once they are REPLAN_SECONDS old, at its
+    next checkout or, held by a drain, before its next batch."""
+    from b2bhub import dbsetup
     from b2bhub.config import load
-    cfg = load({"SQLALCHEMY_DATABASE_URI": "postgresql+psycopg://hub@127.0.0.1/hub"})
-    options = cfg["SQLALCHEMY_ENGINE_OPTIONS"]["connect_args"]["options"]
-    assert "-c plan_cache_mode=force_custom_plan" in options
-    assert "options" not in load({"SQLALCHEMY_DATABASE_URI": "sqlite:///x.db"})[
-        "SQLALCHEMY_ENGINE_OPTIONS"]["connect_args"]
-    if session.get_bind().dialect.name == "postgresql":
-        assert session.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
-        session.rollback()
+    options = load({"SQLALCHEMY_DATABASE_URI": "postgresql+psycopg://hub@127.0.0.1/hub"})[
+        "SQLALCHEMY_ENGINE_OPTIONS"]["connect_args"]["options"]
+    assert "plan_cache_mode" not in options
+    if session.get_bind().dialect.name != "postgresql":
+        return  # SQLite plans each statement for what it holds (no cached plan to keep)
+    assert session.execute(text("SHOW plan_cache_mode")).scalar() == "auto"
+    session.rollback()
+    engine = session.get_bind()
+    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 0.5)
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "VACUUM ANALYZE messages")
+    with engine.connect() as conn:
+        assert "Seq Scan" in _grown_lookup_plan(conn, grow=False)  # an empty table
+        assert "Seq Scan" in _grown_lookup_plan(conn, grow=True)  # the trap, kept
+        time.sleep(0.6)
+        dbsetup.replan_if_due(conn)  # a drain's held connection, before a batch
+        assert "Index" in _grown_lookup_plan(conn, grow=False)
+    session.execute(text("DELETE FROM messages"))
+    session.commit()
+    with engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+            "VACUUM ANALYZE messages")
+    with engine.connect() as conn:
+        assert "Seq Scan" in _grown_lookup_plan(conn, grow=False)
+        assert "Seq Scan" in _grown_lookup_plan(conn, grow=True)
+    time.sleep(0.6)
+    with engine.connect() as conn:  # the pool's connection again: its checkout replans
+        assert "Index" in _grown_lookup_plan(conn, grow=False)
 
 
 def test_the_environments_pgoptions_are_kept():
-    from b2bhub.config import postgres_options
-    assert postgres_options("") == "-c plan_cache_mode=force_custom_plan"
-    assert postgres_options(" -c work_mem=8MB ") == (
-        "-c work_mem=8MB -c plan_cache_mode=force_custom_plan")
+    from b2bhub.config import load, postgres_options
+    assert postgres_options("") == ""
+    assert postgres_options(" -c work_mem=8MB ") == "-c work_mem=8MB"
+    assert load({"SQLALCHEMY_DATABASE_URI": "postgresql+psycopg://hub@127.0.0.1/hub"})[
+        "SQLALCHEMY_ENGINE_OPTIONS"]["connect_args"]["options"] == postgres_options(
+            os.environ.get("PGOPTIONS", ""))

@@ -2,9 +2,7 @@
 while the process's writes are in flight, are written together by the next writer, in
 one statement and one commit.
 
-Each intake request pays for its own statement, its planning in PostgreSQL (every
-execution is planned, :func:`b2bhub.config.postgres_options`), its commit and its
-wake-up. A process writes at most :attr:`WriteGroup.writers` (2) groups at once: a
+Each intake request pays for its own statement, its commit and its wake-up. A process writes at most :attr:`WriteGroup.writers` (2) groups at once: a
 request that finds a slot free writes at once, alone or with whoever waited; the
 others wait, and the next free slot takes all who waited, however many, and writes
 them with one :func:`b2bhub.engine.dispatch.store_and_dispatch_many`. No request waits

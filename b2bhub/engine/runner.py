@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from b2bhub import faults, tracing
+from b2bhub.dbsetup import replan_if_due
 from b2bhub.domain import business_rules
 from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -236,6 +237,8 @@ class TargetRunner:
                     if batch is not None:
                         self._settle(session, batch.take(), batch.policy, report)
                     break
+                if held is not None:
+                    replan_if_due(held)  # as a checkout would (b2bhub.dbsetup)
                 batch = self._next_batch(session, target, settings, report, batch)
                 if batch is None:
                     break
