@@ -37,7 +37,6 @@ import benchlib
 import psycopg
 from sqlalchemy import create_engine, make_url, text
 
-
 #: the modes measured: PostgreSQL's setting, and whether the connection discards its
 #: cached plans after the growth, as the hub's next checkout does once they are
 #: ``REPLAN_SECONDS`` old (b2bhub.dbsetup)

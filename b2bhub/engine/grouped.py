@@ -2,15 +2,16 @@
 while the process's writes are in flight, are written together by the next writer, in
 one statement and one commit.
 
-Each intake request pays for its own statement, its commit and its wake-up. A process writes at most :attr:`WriteGroup.writers` (2) groups at once: a
-request that finds a slot free writes at once, alone or with whoever waited; the
-others wait, and the next free slot takes all who waited, however many, and writes
-them with one :func:`b2bhub.engine.dispatch.store_and_dispatch_many`. No request waits
-for a timer. Two slots, not one: with a couple of senders per process (the intake
-benchmark's four clients on two web processes) a single writer made each request wait
-for the other's write instead of sending its own beside it, and gained nothing from
-groups that rarely formed; with 16 senders the groups carried about 20% more requests
-per second than one statement per request (``bench/http_intake.py --clients 16``).
+Each intake request pays for its own statement, its commit and its wake-up. A process
+writes at most :attr:`WriteGroup.writers` (2) groups at once: a request that finds a
+slot free writes at once, alone or with whoever waited; the others wait, and the next
+free slot takes all who waited, however many, and writes them with one
+:func:`b2bhub.engine.dispatch.store_and_dispatch_many`. No request waits for a timer.
+Two slots, not one: with a couple of senders per process (the intake benchmark's four
+clients on two web processes) a single writer made each request wait for the other's
+write instead of sending its own beside it, and gained nothing from groups that rarely
+formed; with 16 senders the groups carried about 20% more requests per second than one
+statement per request (``bench/http_intake.py --clients 16``).
 
 What each request is answered is its own: its message id once the group's commit
 returned, or its error. Where the group's statement was refused by the server for what
