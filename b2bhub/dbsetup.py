@@ -75,7 +75,8 @@ def _on_checkout(dbapi_connection, connection_record, connection_proxy) -> None:
 
 def replan_if_due(connection) -> None:
     """Discard the cached plans of a connection held across transactions (a drain's)
-    once they are :data:`REPLAN_SECONDS` old, as a checkout does."""
+    once they are :data:`REPLAN_SECONDS` old, as a checkout does (in its transaction if
+    one is open)."""
     fairy = connection.connection
     if isinstance(fairy.dbapi_connection, sqlite3.Connection):
         return
@@ -89,10 +90,13 @@ def _discard_plans(dbapi_connection) -> None:
     """``DISCARD PLANS``: the next execution of each statement is planned again, for
     the tables as they are now (outside a transaction unless one is open)."""
     from psycopg.pq import TransactionStatus
-    if dbapi_connection.info.transaction_status != TransactionStatus.IDLE:
+    status = dbapi_connection.info.transaction_status
+    if status == TransactionStatus.INTRANS:
         with dbapi_connection.cursor() as cursor:
             cursor.execute("DISCARD PLANS")
         return
+    if status != TransactionStatus.IDLE:
+        return  # a failed transaction or a statement under way: at the next chance
     autocommit = dbapi_connection.autocommit
     dbapi_connection.autocommit = True  # no transaction for it
     try:
