@@ -1,5 +1,7 @@
 """Pooled connections: an idle PostgreSQL connection is pinged before use, one used a
-moment ago is not (a round trip per request saved); SQLite connections are left alone."""
+moment ago is not (a round trip per request saved), unless its cached plans are old
+enough to discard (the ping is that discard, b2bhub.dbsetup); SQLite connections are
+left alone."""
 
 from __future__ import annotations
 
@@ -37,14 +39,23 @@ def test_only_an_idle_postgresql_connection_is_pinged_before_use(app, engine, mo
         with pytest.raises(Exception, match="closed database"), engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         return
+    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 3600.0)  # its plans are young
     with engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
     checked_in = _last_query(app, pid)  # the pool's reset
     with engine.connect() as conn:  # used a moment ago: taken as it is
-        assert _last_query(app, pid) == checked_in != "SELECT 1"
+        assert _last_query(app, pid) == checked_in != "DISCARD PLANS"
     monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 0.0)
-    with engine.connect() as conn:  # idle long enough (any time, now): pinged
-        assert _last_query(app, pid) == "SELECT 1"
+    with engine.connect() as conn:  # idle long enough (any time, now): pinged, by the
+        assert _last_query(app, pid) == "DISCARD PLANS"  # statement that drops plans
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 2")).scalar()
+    monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 3600.0)
+    with engine.connect() as conn:  # used a moment ago, plans young: taken as it is
+        assert _last_query(app, pid) != "DISCARD PLANS"
+    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 0.0)
+    with engine.connect() as conn:  # used a moment ago but its plans are old enough
+        assert _last_query(app, pid) == "DISCARD PLANS"
 
 
 def _identity(conn) -> object:
@@ -69,7 +80,9 @@ def _drop(app, engine, identity, raw) -> None:
 def test_a_dropped_connection_is_replaced(app, engine, monkeypatch, idle):
     """Idle long enough, a dropped PostgreSQL connection is replaced before use; one
     used a moment ago (or any SQLite one) fails its request once, then the pool has a
-    new connection."""
+    new connection. (A connection whose plans are old enough to discard is checked the
+    same way as an idle one: held young here, so only idleness decides.)"""
+    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 3600.0)
     with engine.connect() as conn:
         before, raw = _identity(conn), conn.connection.dbapi_connection
     _drop(app, engine, before, raw)
