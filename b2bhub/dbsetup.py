@@ -60,17 +60,14 @@ def _on_checkout(dbapi_connection, connection_record, connection_proxy) -> None:
     discard it and check out another (``DisconnectionError``)."""
     if isinstance(dbapi_connection, sqlite3.Connection):
         return
-    now = time.monotonic()
-    info = connection_record.info
-    idle_since = info.get(_IDLE_SINCE)
-    ping = idle_since is not None and now - idle_since >= PING_AFTER_IDLE
-    if not ping and now - info.setdefault(_PLANS_SINCE, now) < REPLAN_SECONDS:
+    idle_since = connection_record.info.get(_IDLE_SINCE)
+    ping = idle_since is not None and time.monotonic() - idle_since >= PING_AFTER_IDLE
+    if not (ping or _plans_due(connection_record.info)):
         return
     try:
-        _discard_plans(dbapi_connection)
+        _discard_plans(dbapi_connection, connection_record.info)
     except Exception as error:
         raise exc.DisconnectionError(f"the idle connection is gone: {error}") from error
-    info[_PLANS_SINCE] = now
 
 
 def replan_if_due(connection) -> None:
@@ -78,27 +75,29 @@ def replan_if_due(connection) -> None:
     once they are :data:`REPLAN_SECONDS` old, as a checkout does (in its transaction if
     one is open)."""
     fairy = connection.connection
-    if isinstance(fairy.dbapi_connection, sqlite3.Connection):
-        return
+    if not isinstance(fairy.dbapi_connection, sqlite3.Connection) and _plans_due(fairy.info):
+        _discard_plans(fairy.dbapi_connection, fairy.info)
+
+
+def _plans_due(info: dict) -> bool:
+    """Whether the connection's plans are :data:`REPLAN_SECONDS` old (a connection seen
+    for the first time has none older than now)."""
     now = time.monotonic()
-    if now - fairy.info.setdefault(_PLANS_SINCE, now) >= REPLAN_SECONDS:
-        _discard_plans(fairy.dbapi_connection)
-        fairy.info[_PLANS_SINCE] = now
+    return now - info.setdefault(_PLANS_SINCE, now) >= REPLAN_SECONDS
 
 
-def _discard_plans(dbapi_connection) -> None:
+def _discard_plans(dbapi_connection, info: dict) -> None:
     """``DISCARD PLANS``: the next execution of each statement is planned again, for
-    the tables as they are now (outside a transaction unless one is open)."""
+    the tables as they are now; outside a transaction unless one is open, and not at
+    all from a failed transaction or under a statement (at the next chance instead)."""
     from psycopg.pq import TransactionStatus
     status = dbapi_connection.info.transaction_status
-    if status == TransactionStatus.INTRANS:
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute("DISCARD PLANS")
+    info[_PLANS_SINCE] = time.monotonic()
+    if status not in (TransactionStatus.IDLE, TransactionStatus.INTRANS):
         return
-    if status != TransactionStatus.IDLE:
-        return  # a failed transaction or a statement under way: at the next chance
     autocommit = dbapi_connection.autocommit
-    dbapi_connection.autocommit = True  # no transaction for it
+    if status == TransactionStatus.IDLE:
+        dbapi_connection.autocommit = True  # no transaction for it
     try:
         with dbapi_connection.cursor() as cursor:
             cursor.execute("DISCARD PLANS")

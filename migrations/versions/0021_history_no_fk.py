@@ -1,8 +1,8 @@
 """history: message_id without a foreign key to messages
 
 A settled batch writes 64 history lines; on PostgreSQL each line's foreign key was a
-check planned at every execution (the hub's connections plan each execution,
-b2bhub.config.postgres_options), a fifth of a drain's time. Lines are written only by
+check, then planned at every execution (as the hub's connections planned every
+statement until b2bhub.dbsetup's replanning), a fifth of a drain's time. Lines are written only by
 the engine beside their message's rows, and the cleanup deletes them with their
 message by a statement of its own (b2bhub.engine.cleanup). The index stays: every read
 of a message's history goes by it.
