@@ -356,6 +356,27 @@ def process_cpu(pid: int, reaped: bool = False) -> float:
     return sum(map(int, ticks)) / os.sysconf("SC_CLK_TCK")
 
 
+def by_kind() -> dict[str, float]:
+    """CPU seconds so far of this machine's PostgreSQL and Redis server processes, and
+    of this process (the clients): with the web workers', where a request's CPU goes on
+    a machine whose two cores they all share."""
+    seconds = {"postgres": 0.0, "redis": 0.0}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            kind = ("postgres" if comm == "postgres" else
+                    "redis" if comm.startswith("redis-server") else None)
+            if kind is not None:
+                seconds[kind] += process_cpu(int(entry.name), reaped=True)
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    own = os.times()
+    seconds["clients"] = own.user + own.system
+    return seconds
+
+
 def wait_booted(pids: list[int], quiet: float = 0.5, timeout: float = 60.0) -> None:
     """Once every one of ``pids`` has spent no CPU for ``quiet`` seconds: started (its
     imports, its app made), not in the middle of it. A server answers as soon as one of

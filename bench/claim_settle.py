@@ -114,12 +114,13 @@ def delivered(engine) -> tuple[int, datetime | None]:
 
 def _claim_sql(postgres: bool) -> str:
     """The claim statement of the engine itself (not a copy that could drift), bare:
-    ``LIMIT :n`` without the engine's live-lease count, no column saying whether the
-    claimed row was stalled (which the engine returns to resolve that alert), and on
-    PostgreSQL without the join to the messages (what the engine's attempts read)."""
+    ``LIMIT :n`` without the engine's live-lease count (nor the lane it counts in), no
+    column saying whether the claimed row was stalled (which the engine returns to
+    resolve that alert), and on PostgreSQL without the join to the messages (what the
+    engine's attempts read)."""
     from b2bhub.engine import machine
     return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(
-        limit=":n", ordered="", stalled="")
+        limit=":n", ordered="", stalled="", lane="")
 
 
 def _claim_driver(postgres: bool):
@@ -369,17 +370,27 @@ def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
     for index in range(1, rounds + 1):
         reset(backend, n)
         with engine.connect() as conn:
+            server = benchlib.by_kind()["postgres"]
             began, cpu = time.perf_counter(), time.process_time()
             settled = floor_loop(conn, claim_sql, "floor")
-            floor = (settled, time.perf_counter() - began, time.process_time() - cpu)
+            floor = (settled, time.perf_counter() - began, time.process_time() - cpu,
+                     benchlib.by_kind()["postgres"] - server)
         reset(backend, n)
+        server = benchlib.by_kind()["postgres"]
         here = _drain_here(backend)
+        time.sleep(0.3)  # the drain's server process ended: its CPU counts once reaped
+        here = (*here, benchlib.by_kind()["postgres"] - server)
         rows.append([backend.name, index, *(1e6 * r[2] / r[0] for r in (floor, here)),
                      *(r[0] / r[1] for r in (floor, here))])
+        if backend.postgres:
+            rows[-1][4:4] = [1e6 * r[3] / r[0] for r in (floor, here)]
     engine.dispose()
+    server = ["floor server us", "engine server us"] if backend.postgres else []
     benchlib.print_table(
-        f"one process, {n:,} deliveries: CPU per delivery (us) and deliveries per second",
-        ["backend", "round", "floor CPU us", "engine CPU us", "floor/s", "engine/s"], rows)
+        f"one process, {n:,} deliveries: CPU per delivery (us) of this process (and of "
+        "the PostgreSQL server) and deliveries per second",
+        ["backend", "round", "floor CPU us", "engine CPU us", *server, "floor/s",
+         "engine/s"], rows)
 
 
 # --- main -----------------------------------------------------------------------------

@@ -52,6 +52,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import requests  # noqa: E402
 from benchlib import (  # noqa: E402
+    by_kind,
     environment,
     fresh_backend,
     make_app,
@@ -176,27 +177,6 @@ class RequestsPoster:
 
     def close(self) -> None:
         self.session.close()
-
-
-def by_kind() -> dict[str, float]:
-    """CPU seconds so far of this machine's PostgreSQL and Redis server processes, and
-    of this process (the clients): with the web workers', where a request's CPU goes on
-    a machine whose two cores they all share."""
-    seconds = {"postgres": 0.0, "redis": 0.0}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-            kind = ("postgres" if comm == "postgres" else
-                    "redis" if comm.startswith("redis-server") else None)
-            if kind is not None:
-                seconds[kind] += process_cpu(int(entry.name), reaped=True)
-        except (OSError, ValueError):
-            continue  # ended meanwhile
-    own = os.times()
-    seconds["clients"] = own.user + own.system
-    return seconds
 
 
 def load(url: str, headers: dict, count: int, clients: int, expect: int,

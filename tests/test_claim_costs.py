@@ -88,7 +88,8 @@ def test_a_claim_reads_the_rows_it_takes_not_the_whole_backlog(hub, session):
     postgres = session.get_bind().dialect.name == "postgresql"
     statement = machine._claim_statement(postgres, False)
     params = {"target": "writer_a", "now": at(60), "owner": "w", "n": 16,
-              "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 16}
+              "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 16,
+              "total": 16, "lanes": 1, "lane": 0}
     explain = "EXPLAIN " if postgres else "EXPLAIN QUERY PLAN "
     plan = " ".join(str(row[-1]) for row in session.execute(
         text(explain + statement.text).bindparams(*statement._bindparams.values()), params))
@@ -136,7 +137,8 @@ def test_claim_and_delivered_update_find_their_rows_by_key_with_or_without_stati
     session.commit()
     claim = machine._claim_statement(True, False)
     claim_params = {"target": "writer_a", "now": at(60), "owner": "w2", "n": 16,
-                    "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 64}
+                    "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 64,
+                    "total": 64, "lanes": 1, "lane": 0}
     # the statement a drain sends for 16 delivered outcomes of this owner
     delivered, delivered_params = machine.delivered_update(
         [(1005001 + k, 1, "ok") for k in range(16)], "w", at(60), postgres)

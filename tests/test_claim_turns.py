@@ -1,13 +1,16 @@
-"""Claimers of one target take turns on its instance row (PostgreSQL). A worker that
-settles while another holds that turn must not wait for it with its settlements'
-message rows locked: it commits the settlements alone, then waits for its turn to claim
-in a transaction of its own."""
+"""Claimers of one lane of a target take turns on the lane's lock, and every claimer
+holds the instance row FOR SHARE, so a writer of the row waits for the claims under way
+(PostgreSQL, ``machine.lock_target``). A worker that settles while another holds the
+only lane with room, or while a writer holds the row, must not wait for it with its
+settlements' message rows locked: it commits the settlements alone, then waits for its
+turn to claim in a transaction of its own."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
@@ -37,7 +40,19 @@ def _in_thread(work, holder: Session, timeout: float = 10.0):
     return result["value"]
 
 
-def test_a_settlement_commits_without_waiting_for_another_claimers_turn(hub, session, db):
+def _hold(holder: Session, kind: str) -> None:
+    """Another worker in the middle of its claim (holding the one lane of a target whose
+    maximum is 16), or a writer of the instance row (a change of its configuration)."""
+    if kind == "claimer":
+        turn = machine.lock_target(holder, "writer_a", "other")
+        assert (turn.lanes, turn.lane) == (1, 0)
+    else:
+        holder.execute(LOCK_ROW)
+
+
+@pytest.mark.parametrize("kind", ["claimer", "writer"])
+def test_a_settlement_commits_without_waiting_for_another_claimers_turn(hub, session, db,
+                                                                         kind):
     standard_hub(hub, max_concurrent_deliveries=16)
     hub.route("inbox", "*", "*", "writer_a")
     first, second = hub.message(now=at()).id, hub.message(now=at()).id
@@ -47,8 +62,8 @@ def test_a_settlement_commits_without_waiting_for_another_claimers_turn(hub, ses
     postgres = db.engine.dialect.name == "postgresql"
 
     holder = Session(db.engine)
-    if postgres:  # another worker is in the middle of its claim
-        holder.execute(LOCK_ROW)
+    if postgres:
+        _hold(holder, kind)
     worker = Session(db.engine)
 
     def settle():

@@ -16,6 +16,7 @@ from b2bhub.engine.sweep import run_sweep
 from b2bhub.extensions import db
 from b2bhub.models import Delivery
 from b2bhub.services import config as svc
+from tests.conftest import IS_POSTGRES
 from tests.enginekit import T0, at, claim_one, delivery, lines, standard_hub, texts
 
 
@@ -110,15 +111,20 @@ def test_two_claimants_never_both_win_a_delivery(hub, session):
         assert len([t for t in texts(session, message_id) if t.endswith("started")]) == 1
 
 
-def test_racing_claimants_together_respect_max_concurrent_deliveries(hub, session):
-    standard_hub(hub, max_concurrent_deliveries=3)
+@pytest.mark.parametrize(("maximum", "queued", "batch"), [(3, 12, 2), (40, 100, 16)])
+def test_racing_claimants_together_respect_max_concurrent_deliveries(hub, session, maximum,
+                                                                     queued, batch):
+    """Also when the maximum is split into lanes (PostgreSQL: two of 20 for 40)."""
+    standard_hub(hub, max_concurrent_deliveries=maximum)
     hub.route("inbox", "*", "*", "writer_a")
-    _messages(hub, 12)
+    _messages(hub, queued)
 
-    results = _race(claimants=4, rounds_limit=2)
+    results = _race(claimants=4, rounds_limit=batch)
 
-    assert sum(len(claims) for claims in results) == 3
-    assert _in_progress(session) == 3
+    assert sum(len(claims) for claims in results) == maximum
+    assert _in_progress(session) == maximum
+    if IS_POSTGRES and maximum == 40:
+        assert sorted(c.lane for claims in results for c in claims) == [0] * 20 + [1] * 20
 
 
 @pytest.mark.parametrize("second_owner", ["worker-b", "worker-a"])

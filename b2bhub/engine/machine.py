@@ -40,12 +40,25 @@ that way, and refusing it would only send the message twice.
 from __future__ import annotations
 
 import functools
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime, and_, bindparam, case, func, or_, select, text, update
+from sqlalchemy import (
+    DateTime,
+    Integer,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -68,6 +81,11 @@ DEFAULT_RECEIPT_TIMEOUT = timedelta(hours=24)
 #: every message it took in wait 10 minutes for the others. A retry's ``due_at`` is a
 #: promise (not before then), so retrying and stalled ones wait for the claimer's clock.
 QUEUED_SKEW = timedelta(minutes=15)
+#: Lanes of a target's Max Concurrent Deliveries (PostgreSQL, see :func:`lock_target`):
+#: about this many live leases each (the largest claim batch of the bundled plugins),
+#: and at most LANES_MAX of them
+LANE_SIZE = 16
+LANES_MAX = 8
 
 
 @dataclass(frozen=True)
@@ -81,6 +99,9 @@ class Claim:
     failures: int
     owner: str
     ordered: bool = False  # the target delivers its sequences in order (SPEC 7)
+    #: the lane of the target's Max Concurrent Deliveries the claim counted in (see
+    #: :func:`lock_target`); its settlement's claim takes the same lane first
+    lane: int = field(default=0, compare=False)
     #: what the attempt reads of the message, when the claim statement returned it
     #: (PostgreSQL): its columns as ``runner._READ_INFOS`` reads them, then the payload
     #: stages as [stage, digest, size] lists. Not part of the fence.
@@ -95,25 +116,56 @@ _ORDERED = """
          AND e.sequence_key = d.sequence_key AND e.id < d.id
          AND e.state NOT IN ('delivered', 'skipped', 'cancelled')))"""
 
-# The claim statements are templates of three pieces:
+# The claim statements are templates of four pieces:
 #
 # {limit}: how many to claim. The live-lease count in it keeps Max Concurrent Deliveries
-# across processes: on PostgreSQL the claimers of a target hold its instance row lock
-# (taken by the statement before, so this statement's snapshot sees every claim
-# committed before it); SQLite has one writer at a time. A settlement committing
-# meanwhile can only make the count high, never low.
+# across processes. On PostgreSQL it counts the live leases charged to the claimer's
+# lane (:func:`lock_target`) against that lane's share of the maximum; the claimers of
+# one lane take turns on its lock (taken by the statement before, so this statement's
+# snapshot sees every claim committed before it). SQLite has one writer at a time: one
+# lane, every live lease of the target. A settlement committing meanwhile can only make
+# the count high, never low.
+# {lane}: the claimed rows take the claimer's lane (PostgreSQL; the floor of
+# bench/claim_settle.py leaves it out with the count).
 # {ordered}: the sequence condition of an ordered target.
 # {stalled}: an extra returned column saying whether the claimed row has a
 # delivery_stalled alert to resolve, so that the alert UPDATE runs only then. PostgreSQL
 # returns the state the row had when it was locked (the sweep raises the alert in the
 # transaction that stalls the row); SQLite returns only new values, and with its one
 # writer the open alert itself is looked up, exactly.
-_PG_LIMIT = """GREATEST(0, LEAST(:n, :max_concurrent - (
-       SELECT count(*) FROM deliveries x
-        WHERE x.target = :target AND x.state = 'in_progress')))"""
-_SQLITE_LIMIT = """max(0, min(:n, :max_concurrent - (
+
+# The live leases the claimer's lane is charged with: its own, and what any other lane
+# has beyond its share. A lane can only be beyond its share after the maximum (or the
+# split) changed under live leases, and then only until they end: without the charge, a
+# lane with room would claim its whole share while another is still over, and together
+# they would pass the new maximum. Other lanes' claimers never put their lane beyond its
+# share, and only settlements change a lane that is (it gets no claims), so a count of
+# them taken in an older snapshot can only charge too much, never too little. One scan
+# of the target's live leases, a count per lane (no sort).
+_LANE_OF = "coalesce(x.lane, 0) % :lanes"
+
+
+def _lane_charge() -> str:
+    share = "(:total / :lanes + CASE WHEN {k} < :total % :lanes THEN 1 ELSE 0 END)"
+    beyond = " + ".join(
+        f"CASE WHEN :lane <> {k} AND c.n{k} > {share.format(k=k)} "
+        f"THEN c.n{k} - {share.format(k=k)} ELSE 0 END" for k in range(LANES_MAX))
+    counts = ", ".join(f"count(*) FILTER (WHERE {_LANE_OF} = {k}) AS n{k}"
+                       for k in range(LANES_MAX))
+    return f"""
+       SELECT c.own + {beyond}
+         FROM (SELECT count(*) FILTER (WHERE {_LANE_OF} = :lane) AS own, {counts}
+                 FROM deliveries x
+                WHERE x.target = :target AND x.state = 'in_progress') AS c"""
+
+
+# SQLite has one writer at a time, and so one lane: the live leases of the target
+_SQLITE_COUNT = """
         SELECT count(*) FROM deliveries x
-         WHERE x.target = :target AND x.state = 'in_progress')))"""
+         WHERE x.target = :target AND x.state = 'in_progress'"""
+_PG_LIMIT = f"""GREATEST(0, LEAST(:n, :max_concurrent - ({_lane_charge()})))"""
+_SQLITE_LIMIT = f"""max(0, min(:n, :max_concurrent - ({_SQLITE_COUNT})))"""
+_LANE = ", lane = :lane"
 _PG_STALLED = """,
        u.id = ANY (ARRAY(SELECT c.id FROM c WHERE c.state = 'stalled'))"""
 _SQLITE_STALLED = """, EXISTS (SELECT 1 FROM alerts a WHERE a.kind = 'delivery_stalled'
@@ -133,14 +185,14 @@ WITH c AS MATERIALIZED (
    LIMIT {limit})
 UPDATE deliveries AS u
    SET state = 'in_progress', attempt = u.attempt + 1, lease_owner = :owner,
-       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now
+       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now{lane}
  WHERE u.id = ANY (ARRAY(SELECT c.id FROM c))
 RETURNING u.id, u.message_id, u.attempt, u.failures{stalled}"""
 
 _SQLITE_CLAIM = """
 UPDATE deliveries
    SET state = 'in_progress', attempt = attempt + 1, lease_owner = :owner,
-       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now
+       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now{lane}
  WHERE id IN (
    SELECT d.id FROM deliveries d
     WHERE d.target = :target AND d.state IN ('queued', 'retrying', 'stalled')
@@ -166,7 +218,7 @@ SELECT k.id, k.message_id, k.attempt, k.failures, k.stalled, m.id, m.source,
 
 def _pg_claim_reading(limit: str, ordered: str) -> str:
     """The PostgreSQL claim of :data:`_PG_CLAIM`, returning the message too."""
-    claim = _PG_CLAIM.format(limit=limit, ordered=ordered, stalled=_PG_STALLED)
+    claim = _PG_CLAIM.format(limit=limit, ordered=ordered, stalled=_PG_STALLED, lane=_LANE)
     head, _, update = claim.partition("\nUPDATE deliveries AS u")
     return _PG_CLAIM_READING.format(claim=head.rstrip().removesuffix(")"),
                                     update="UPDATE deliveries AS u" + update)
@@ -174,29 +226,115 @@ def _pg_claim_reading(limit: str, ordered: str) -> str:
 
 _INSTANCE = PluginInstance.__table__
 _READ_TARGET = select(_INSTANCE).where(_INSTANCE.c.name == bindparam("name"))
-_LOCK_TARGET = _READ_TARGET.with_for_update()
-_TRY_LOCK_TARGET = _READ_TARGET.with_for_update(skip_locked=True)
+
+# Lanes (PostgreSQL). A target's Max Concurrent Deliveries is split into lanes of about
+# LANE_SIZE (at most LANES_MAX; an ordered target has one): lane k of L may have
+# max // L live leases, one more for k < max % L, so the lanes' shares add up to the
+# maximum. A claimer takes one lane's transaction lock (an advisory lock keyed by the
+# instance's id and the lane) and counts only that lane's live leases: claimers of one
+# target claim side by side in different lanes instead of taking turns on its row, and
+# in each lane the count is exact, because its claimers take turns on its lock and each
+# counts in a snapshot taken after the lock (the claim statement's own).
+#
+# Every claimer also holds the instance row FOR SHARE: a writer of the row (a change of
+# the maximum, of the order, a stop, a probe, a block) waits for the claims under way,
+# and claimers wait for it (or, settling, skip it), so the lanes never change while
+# anyone claims by them. A lease claimed in lane k of an earlier split counts, under
+# the split of now, in lane k % L: each live lease counts in exactly one lane. Sharers
+# do not wait for each other; only a claimer's own lane is a turn.
+
+_LANES = (f"CASE WHEN plugin_instances.ordered THEN 1 ELSE greatest(1, least({LANES_MAX}, "
+          f"plugin_instances.max_concurrent_deliveries / {LANE_SIZE})) END")
+# The lane to take: the one ``:preferred`` first (where the claimer's settled batch just
+# freed room), then the least busy; none without room left. Locks are tried in that
+# order, stopping at the first taken (the volatile filter stays above the ordered
+# subquery: it is not pushed into it).
+_FREE_LANE = f"""(SELECT f.k FROM (
+    SELECT g.k FROM generate_series(0, {_LANES} - 1) AS g(k)
+      LEFT JOIN (SELECT mod(coalesce(x.lane, 0), {_LANES}) AS k, count(*) AS busy
+                   FROM deliveries x
+                  WHERE x.target = plugin_instances.name AND x.state = 'in_progress'
+                  GROUP BY 1) AS b ON b.k = g.k
+     WHERE coalesce(b.busy, 0) < plugin_instances.max_concurrent_deliveries / {_LANES}
+           + CASE WHEN g.k < mod(plugin_instances.max_concurrent_deliveries, {_LANES})
+                  THEN 1 ELSE 0 END
+     ORDER BY g.k = :preferred DESC, coalesce(b.busy, 0), g.k
+     OFFSET 0) AS f
+  WHERE pg_try_advisory_xact_lock(plugin_instances.id, f.k)
+  LIMIT 1)"""
+_SHARE_TARGET = f"""
+SELECT {", ".join(f"plugin_instances.{c.name}" for c in _INSTANCE.c)},
+       {_LANES} AS lanes, {_FREE_LANE} AS lane
+  FROM plugin_instances WHERE plugin_instances.name = :name
+   FOR SHARE OF plugin_instances{{skip}}"""
 
 
-def lock_target(session: Session, target: str):
-    """The target's instance row (a Core row, attribute access like the model), locked on
-    PostgreSQL until the transaction ends: claimers of one target take turns there.
-    Pass it to :func:`claim` in the same transaction."""
-    statement = _LOCK_TARGET if _is_postgres(session) else _READ_TARGET
-    return connection(session).execute(statement, {"name": target}).one_or_none()
+def _share_target(skip: bool):
+    return text(_SHARE_TARGET.format(skip=" SKIP LOCKED" if skip else "")).columns(
+        *_INSTANCE.c, literal_column("lanes", Integer), literal_column("lane", Integer))
+
+
+_PG_SHARE_TARGET = _share_target(skip=False)
+_PG_TRY_SHARE_TARGET = _share_target(skip=True)
+_PG_WAIT_LANE = text("SELECT pg_advisory_xact_lock(:id, :lane)")
+_SQLITE_TARGET = select(_INSTANCE, literal_column("1").label("lanes"),
+                        literal_column("0").label("lane")).where(
+    _INSTANCE.c.name == bindparam("name"))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A claimer's turn at a target: its instance row and the lane it holds."""
+
+    instance: Any  # the instance row (a Core row, attribute access like the model)
+    lanes: int
+    lane: int
+
+    @property
+    def share(self) -> int:
+        """The lane's share of the target's Max Concurrent Deliveries."""
+        total = self.instance.max_concurrent_deliveries
+        return total // self.lanes + (1 if self.lane < total % self.lanes else 0)
+
+
+def _turn(row) -> Turn | None:
+    return None if row is None or row.lane is None else Turn(row, row.lanes, row.lane)
+
+
+def lock_target(session: Session, target: str, owner: str = "",
+                preferred: int | None = None) -> Turn | None:
+    """The claimer's turn at ``target`` for this transaction (None: no such target).
+    On PostgreSQL the instance row is held FOR SHARE and one lane's lock is taken: a
+    free lane with room if there is one, else the claimer waits for the lane its
+    ``owner`` name falls in. Pass it to :func:`claim` in the same transaction."""
+    conn = connection(session)
+    if not _is_postgres(session):
+        row = conn.execute(_SQLITE_TARGET, {"name": target}).one_or_none()
+        return None if row is None else Turn(row, 1, 0)
+    row = conn.execute(_PG_SHARE_TARGET, {"name": target, "preferred": _lane_key(preferred)}
+                       ).one_or_none()
+    if row is None or row.lane is not None:
+        return _turn(row)
+    lane = zlib.crc32(owner.encode()) % row.lanes  # every lane taken or full: wait for one
+    conn.execute(_PG_WAIT_LANE, {"id": row.id, "lane": lane})
+    return Turn(row, row.lanes, lane)
+
+
+def _lane_key(preferred: int | None) -> int:
+    return -1 if preferred is None else preferred
 
 
 def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
-          lease_seconds: int, instance=None) -> list[Claim]:
+          lease_seconds: int, turn: Turn | None = None) -> list[Claim]:
     """Claim up to ``limit`` due deliveries of ``target`` without passing its Max
     Concurrent Deliveries across all processes. Of any number of claimants exactly one
     wins each delivery; every claim increments the attempt number.
 
-    ``instance`` is the row :func:`lock_target` returned in this transaction (read here
-    when not given). A target disabled, stopped or probed offline (``online`` False,
+    ``turn`` is what :func:`lock_target` returned in this transaction (taken here when
+    not given). A target disabled, stopped or probed offline (``online`` False,
     ``b2bhub.engine.probes``) gets no claim: its deliveries wait with their attempt
     number unchanged."""
-    claims, lines = _take(session, target, owner, now, limit, lease_seconds, instance)
+    claims, lines = _take(session, target, owner, now, limit, lease_seconds, turn)
     _record(session, lines, now)
     return claims
 
@@ -209,16 +347,17 @@ def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
     caller's one transaction: one commit, one status derivation and one history INSERT
     for both. Each outcome is fenced and recorded exactly as by :func:`settle_many`,
     and the claim, made after the settlements, counts the live leases exactly as
-    :func:`claim`.
+    :func:`claim`, in the lane of the settled batch when it can.
 
-    On PostgreSQL claimers of a target take turns on its instance row, and whoever holds
-    it holds it to its commit. A worker that finds the row held by another claimer does
-    not wait for it here, with the message rows of its settlements locked: it records
-    the settlements alone and returns ``None`` for the claims; the caller commits and
-    then claims with :func:`lock_target` and :func:`claim` in a transaction of their own.
-    So the turn on the row covers only the claim and its bookkeeping, never another
-    worker's settlements, and no worker waits for the row while holding message rows
-    (which, with messages delivered to several targets, could close a cycle of waits).
+    On PostgreSQL claimers of one lane of a target take turns on its lock, and whoever
+    holds it holds it to its commit (see :func:`lock_target`). A worker that finds no
+    lane with room free (or the instance row being written) does not wait here, with the
+    message rows of its settlements locked: it records the settlements alone and returns
+    ``None`` for the claims; the caller commits and then claims with :func:`lock_target`
+    and :func:`claim` in a transaction of their own. So a turn covers only the claim and
+    its bookkeeping, never another worker's settlements, and no worker waits for a lane
+    while holding message rows (which, with messages delivered to several targets, could
+    close a cycle of waits).
 
     ``batch_size(instance row)`` says how many to claim (0: none). Returns, per outcome,
     whether it was written; the new claims (None: claim separately, see above); the
@@ -233,41 +372,50 @@ def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
         lines, blockers = [], []
     if outcomes and _is_postgres(session):
         conn = connection(session)
-        instance = conn.execute(_TRY_LOCK_TARGET, {"name": target}).one_or_none()
-        if instance is None:
-            instance = conn.execute(_READ_TARGET, {"name": target}).one_or_none()
-            if instance is not None:  # another claimer's turn: settle alone
-                _record(session, lines, now)
-                park_behind(session, blockers, now, owner)
-                return written, None, instance
+        row = conn.execute(_PG_TRY_SHARE_TARGET, {
+            "name": target, "preferred": outcomes[0][0].lane}).one_or_none()
+        turn = _turn(row)
+        if row is None:  # the row is being written, or there is no such target
+            row = conn.execute(_READ_TARGET, {"name": target}).one_or_none()
+        if turn is None and row is not None:  # no lane free: settle alone
+            _record(session, lines, now)
+            park_behind(session, blockers, now, owner)
+            return written, None, row
     else:
-        instance = lock_target(session, target)
+        turn = lock_target(session, target, owner)
+    instance = turn.instance if turn is not None else None
     limit = batch_size(instance) if instance is not None else 0
-    claims, claimed = (_take(session, target, owner, now, limit, lease_seconds, instance)
+    claims, claimed = (_take(session, target, owner, now, limit, lease_seconds, turn)
                        if limit > 0 else ([], []))
     _record(session, lines + claimed, now)
     park_behind(session, blockers, now, owner)
     return written, claims, instance
 
 
+def _claimable(turn: Turn | None) -> bool:
+    instance = turn.instance if turn is not None else None
+    return not (instance is None or not instance.enabled or instance.online is False
+                or instance.state == InstanceState.STOPPED
+                or instance.blocked_by_delivery_id is not None)  # see engine.blocking
+
+
 def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
-          lease_seconds: int, instance) -> tuple[list[Claim], list[dict]]:
+          lease_seconds: int, turn: Turn | None) -> tuple[list[Claim], list[dict]]:
     """The claim statement and its alerts; returns the claims and their history lines
     (which :func:`_record` writes with the derived statuses)."""
-    if instance is None:
-        instance = lock_target(session, target)
-    if instance is None or not instance.enabled or instance.online is False \
-            or instance.state == InstanceState.STOPPED \
-            or instance.blocked_by_delivery_id is not None:  # see engine.blocking
+    if turn is None:
+        turn = lock_target(session, target, owner)
+    if not _claimable(turn):
         return [], []
     params = {"target": target, "now": now, "owner": owner, "n": limit,
               "until": now + timedelta(seconds=lease_seconds),
-              "queued_due": now + QUEUED_SKEW,
-              "max_concurrent": instance.max_concurrent_deliveries}
-    statement = _claim_driver(_is_postgres(session), bool(instance.ordered))
+              "queued_due": now + QUEUED_SKEW, "max_concurrent": turn.share,
+              "total": turn.instance.max_concurrent_deliveries, "lanes": turn.lanes,
+              "lane": turn.lane}
+    ordered = bool(turn.instance.ordered)
+    statement = _claim_driver(_is_postgres(session), ordered)
     rows = statement.run(connection(session), params).all()
-    ordered = bool(instance.ordered)
-    claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered,
+    claims = [Claim(r[0], r[1], target, r[2], r[3], owner, ordered, turn.lane,
                     tuple(r[5:]) if len(r) > 5 and r[5] is not None else None)
               for r in rows]
     stalled = [f"delivery:{c.delivery_id}" for c, r in zip(claims, rows, strict=True) if r[4]]
@@ -285,36 +433,39 @@ def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
 _CLAIM_ONE = """
 UPDATE deliveries
    SET state = 'in_progress', attempt = attempt + 1, lease_owner = :owner,
-       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now
+       lease_until = :until, next_wake_at = NULL, wake_count = 0, updated_at = :now{lane}
  WHERE id = :id AND target = :target AND state IN ('queued', 'retrying', 'stalled')
-   AND (SELECT count(*) FROM deliveries x
-         WHERE x.target = :target AND x.state = 'in_progress') < :max_concurrent {ordered}
+   AND ({count}) < :max_concurrent {ordered}
 RETURNING id, message_id, attempt, failures"""
 
 
 def claim_delivery(session: Session, delivery_id: int, target: str, owner: str,
-                   now: datetime, lease_seconds: int, instance=None) -> Claim | None:
+                   now: datetime, lease_seconds: int, turn: Turn | None = None
+                   ) -> Claim | None:
     """Claim this one delivery now, whatever its ``due_at`` says (the HTTP receiver's
     synchronous mode attempts inside the request, 1 s apart, SPEC 9). The same rules as
     :func:`claim` otherwise: none for a target disabled, stopped, blocked or probed
     offline, none past its Max Concurrent Deliveries, none before an earlier delivery
     of its sequence on an ordered target, and none once another process took it."""
-    if instance is None:
-        instance = lock_target(session, target)
-    if instance is None or not instance.enabled or instance.online is False \
-            or instance.state == InstanceState.STOPPED \
-            or instance.blocked_by_delivery_id is not None:
+    if turn is None:
+        turn = lock_target(session, target, owner)
+    if not _claimable(turn):
         return None
-    statement = text(_CLAIM_ONE.format(ordered=_ORDERED.replace("d.", "deliveries.")
-                                       if instance.ordered else "")).bindparams(
+    ordered = bool(turn.instance.ordered)
+    postgres = _is_postgres(session)
+    statement = text(_CLAIM_ONE.format(
+        ordered=_ORDERED.replace("d.", "deliveries.") if ordered else "",
+        lane=_LANE if postgres else "",
+        count=_lane_charge() if postgres else _SQLITE_COUNT)).bindparams(
         bindparam("now", type_=DateTime()), bindparam("until", type_=DateTime()))
     row = connection(session).execute(statement, {
         "id": delivery_id, "target": target, "owner": owner, "now": now,
-        "until": now + timedelta(seconds=lease_seconds),
-        "max_concurrent": instance.max_concurrent_deliveries}).first()
+        "until": now + timedelta(seconds=lease_seconds), "max_concurrent": turn.share,
+        "total": turn.instance.max_concurrent_deliveries, "lanes": turn.lanes,
+        "lane": turn.lane}).first()
     if row is None:
         return None
-    found = Claim(row[0], row[1], target, row[2], row[3], owner, bool(instance.ordered))
+    found = Claim(row[0], row[1], target, row[2], row[3], owner, ordered, turn.lane)
     _record(session, [{"message_id": found.message_id, "delivery_id": found.delivery_id,
                        "type": "delivery_changed", "actor": owner,
                        "text": f"{target}: attempt {found.attempt} started",
@@ -337,7 +488,7 @@ def _claim_statement(postgres: bool, ordered: bool):
     raw datetime of a whole second would lose its ``.000000`` and compare as earlier)."""
     sql = _pg_claim_reading(_PG_LIMIT, _ORDERED if ordered else "") if postgres else \
         _SQLITE_CLAIM.format(limit=_SQLITE_LIMIT, ordered=_ORDERED if ordered else "",
-                             stalled=_SQLITE_STALLED)
+                             stalled=_SQLITE_STALLED, lane="")
     return text(sql).bindparams(bindparam("now", type_=DateTime()),
                                 bindparam("until", type_=DateTime()),
                                 bindparam("queued_due", type_=DateTime()))

@@ -272,11 +272,12 @@ class TargetRunner:
         try:
             settings = settings or load_settings(session)
             with serialized_writes(session):
-                instance = machine.lock_target(session, target)
+                turn = machine.lock_target(session, target, self.owner)
+                instance = turn.instance if turn is not None else None
                 plugin = self._plugin(instance) if instance is not None else None
                 found = None if plugin is None else machine.claim_delivery(
                     session, delivery_id, target, self.owner, self.clock(),
-                    settings.lease_seconds, instance)
+                    settings.lease_seconds, turn)
                 # what the attempt reads of the message, in the claim's transaction: a
                 # read that fails takes the claim back with it (nothing to give back)
                 infos = None if found is None else _delivery_infos(session, [found],
@@ -337,11 +338,13 @@ class TargetRunner:
                 if outcomes:
                     faults.pause("settling")
                 session.commit()
-                if claims is None:  # another worker was claiming: settled alone, now claim
-                    instance = machine.lock_target(session, target)
+                if claims is None:  # no lane was free: settled alone, now claim
+                    turn = machine.lock_target(session, target, self.owner,
+                                               outcomes[0][0].lane)
+                    instance = turn.instance if turn is not None else None
                     limit = batch_size(instance) if instance is not None else 0
                     claims = machine.claim(session, target, self.owner, self.clock(), limit,
-                                           settings.lease_seconds, instance) if limit else []
+                                           settings.lease_seconds, turn) if limit else []
                     session.commit()
             if span is not None:
                 span.set_attribute("b2bhub.claimed", len(claims))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint, text
+from sqlalchemy import ForeignKey, Index, SmallInteger, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from b2bhub.models.base import Base, BigId, utcnow
@@ -104,6 +104,9 @@ class Delivery(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     settled_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: the lane of its target's Max Concurrent Deliveries its last claim counted in
+    #: (``b2bhub.engine.machine``, PostgreSQL); NULL counts as lane 0
+    lane: Mapped[int | None] = mapped_column(SmallInteger, default=None)
 
     message: Mapped[Message] = relationship(back_populates="deliveries")
 
