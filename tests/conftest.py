@@ -104,6 +104,11 @@ def app(backend, registry, wakeups, tmp_path):
         route_cache.clear()
         yield app
         app.extensions["sqlalchemy"].session.remove()
+    # the app's reader of history lines (started by a test's event stream) would go on
+    # reading for seconds: a read that ran into the next test's TRUNCATE deadlocked with
+    # it (each took the tables' locks in its own order)
+    if "b2bhub.shared_feed" in app.extensions:
+        app.extensions["b2bhub.shared_feed"].stop()
     wakeup_module.set_publisher(None)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -20,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
-from b2bhub.engine.events import history_feed
+from b2bhub.engine.events import history_feed, latest_id
 from b2bhub.extensions import db
 from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Delivery, HistoryLine, utcnow
@@ -267,4 +268,30 @@ def test_a_stream_behind_the_shared_buffer_reads_the_database_then_switches_over
         if len(ids) >= 18:
             break
     stream.close()
+    shared.stop()
     assert ids == list(range(1, 19))
+
+
+def test_a_stopped_shared_feed_reads_no_more_until_read_again(app):
+    """An app torn down stops its reader (``tests/conftest.py``): a read still running
+    when the next test emptied the tables deadlocked with it."""
+    from b2bhub.services.livefeed import SharedFeed
+
+    shared = SharedFeed(db.engine, every=0.01).start()
+    [reader] = [t for t in threading.enumerate() if t.name == "b2bhub-shared-feed"]
+    time.sleep(0.05)  # a few reads
+    shared.stop()
+    assert not reader.is_alive()
+    assert [t for t in threading.enumerate() if t.name == "b2bhub-shared-feed"] == []
+
+    with db.engine.connect() as conn:
+        newest = latest_id(conn)
+    assert shared.read(newest, wait=0) == []  # starts it again, from the newest line
+    with Session(db.engine) as s:
+        s.add(HistoryLine(type="note", text="after the restart"))
+        s.commit()
+    deadline, entries = time.monotonic() + 5, []
+    while not entries and time.monotonic() < deadline:
+        entries = shared.read(newest, wait=0.1)
+    assert [row["text"] for _, row, _ in entries] == ["after the restart"]
+    shared.stop()

@@ -38,6 +38,7 @@ class SharedFeed:
         self._base = 0    # every line after this cursor and up to _after is kept
         self._after = 0
         self._feed: IdFeed | None = None
+        self._reader: tuple[threading.Thread, threading.Event] | None = None
         self._last_read = 0.0
         self.idle = max(5.0, 20 * every)  # the reader stops after this long unread
         wake_on_close(self._wake)
@@ -55,9 +56,25 @@ class SharedFeed:
                 self._ids, self._entries = [], []
                 self._feed = history_feed(self._base)
                 self._last_read = time.monotonic()
-                threading.Thread(target=self._run, name="b2bhub-shared-feed",
-                                 daemon=True).start()
+                stop = threading.Event()
+                thread = threading.Thread(target=self._run, args=(self._feed, stop),
+                                          name="b2bhub-shared-feed", daemon=True)
+                self._reader = (thread, stop)
+                thread.start()
         return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the reader and wait for a read under way to end: nothing of an app torn
+        down goes on reading its database (the test suite empties the tables after each
+        test, and a read still running then deadlocked with it). A later read starts
+        the reader again."""
+        with self._changed:
+            reader, self._reader, self._feed = self._reader, None, None
+            self._changed.notify_all()
+        if reader is not None:
+            thread, stop = reader
+            stop.set()
+            thread.join(timeout)
 
     def read(self, after: int, wait: float) -> list[Entry] | None:
         """The lines after ``after`` (waiting up to ``wait`` seconds for one); None when
@@ -74,25 +91,28 @@ class SharedFeed:
                     return None
             return self._entries[bisect.bisect_right(self._ids, after):]
 
-    def _run(self) -> None:
-        while True:
+    def _run(self, feed: IdFeed, stop: threading.Event) -> None:
+        while not stop.is_set():
             with self._changed:
                 if time.monotonic() - self._last_read > self.idle:
-                    self._feed = None  # no stream reads: stop; the next read starts anew
+                    # no stream reads: stop; the next read starts anew
+                    self._feed, self._reader = None, None
                     return
             try:
                 with self.engine.connect() as conn:
-                    rows = self._feed.poll(conn)
+                    rows = feed.poll(conn)
             except Exception:
                 log.warning("the shared event feed could not read; retrying", exc_info=True)
-                time.sleep(1)
+                stop.wait(1)
                 continue
             if rows:
-                self._add(rows)
-            time.sleep(self.every)
+                self._add(feed, rows)
+            stop.wait(self.every)
 
-    def _add(self, rows: list[dict]) -> None:
+    def _add(self, feed: IdFeed, rows: list[dict]) -> None:
         with self._changed:
+            if feed is not self._feed:
+                return  # stopped meanwhile
             for row in rows:
                 self._ids.append(row["id"])
                 self._entries.append((row["id"], row, sse_event(row["id"], row["type"], row)))
@@ -100,7 +120,7 @@ class SharedFeed:
                 cut = len(self._ids) - self.keep
                 self._base = self._ids[cut - 1]
                 del self._ids[:cut], self._entries[:cut]
-            self._after = self._feed.after
+            self._after = feed.after
             self._changed.notify_all()
 
 
