@@ -25,7 +25,8 @@ Both start from the same N queued deliveries to the ``noop`` target of
 Elapsed time runs from the start signal to the last ``settled_at`` written. Each round
 prints engine/floor; the summary is the median of the rounds' ratios.
 
-``--cpu N`` and ``--profile N`` run in this process instead (see bench/README.md).
+``--cpu N`` and ``--profile N`` run in this process instead (see bench/README.md);
+``--row-writes`` times a writer of the target's row while the workers drain.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -323,6 +325,51 @@ def _wait_all_delivered(backend: Backend, n: int, procs: Workers) -> None:
         engine.dispose()
 
 
+# --- a writer of the target's row ----------------------------------------------------
+
+def row_write_waits(backend: Backend, workers: int, n: int, every: float = 0.05) -> None:
+    """While ``workers`` real workers drain ``n`` deliveries, a writer updates the
+    target's instance row every ``every`` seconds (as a probe, a stop or a change of
+    its configuration would): how long each UPDATE and its commit took. Claimers hold
+    the row (FOR SHARE on PostgreSQL, b2bhub/engine/machine.py), so a writer waits for
+    the claims under way."""
+    reset(backend, 0)
+    waits: list[float] = []
+    done = threading.Event()
+
+    def write() -> None:
+        engine = backend.engine()
+        with engine.connect() as conn:
+            while not done.is_set():
+                began = time.perf_counter()
+                conn.execute(text("UPDATE plugin_instances SET probe_text = :t "
+                                  "WHERE name = :name"), {"t": f"{began}", "name": TARGET})
+                conn.commit()
+                waits.append(time.perf_counter() - began)
+                done.wait(every)
+        engine.dispose()
+
+    with Workers(backend, workers) as procs:
+        reset(backend, n)
+        start = publish_wakeups(backend, workers)
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            _wait_all_delivered(backend, n, procs)
+        finally:
+            done.set()
+            writer.join()
+    took = _finish(backend, n, start)
+    waits.sort()
+    benchlib.print_table(
+        f"{workers} processes draining {n:,} deliveries ({n / took:,.0f}/s): the target "
+        f"row written every {1000 * every:.0f} ms, ms per UPDATE and commit",
+        ["backend", "writes", "p50", "p90", "max", "load"],
+        [[backend.name, len(waits), 1000 * statistics.median(waits),
+          1000 * waits[int(0.9 * (len(waits) - 1))], 1000 * waits[-1],
+          f"{os.getloadavg()[0]:.1f}"]])
+
+
 # --- profile --------------------------------------------------------------------------
 
 def profile_drain(backend: Backend, n: int, sort: str = "cumulative") -> None:
@@ -430,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=int, default=0, metavar="N",
                         help="instead: CPU per delivery of the floor loop and of one "
                              "drain in this process, N deliveries, --rounds times")
+    parser.add_argument("--row-writes", action="store_true",
+                        help="instead: the waits of a writer of the target's row while "
+                             "the --workers drain (no floor)")
     parser.add_argument("--sort", default="cumulative",
                         help="pstats order of --profile (cumulative, tottime, ...)")
     args = parser.parse_args(argv)
@@ -442,6 +492,13 @@ def main(argv: list[str] | None = None) -> int:
                     cpu_per_delivery(backend, args.cpu, args.rounds)
                 else:
                     profile_drain(backend, args.profile, args.sort)
+        return 0
+    if args.row_writes:
+        for name in args.backend:
+            with benchlib.fresh_backend(name) as backend:
+                benchlib.create_target(backend, max_concurrent=BATCH * max(args.workers))
+                for k in args.workers:
+                    row_write_waits(backend, k, args.count or DEFAULT_COUNTS[name])
         return 0
     results = []
     for name in args.backend:
