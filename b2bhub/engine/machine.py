@@ -145,7 +145,7 @@ _ORDERED = """
 _LANE_OF = "coalesce(x.lane, 0) % :lanes"
 
 
-def _lane_charge() -> str:
+def _lane_charge_sql() -> str:
     share = "(:total / :lanes + CASE WHEN {k} < :total % :lanes THEN 1 ELSE 0 END)"
     beyond = " + ".join(
         f"CASE WHEN :lane <> {k} AND c.n{k} > {share.format(k=k)} "
@@ -159,11 +159,12 @@ def _lane_charge() -> str:
                 WHERE x.target = :target AND x.state = 'in_progress') AS c"""
 
 
+_LANE_CHARGE = _lane_charge_sql()
 # SQLite has one writer at a time, and so one lane: the live leases of the target
 _SQLITE_COUNT = """
         SELECT count(*) FROM deliveries x
          WHERE x.target = :target AND x.state = 'in_progress'"""
-_PG_LIMIT = f"""GREATEST(0, LEAST(:n, :max_concurrent - ({_lane_charge()})))"""
+_PG_LIMIT = f"""GREATEST(0, LEAST(:n, :max_concurrent - ({_LANE_CHARGE})))"""
 _SQLITE_LIMIT = f"""max(0, min(:n, :max_concurrent - ({_SQLITE_COUNT})))"""
 _LANE = ", lane = :lane"
 _PG_STALLED = """,
@@ -296,6 +297,12 @@ class Turn:
         total = self.instance.max_concurrent_deliveries
         return total // self.lanes + (1 if self.lane < total % self.lanes else 0)
 
+    @property
+    def params(self) -> dict[str, int]:
+        """The claim statements' parameters of the lane (see :data:`_LANE_CHARGE`)."""
+        return {"max_concurrent": self.share, "lanes": self.lanes, "lane": self.lane,
+                "total": self.instance.max_concurrent_deliveries}
+
 
 def _turn(row) -> Turn | None:
     return None if row is None or row.lane is None else Turn(row, row.lanes, row.lane)
@@ -311,17 +318,13 @@ def lock_target(session: Session, target: str, owner: str = "",
     if not _is_postgres(session):
         row = conn.execute(_SQLITE_TARGET, {"name": target}).one_or_none()
         return None if row is None else Turn(row, 1, 0)
-    row = conn.execute(_PG_SHARE_TARGET, {"name": target, "preferred": _lane_key(preferred)}
-                       ).one_or_none()
+    row = conn.execute(_PG_SHARE_TARGET, {
+        "name": target, "preferred": -1 if preferred is None else preferred}).one_or_none()
     if row is None or row.lane is not None:
         return _turn(row)
     lane = zlib.crc32(owner.encode()) % row.lanes  # every lane taken or full: wait for one
     conn.execute(_PG_WAIT_LANE, {"id": row.id, "lane": lane})
     return Turn(row, row.lanes, lane)
-
-
-def _lane_key(preferred: int | None) -> int:
-    return -1 if preferred is None else preferred
 
 
 def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
@@ -409,9 +412,7 @@ def _take(session: Session, target: str, owner: str, now: datetime, limit: int,
         return [], []
     params = {"target": target, "now": now, "owner": owner, "n": limit,
               "until": now + timedelta(seconds=lease_seconds),
-              "queued_due": now + QUEUED_SKEW, "max_concurrent": turn.share,
-              "total": turn.instance.max_concurrent_deliveries, "lanes": turn.lanes,
-              "lane": turn.lane}
+              "queued_due": now + QUEUED_SKEW, **turn.params}
     ordered = bool(turn.instance.ordered)
     statement = _claim_driver(_is_postgres(session), ordered)
     rows = statement.run(connection(session), params).all()
@@ -456,13 +457,11 @@ def claim_delivery(session: Session, delivery_id: int, target: str, owner: str,
     statement = text(_CLAIM_ONE.format(
         ordered=_ORDERED.replace("d.", "deliveries.") if ordered else "",
         lane=_LANE if postgres else "",
-        count=_lane_charge() if postgres else _SQLITE_COUNT)).bindparams(
+        count=_LANE_CHARGE if postgres else _SQLITE_COUNT)).bindparams(
         bindparam("now", type_=DateTime()), bindparam("until", type_=DateTime()))
     row = connection(session).execute(statement, {
         "id": delivery_id, "target": target, "owner": owner, "now": now,
-        "until": now + timedelta(seconds=lease_seconds), "max_concurrent": turn.share,
-        "total": turn.instance.max_concurrent_deliveries, "lanes": turn.lanes,
-        "lane": turn.lane}).first()
+        "until": now + timedelta(seconds=lease_seconds), **turn.params}).first()
     if row is None:
         return None
     found = Claim(row[0], row[1], target, row[2], row[3], owner, ordered, turn.lane)

@@ -94,6 +94,8 @@ class SharedFeed:
     def _run(self, feed: IdFeed, stop: threading.Event) -> None:
         while not stop.is_set():
             with self._changed:
+                if feed is not self._feed:
+                    return  # stopped meanwhile
                 if time.monotonic() - self._last_read > self.idle:
                     # no stream reads: stop; the next read starts anew
                     self._feed, self._reader = None, None
