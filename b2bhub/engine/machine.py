@@ -776,7 +776,7 @@ def put_back_from_dead_owners(session: Session, now: datetime, db_now: datetime,
     lease: the UPDATE takes only rows still in progress under that owner, and a late
     outcome of the attempt is refused as stale. The lease bounds only owners alive but
     hung. Cost: the deliveries in progress (at most the targets' Max Concurrent
-    Deliveries together) on the (state, lease) index, each owner by primary key."""
+    Deliveries together) on a (state, ...) index, each owner by primary key."""
     dead = presence.known_dead(db_now)
     owners = dict(session.execute(select(Delivery.id, Delivery.lease_owner).where(
         Delivery.state == S.IN_PROGRESS, Delivery.lease_owner.in_(dead)).limit(limit)).all())
