@@ -1,17 +1,22 @@
 """The drain's hot statements run as the driver's own SQL (b2bhub.engine.driver): the
 times they write must be the ones the ORM writes, so that time comparisons stay right
 (on SQLite a time is text, and a whole second written without its ``.000000`` compares
-as earlier than the same time written by the ORM)."""
+as earlier than the same time written by the ORM). On PostgreSQL they go to psycopg's
+cursor itself; what a caller relies on from SQLAlchemy is checked here too: the
+transaction it commits, the cursor events, its errors and a lost connection."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from sqlalchemy import DateTime, bindparam, func, select, text
+import pytest
+from sqlalchemy import DateTime, bindparam, event, func, select, text
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
+from b2bhub.engine.driver import DriverSQL
 from b2bhub.models import Delivery
 from tests.enginekit import at, standard_hub
 
@@ -64,3 +69,76 @@ def test_a_stale_claim_is_still_fenced_on_the_driver_path(hub, session):
     states = dict(session.execute(select(Delivery.id, Delivery.state)).all())
     assert states[claims[0].delivery_id] == "in_progress"
     assert states[claims[1].delivery_id] == "delivered"
+
+
+_INSERT = DriverSQL("INSERT INTO settings (key, value, updated_at) "
+                    "VALUES (:key, CAST(:value AS json), CURRENT_TIMESTAMP) RETURNING key")
+
+
+def test_a_statement_on_a_connection_without_a_transaction_is_committed_by_its_commit(db):
+    """As ``exec_driver_sql`` would, the first statement begins the connection's
+    transaction: its ``commit()`` makes the row visible to another connection, and a
+    ``rollback()`` of a later one takes only that one back."""
+    with db.engine.connect() as conn:
+        assert not conn.in_transaction()
+        assert list(_INSERT.run(conn, {"key": "driver.a", "value": "1"}).scalars()) == [
+            "driver.a"]
+        assert conn.in_transaction()
+        conn.commit()
+        _INSERT.run(conn, {"key": "driver.b", "value": "2"})
+        conn.rollback()
+    with db.engine.connect() as other:
+        keys = other.execute(text("SELECT key FROM settings WHERE key LIKE 'driver.%'"))
+        assert [row[0] for row in keys] == ["driver.a"]
+
+
+def test_the_cursor_events_see_each_statement(db):
+    seen = []
+
+    def before(conn, cursor, statement, params, context, executemany):
+        seen.append(("before", statement.split()[0], dict(params)["key"]))
+
+    def after(conn, cursor, statement, params, context, executemany):
+        seen.append(("after", statement.split()[0], dict(params)["key"]))
+
+    event.listen(db.engine, "before_cursor_execute", before)
+    event.listen(db.engine, "after_cursor_execute", after)
+    try:
+        with db.engine.connect() as conn:
+            _INSERT.run(conn, {"key": "driver.c", "value": "3"})
+            conn.rollback()
+    finally:
+        event.remove(db.engine, "before_cursor_execute", before)
+        event.remove(db.engine, "after_cursor_execute", after)
+    assert seen == [("before", "INSERT", "driver.c"), ("after", "INSERT", "driver.c")]
+
+
+def test_an_error_is_raised_as_sqlalchemy_raises_it_and_the_connection_goes_on(db):
+    with db.engine.connect() as conn:
+        _INSERT.run(conn, {"key": "driver.d", "value": "4"})
+        with pytest.raises(IntegrityError) as raised:
+            _INSERT.run(conn, {"key": "driver.d", "value": "5"})
+        assert "driver.d" in str(raised.value.params)
+        conn.rollback()
+        assert _INSERT.run(conn, {"key": "driver.d", "value": "6"}).all() == [("driver.d",)]
+        conn.rollback()
+
+
+def test_a_lost_connection_is_invalidated_and_the_next_checkout_is_a_new_one(db):
+    """The server ends the session under a statement (a restart, a failover): the error
+    says the connection was invalidated, and the pool hands out a working one next."""
+    if db.engine.dialect.name != "postgresql":
+        pytest.skip("a server ends a connection: PostgreSQL's; SQLite has none")
+    with db.engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+        conn.rollback()
+        with db.engine.connect() as killer:
+            killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            killer.commit()
+        with pytest.raises(OperationalError) as raised:
+            _INSERT.run(conn, {"key": "driver.e", "value": "7"})
+        assert raised.value.connection_invalidated
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT pg_backend_pid()")).scalar() != pid
+        assert _INSERT.run(conn, {"key": "driver.e", "value": "8"}).all() == [("driver.e",)]
+        conn.rollback()

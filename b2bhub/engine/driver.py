@@ -13,6 +13,15 @@ so psycopg's prepared statements and SQLite's statement cache still hit.
 What the bind processors did is done here for the parameters that need it: a time on
 SQLite is written in the text form the ORM writes (a raw datetime of a whole second
 would lose its ``.000000`` and compare as earlier than the stored ones).
+
+On PostgreSQL a statement goes to psycopg's cursor itself (:func:`_pg_run`): what
+``exec_driver_sql`` adds for a statement whose callers read plain tuples (an execution
+context, a result with its metadata, built from ``cursor.description``, which psycopg
+makes column by column) cost about as much of the worker's CPU as psycopg's own work
+for the statement. What the callers rely on is kept: the statement runs on the
+connection and in the transaction SQLAlchemy holds (begun first if none is), the
+cursor events are fired as SQLAlchemy fires them, and an error is raised as SQLAlchemy
+raises it (wrapped, a lost connection invalidated) by SQLAlchemy's own handler.
 """
 
 from __future__ import annotations
@@ -48,9 +57,11 @@ class DriverSQL:
         compiled = clause.compile(dialect=_SQLITE_NAMED)
         return cls(str(compiled), times, _literals(compiled))
 
-    def run(self, conn: Connection, params: dict[str, Any]) -> CursorResult:
+    def run(self, conn: Connection, params: dict[str, Any]) -> CursorResult | Rows:
+        """Run it on ``conn``; read the result with ``all()``, ``scalars()`` (an
+        iterable) or ``rowcount`` (on PostgreSQL a :class:`Rows`, rows as tuples)."""
         if conn.dialect.name == "postgresql":
-            return conn.exec_driver_sql(self.pyformat, params)
+            return _pg_run(conn, self.pyformat, params)
         if self.fixed:
             params = {**self.fixed, **params}
         if self.times:
@@ -61,6 +72,46 @@ class DriverSQL:
                 if isinstance(value, datetime):
                     params[name] = write(value)
         return conn.exec_driver_sql(self.text, params)
+
+
+class Rows:
+    """A statement's result read straight off psycopg's cursor (rows as tuples)."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor):
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def all(self) -> list[tuple]:
+        return self._cursor.fetchall()
+
+    def scalars(self) -> list[Any]:
+        return [row[0] for row in self._cursor.fetchall()]
+
+
+def _pg_run(conn: Connection, sql: str, params: dict[str, Any]) -> Rows | CursorResult:
+    """``sql`` on psycopg's cursor of ``conn``, as ``exec_driver_sql`` would run it
+    (module docstring); with statement logging on, through it (it logs)."""
+    if conn._echo:
+        return conn.exec_driver_sql(sql, params)
+    if not conn.in_transaction():
+        conn.begin()  # as SQLAlchemy's autobegin: its commit() then commits this
+    cursor = conn.connection.dbapi_connection.cursor()
+    events = conn._has_events or conn.engine._has_events
+    try:
+        if events:
+            for listener in conn.dispatch.before_cursor_execute:
+                sql, params = listener(conn, cursor, sql, params, None, False)
+        cursor.execute(sql, params)
+        if events:
+            conn.dispatch.after_cursor_execute(conn, cursor, sql, params, None, False)
+    except BaseException as exc:
+        conn._handle_dbapi_exception(exc, sql, params, cursor, None)
+    return Rows(cursor)
 
 
 @functools.cache
