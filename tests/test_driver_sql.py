@@ -142,3 +142,16 @@ def test_a_lost_connection_is_invalidated_and_the_next_checkout_is_a_new_one(db)
         assert conn.execute(text("SELECT pg_backend_pid()")).scalar() != pid
         assert _INSERT.run(conn, {"key": "driver.e", "value": "8"}).all() == [("driver.e",)]
         conn.rollback()
+
+
+def test_arrays_travel_as_postgresql_array_text_and_only_plain_words_go_unquoted():
+    from b2bhub.engine.driver import int_array, word_array
+    assert int_array([3, 1, 2]) == "{3,1,2}"
+    assert int_array(iter([])) == "{}"
+    assert word_array(["in_progress", "delivered"]) == "{in_progress,delivered}"
+    # a value that would be read as more than one element, or quoted, is refused
+    for bad in (["a,b"], ['a"'], ["{a}"], [""], ["a b"], ["NULL)"], ["null"]):
+        with pytest.raises(ValueError):
+            word_array(bad)
+    with pytest.raises(ValueError):
+        int_array(["1,2"])

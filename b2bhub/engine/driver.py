@@ -74,6 +74,25 @@ class DriverSQL:
         return conn.exec_driver_sql(self.text, params)
 
 
+def int_array(values) -> str:
+    """A list of integers as PostgreSQL's array text (``{1,2,3}``), for a parameter the
+    statement casts (``CAST(:ids AS bigint[])``): psycopg dumps a Python list element by
+    element in Python, a cost per statement of the same order as the statement's own."""
+    return "{" + ",".join(map(str, map(int, values))) + "}"
+
+
+def word_array(values) -> str:
+    """A list of plain words (a status, a state: letters, digits and ``_`` only, not
+    ``NULL``) as PostgreSQL's array text; anything else is refused rather than quoted."""
+    words = list(values)
+    if not all(_WORD.fullmatch(word) and word.upper() != "NULL" for word in words):
+        raise ValueError(f"not plain words: {words!r}")
+    return "{" + ",".join(words) + "}"
+
+
+_WORD = re.compile(r"[A-Za-z0-9_]+")
+
+
 class Rows:
     """A statement's result read straight off psycopg's cursor (rows as tuples)."""
 

@@ -65,7 +65,7 @@ from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
 from b2bhub.engine import blocking, presence, sequences, wakeups
-from b2bhub.engine.driver import DriverSQL
+from b2bhub.engine.driver import DriverSQL, int_array
 from b2bhub.engine.history import add_line, add_lines, connection, raise_alert
 from b2bhub.engine.history import log as history_log
 from b2bhub.engine.settings import DeliverySettings, load_settings
@@ -593,9 +593,10 @@ def delivered_driver(rows: list[tuple[int, int, str]], owner: str, now: datetime
     """:func:`delivered_update` as the driver runs it (``statement.run(conn, params)``,
     :mod:`.driver`): the statement a drain sends."""
     if postgres:
-        return _PG_DELIVERED_DRIVER, {"owner": owner, "now": now, "ids": [r[0] for r in rows],
-                               "attempts": [r[1] for r in rows],
-                               "results": [r[2] for r in rows]}
+        return _PG_DELIVERED_DRIVER, {"owner": owner, "now": now,
+                                      "ids": int_array(r[0] for r in rows),
+                                      "attempts": int_array(r[1] for r in rows),
+                                      "results": [r[2] for r in rows]}
     params = {"owner": owner, "now": now}
     for index, (delivery_id, attempt, result) in enumerate(rows):
         params[f"i{index}"], params[f"a{index}"], params[f"r{index}"] = \

@@ -14,7 +14,7 @@ from sqlalchemy.orm.util import identity_key
 
 from b2bhub.domain.states import LABELS, MessageStatus
 from b2bhub.domain.status import ALERTING_STATUSES, derive_status
-from b2bhub.engine.driver import DriverSQL
+from b2bhub.engine.driver import DriverSQL, int_array, word_array
 from b2bhub.engine.history import add_lines, connection, raise_alert, resolve_alert
 from b2bhub.models import Message
 
@@ -96,8 +96,9 @@ def _read_statuses(session: Session, ids: list[int]
     postgres = conn.dialect.name == "postgresql"
     for chunk in _chunks(ids, 500):
         if postgres:
-            current.update(_LOCK.run(conn, {"ids": chunk}).all())
-            rows = _STATES.run(conn, {"ids": chunk}).all()
+            ids_text = int_array(chunk)
+            current.update(_LOCK.run(conn, {"ids": ids_text}).all())
+            rows = _STATES.run(conn, {"ids": ids_text}).all()
         else:
             rows = _READ.run(conn, {"ids": json.dumps(chunk)}).all()
         for row in rows:
@@ -115,8 +116,8 @@ def _write_changes(session: Session, changed: dict[int, str], old: dict[int, str
     if changed:
         conn = connection(session)
         if conn.dialect.name == "postgresql":  # in the statement of the lines, below
-            pg_with = (_WRITE_PG, {"status_ids": list(changed),
-                                   "statuses": list(changed.values())})
+            pg_with = (_WRITE_PG, {"status_ids": int_array(changed),
+                                   "statuses": word_array(changed.values())})
         else:
             _WRITE_SQLITE.run(conn, {"pairs": json.dumps(list(changed.items())),
                                          "now": now})
