@@ -32,9 +32,11 @@ import re
 from datetime import datetime
 from typing import Any
 
+from psycopg.rows import namedtuple_row
 from sqlalchemy import DateTime
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, CursorResult
+from sqlalchemy.exc import MultipleResultsFound
 
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
 _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
@@ -42,13 +44,14 @@ _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
 
 class DriverSQL:
     """One statement written with ``:name`` parameters, run in the driver's style
-    (psycopg ``%(name)s``, sqlite3 ``:name``). ``times``: the parameters that are times."""
+    (psycopg ``%(name)s``, sqlite3 ``:name``). ``times``: the parameters that are times.
+    ``named``: its rows are read by column name (``row.lane``) as well as by place."""
 
     def __init__(self, sql: str, times: tuple[str, ...] = (),
-                 fixed: dict[str, Any] | None = None):
+                 fixed: dict[str, Any] | None = None, named: bool = False):
         self.text = sql
         self.pyformat = _NAMED.sub(r"%(\1)s", sql.replace("%", "%%"))
-        self.times, self.fixed = times, fixed or {}
+        self.times, self.fixed, self.named = times, fixed or {}, named
 
     @classmethod
     def sqlite_of(cls, clause, times: tuple[str, ...] = ()) -> DriverSQL:
@@ -61,7 +64,7 @@ class DriverSQL:
         """Run it on ``conn``; read the result with ``all()``, ``scalars()`` (an
         iterable) or ``rowcount`` (on PostgreSQL a :class:`Rows`, rows as tuples)."""
         if conn.dialect.name == "postgresql":
-            return _pg_run(conn, self.pyformat, params)
+            return _pg_run(conn, self.pyformat, params, self.named)
         if self.fixed:
             params = {**self.fixed, **params}
         if self.times:
@@ -111,15 +114,24 @@ class Rows:
     def scalars(self) -> list[Any]:
         return [row[0] for row in self._cursor.fetchall()]
 
+    def one_or_none(self):
+        rows = self._cursor.fetchall()
+        if len(rows) > 1:
+            raise MultipleResultsFound("more than one row where at most one was expected")
+        return rows[0] if rows else None
 
-def _pg_run(conn: Connection, sql: str, params: dict[str, Any]) -> Rows | CursorResult:
+
+def _pg_run(conn: Connection, sql: str, params: dict[str, Any], named: bool = False
+            ) -> Rows | CursorResult:
     """``sql`` on psycopg's cursor of ``conn``, as ``exec_driver_sql`` would run it
-    (module docstring); with statement logging on, through it (it logs)."""
+    (module docstring); with statement logging on, through it (it logs). ``named``:
+    rows as named tuples (psycopg's, one class per set of column names, kept)."""
     if conn._echo:
         return conn.exec_driver_sql(sql, params)
     if not conn.in_transaction():
         conn.begin()  # as SQLAlchemy's autobegin: its commit() then commits this
-    cursor = conn.connection.dbapi_connection.cursor()
+    cursor = conn.connection.dbapi_connection.cursor(
+        **({"row_factory": namedtuple_row} if named else {}))
     events = conn._has_events or conn.engine._has_events
     try:
         if events:

@@ -48,7 +48,6 @@ from typing import Any
 
 from sqlalchemy import (
     DateTime,
-    Integer,
     and_,
     bindparam,
     case,
@@ -270,9 +269,10 @@ SELECT {", ".join(f"plugin_instances.{c.name}" for c in _INSTANCE.c)},
    FOR SHARE OF plugin_instances{{skip}}"""
 
 
-def _share_target(skip: bool):
-    return text(_SHARE_TARGET.format(skip=" SKIP LOCKED" if skip else "")).columns(
-        *_INSTANCE.c, literal_column("lanes", Integer), literal_column("lane", Integer))
+def _share_target(skip: bool) -> DriverSQL:
+    """Run by the driver, its row read by column name like the model (psycopg loads the
+    instance's JSON, times and booleans as SQLAlchemy's own types do on it)."""
+    return DriverSQL(_SHARE_TARGET.format(skip=" SKIP LOCKED" if skip else ""), named=True)
 
 
 _PG_SHARE_TARGET = _share_target(skip=False)
@@ -318,7 +318,7 @@ def lock_target(session: Session, target: str, owner: str = "",
     if not _is_postgres(session):
         row = conn.execute(_SQLITE_TARGET, {"name": target}).one_or_none()
         return None if row is None else Turn(row, 1, 0)
-    row = conn.execute(_PG_SHARE_TARGET, {
+    row = _PG_SHARE_TARGET.run(conn, {
         "name": target, "preferred": -1 if preferred is None else preferred}).one_or_none()
     if row is None or row.lane is not None:
         return _turn(row)
@@ -375,7 +375,7 @@ def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
         lines, blockers = [], []
     if outcomes and _is_postgres(session):
         conn = connection(session)
-        row = conn.execute(_PG_TRY_SHARE_TARGET, {
+        row = _PG_TRY_SHARE_TARGET.run(conn, {
             "name": target, "preferred": outcomes[0][0].lane}).one_or_none()
         turn = _turn(row)
         if row is None:  # the row is being written, or there is no such target
