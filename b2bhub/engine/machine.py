@@ -453,17 +453,12 @@ def claim_delivery(session: Session, delivery_id: int, target: str, owner: str,
     if not _claimable(turn):
         return None
     ordered = bool(turn.instance.ordered)
-    postgres = _is_postgres(session)
-    statement = text(_CLAIM_ONE.format(
-        ordered=_ORDERED.replace("d.", "deliveries.") if ordered else "",
-        lane=_LANE if postgres else "",
-        count=_LANE_CHARGE if postgres else _SQLITE_COUNT)).bindparams(
-        bindparam("now", type_=DateTime()), bindparam("until", type_=DateTime()))
-    row = connection(session).execute(statement, {
+    rows = _claim_one_driver(_is_postgres(session), ordered).run(connection(session), {
         "id": delivery_id, "target": target, "owner": owner, "now": now,
-        "until": now + timedelta(seconds=lease_seconds), **turn.params}).first()
-    if row is None:
+        "until": now + timedelta(seconds=lease_seconds), **turn.params}).all()
+    if not rows:
         return None
+    row = rows[0]
     found = Claim(row[0], row[1], target, row[2], row[3], owner, ordered, turn.lane)
     _record(session, [{"message_id": found.message_id, "delivery_id": found.delivery_id,
                        "type": "delivery_changed", "actor": owner,
@@ -471,6 +466,16 @@ def claim_delivery(session: Session, delivery_id: int, target: str, owner: str,
                        "data": {"state": S.IN_PROGRESS, "attempt": found.attempt,
                                 "target": target}}], now)
     return found
+
+
+@functools.cache
+def _claim_one_driver(postgres: bool, ordered: bool) -> DriverSQL:
+    """:data:`_CLAIM_ONE` for the backend and the target's order, built once (the
+    synchronous intake claims one delivery per request)."""
+    return DriverSQL(_CLAIM_ONE.format(
+        ordered=_ORDERED.replace("d.", "deliveries.") if ordered else "",
+        lane=_LANE if postgres else "",
+        count=_LANE_CHARGE if postgres else _SQLITE_COUNT), ("now", "until"))
 
 
 def _record(session: Session, lines: list[dict], now: datetime) -> None:
