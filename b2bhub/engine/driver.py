@@ -14,14 +14,15 @@ What the bind processors did is done here for the parameters that need it: a tim
 SQLite is written in the text form the ORM writes (a raw datetime of a whole second
 would lose its ``.000000`` and compare as earlier than the stored ones).
 
-On PostgreSQL a statement goes to psycopg's cursor itself (:func:`_pg_run`): what
+A statement goes to the driver's cursor itself (:func:`run_raw`): what
 ``exec_driver_sql`` adds for a statement whose callers read plain tuples (an execution
 context, a result with its metadata, built from ``cursor.description``, which psycopg
-makes column by column) cost about as much of the worker's CPU as psycopg's own work
-for the statement. What the callers rely on is kept: the statement runs on the
-connection and in the transaction SQLAlchemy holds (begun first if none is), the
-cursor events are fired as SQLAlchemy fires them, and an error is raised as SQLAlchemy
-raises it (wrapped, a lost connection invalidated) by SQLAlchemy's own handler.
+makes column by column) cost about as much of the worker's CPU as psycopg's own work for
+the statement, and on SQLite as much as SQLite's. What the callers rely on is kept: the
+statement runs on the connection and in the transaction SQLAlchemy holds (begun first if
+none is), the cursor events are fired as SQLAlchemy fires them, and an error is raised
+as SQLAlchemy raises it (wrapped, a lost connection invalidated) by SQLAlchemy's own
+handler.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ class DriverSQL:
         return cls(str(compiled), times, _literals(compiled))
 
     def run(self, conn: Connection, params: dict[str, Any]) -> CursorResult | Rows:
-        """Run it on ``conn``; read the result with ``all()``, ``scalars()`` (an
-        iterable) or ``rowcount`` (on PostgreSQL a :class:`Rows`, rows as tuples)."""
+        """Run it on ``conn``; read the result with ``all()``, ``scalars()`` or
+        ``rowcount`` (a :class:`Rows`, rows as tuples)."""
         if conn.dialect.name == "postgresql":
-            return _pg_run(conn, self.pyformat, params, self.named)
+            return run_raw(conn, self.pyformat, params, self.named)
         if self.fixed:
             params = {**self.fixed, **params}
         if self.times:
@@ -74,7 +75,7 @@ class DriverSQL:
                 value = params.get(name)
                 if isinstance(value, datetime):
                     params[name] = write(value)
-        return conn.exec_driver_sql(self.text, params)
+        return run_raw(conn, self.text, params)
 
 
 def int_array(values) -> str:
@@ -121,25 +122,30 @@ class Rows:
         return rows[0] if rows else None
 
 
-def _pg_run(conn: Connection, sql: str, params: dict[str, Any], named: bool = False
-            ) -> Rows | CursorResult:
-    """``sql`` on psycopg's cursor of ``conn``, as ``exec_driver_sql`` would run it
-    (module docstring); with statement logging on, through it (it logs). ``named``:
-    rows as named tuples (psycopg's, one class per set of column names, kept)."""
+def run_raw(conn: Connection, sql: str, params: Any, named: bool = False,
+            many: bool = False) -> Rows | CursorResult:
+    """``sql`` (in the driver's parameter style) on the driver's own cursor of
+    ``conn``, as ``exec_driver_sql`` would run it (module docstring); with statement
+    logging on, through it (it logs). ``named`` (psycopg): rows as named tuples, one
+    class per set of column names, kept. ``many``: ``params`` is a list of rows, run
+    with the driver's ``executemany``."""
     if conn._echo:
         return conn.exec_driver_sql(sql, params)
     if not conn.in_transaction():
         conn.begin()  # as SQLAlchemy's autobegin: its commit() then commits this
-    cursor = conn.connection.dbapi_connection.cursor(
-        **({"row_factory": namedtuple_row} if named else {}))
+    dbapi = conn.connection.dbapi_connection
+    cursor = dbapi.cursor(row_factory=namedtuple_row) if named else dbapi.cursor()
     events = conn._has_events or conn.engine._has_events
     try:
         if events:
             for listener in conn.dispatch.before_cursor_execute:
-                sql, params = listener(conn, cursor, sql, params, None, False)
-        cursor.execute(sql, params)
+                sql, params = listener(conn, cursor, sql, params, None, many)
+        if many:
+            cursor.executemany(sql, params)
+        else:
+            cursor.execute(sql, params)
         if events:
-            conn.dispatch.after_cursor_execute(conn, cursor, sql, params, None, False)
+            conn.dispatch.after_cursor_execute(conn, cursor, sql, params, None, many)
     except BaseException as exc:
         conn._handle_dbapi_exception(exc, sql, params, cursor, None)
     return Rows(cursor)

@@ -15,7 +15,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from b2bhub.engine.driver import DriverSQL
+from b2bhub.engine.driver import DriverSQL, run_raw
 from b2bhub.engine.rows import json_recordset
 from b2bhub.models import Alert, HistoryLine, utcnow
 
@@ -119,9 +119,10 @@ def add_lines(session: Session, rows: list[dict], now: datetime | None = None, *
             _pg_lines_after(pg_with[0]).run(conn, {**pg_with[1], **params})
     elif conn.dialect.name == "sqlite":
         created = _created_at(conn.dialect)(stamp)
-        conn.exec_driver_sql(_SQLITE_LINES, [
+        run_raw(conn, _SQLITE_LINES, [
             (row.get("message_id"), row.get("delivery_id"), row["type"], row.get("actor", ""),
-             row.get("text", ""), data_json(row.get("data")), created) for row in rows])
+             row.get("text", ""), data_json(row.get("data")), created) for row in rows],
+            many=True)
     else:
         conn.execute(_INSERT_LINES, [{"message_id": None, "delivery_id": None, "actor": "",
                                       "text": "", "data": None, "created_at": stamp, **row}
