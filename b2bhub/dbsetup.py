@@ -95,14 +95,20 @@ def _discard_plans(dbapi_connection, info: dict) -> None:
     info[_PLANS_SINCE] = time.monotonic()
     if status not in (TransactionStatus.IDLE, TransactionStatus.INTRANS):
         return
+    if status == TransactionStatus.INTRANS:  # in it: psycopg refuses to touch
+        _send_discard(dbapi_connection)       # autocommit there, even to its own value
+        return
     autocommit = dbapi_connection.autocommit
-    if status == TransactionStatus.IDLE:
-        dbapi_connection.autocommit = True  # no transaction for it
+    dbapi_connection.autocommit = True  # no transaction for it
     try:
-        with dbapi_connection.cursor() as cursor:
-            cursor.execute("DISCARD PLANS")
+        _send_discard(dbapi_connection)
     finally:
         dbapi_connection.autocommit = autocommit
+
+
+def _send_discard(dbapi_connection) -> None:
+    with dbapi_connection.cursor() as cursor:
+        cursor.execute("DISCARD PLANS")
 
 
 def _on_connect(dbapi_connection, connection_record) -> None:

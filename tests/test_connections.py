@@ -94,3 +94,29 @@ def test_a_dropped_connection_is_replaced(app, engine, monkeypatch, idle):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT 1")).scalar() == 1
         assert _identity(conn) != before
+
+
+def test_a_held_connection_discards_its_plans_inside_its_open_transaction(
+        app, engine, monkeypatch):
+    """A drain holds its connection across transactions and discards its plans before
+    a batch (``replan_if_due``); when that finds a transaction open (the drain's first
+    batch goes on in the transaction that read the settings) the discard runs in it, and
+    the transaction goes on: its uncommitted row is still there, and rolls back."""
+    if engine.dialect.name != "postgresql":
+        return  # SQLite has no cached plans to discard
+    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 0.0)
+    with engine.connect() as conn:
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
+        conn.execute(text("INSERT INTO settings (key, value, updated_at) "
+                          "VALUES ('replan.held', '1', CURRENT_TIMESTAMP)"))
+        dbsetup.replan_if_due(conn)  # raised "can't change 'autocommit' now" before
+        assert _last_query(app, pid) == "DISCARD PLANS"
+        assert conn.execute(text("SELECT count(*) FROM settings "
+                                 "WHERE key = 'replan.held'")).scalar() == 1
+        conn.rollback()
+        dbsetup.replan_if_due(conn)  # and idle: outside any transaction
+        assert _last_query(app, pid) == "DISCARD PLANS"
+        assert not conn.in_transaction()
+        assert conn.execute(text("SELECT count(*) FROM settings "
+                                 "WHERE key = 'replan.held'")).scalar() == 0
+        conn.rollback()
