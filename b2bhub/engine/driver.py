@@ -98,7 +98,7 @@ _WORD = re.compile(r"[A-Za-z0-9_]+")
 
 
 class Rows:
-    """A statement's result read straight off psycopg's cursor (rows as tuples)."""
+    """A statement's result read straight off the driver's cursor (rows as tuples)."""
 
     __slots__ = ("_cursor",)
 

@@ -141,8 +141,14 @@ def _sync_loaded(session: Session, changed: dict[int, str], now: datetime) -> No
             set_committed_value(loaded, "updated_at", now)
 
 
+#: the statuses whose start or end raises or resolves an alert
+_ALERTED = ALERTING_STATUSES | {MessageStatus.NOT_ROUTED}
+
+
 def _message_alerts(session: Session, message_id: int, old: str, new: str,
                     now: datetime) -> None:
+    if old not in _ALERTED and new not in _ALERTED:
+        return  # most changes (Received, In progress, Delivered) touch no alert
     subject = f"message:{message_id}"
     if new in ALERTING_STATUSES:
         raise_alert(session, "message_failed", subject,
