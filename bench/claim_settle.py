@@ -25,8 +25,9 @@ Both start from the same N queued deliveries to the ``noop`` target of
 Elapsed time runs from the start signal to the last ``settled_at`` written. Each round
 prints engine/floor; the summary is the median of the rounds' ratios.
 
-``--cpu N`` and ``--profile N`` run in this process instead (see bench/README.md);
-``--row-writes`` times a writer of the target's row while the workers drain.
+``--cpu N``, ``--statements N`` and ``--profile N`` run in this process instead (see
+bench/README.md); ``--row-writes`` times a writer of the target's row while the workers
+drain.
 """
 
 from __future__ import annotations
@@ -440,6 +441,93 @@ def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
          "engine/s"], rows)
 
 
+#: what each statement of a drain is, by the start of its text
+STATEMENT_KINDS = [
+    ("WITH w AS (UPDATE messages", "history lines + message statuses"),
+    ("WITH c AS MATERIALIZED", "claim"),
+    ("UPDATE deliveries SET state = 'delivered'", "delivered UPDATE"),
+    ("UPDATE deliveries SET state=:state", "delivered UPDATE"),  # SQLite's
+    ("UPDATE deliveries", "claim"),  # SQLite's
+    ("SELECT messages.id", "messages and payloads read"),
+    ("INSERT INTO history", "history lines"),
+    ("UPDATE messages", "message statuses"),
+    ("SELECT id, status FROM messages", "message rows locked"),
+    ("SELECT k.id", "delivery states read"),
+    ("SELECT m.id, m.status", "statuses and delivery states read"),
+    ("SELECT plugin_instances", "target row (and lane)"),
+]
+
+
+def _kind(statement: str) -> str:
+    text_ = " ".join(statement.split())
+    for start, kind in STATEMENT_KINDS:
+        if text_.startswith(start):
+            return kind
+    return text_[:40]
+
+
+def statement_times(backend: Backend, n: int, rounds: int) -> None:
+    """Time inside the cursor per statement kind (from the cursor events), per delivery,
+    of the floor's loop and of one drain in this process: in one process nothing is
+    waited for but the database itself, so on PostgreSQL this is the server's work on
+    each statement plus one round trip, and on SQLite SQLite's own work."""
+    from collections import defaultdict
+
+    from sqlalchemy import event
+    spent: dict[str, dict[str, float]] = {"floor": defaultdict(float),
+                                           "engine": defaultdict(float)}
+    counts: dict[str, dict[str, int]] = {"floor": defaultdict(int),
+                                         "engine": defaultdict(int)}
+    current: dict = {"who": None, "began": 0.0}
+
+    def before(conn, cursor, statement, params, context, executemany):
+        current["began"] = time.perf_counter()
+
+    def after(conn, cursor, statement, params, context, executemany):
+        if current["who"] is None:  # loading the deliveries
+            return
+        kind = _kind(statement)
+        spent[current["who"]][kind] += time.perf_counter() - current["began"]
+        counts[current["who"]][kind] += 1
+
+    engine = backend.engine()
+    claim_sql = _claim_driver(backend.postgres)
+    event.listen(Engine, "before_cursor_execute", before)
+    event.listen(Engine, "after_cursor_execute", after)
+    settled = {"floor": 0, "engine": 0}
+    try:
+        for _ in range(rounds):
+            current["who"] = None
+            reset(backend, n)
+            current["who"] = "floor"
+            with engine.connect() as conn:
+                settled["floor"] += floor_loop(conn, claim_sql, "floor")
+            current["who"] = None
+            reset(backend, n)
+            current["who"] = "engine"
+            settled["engine"] += _drain_here(backend)[0]
+    finally:
+        event.remove(Engine, "before_cursor_execute", before)
+        event.remove(Engine, "after_cursor_execute", after)
+        engine.dispose()
+    kinds = sorted(set(spent["floor"]) | set(spent["engine"]),
+                   key=lambda k: -(spent["engine"].get(k, 0) + spent["floor"].get(k, 0)))
+    rows = [[backend.name, kind,
+             *(f"{counts[w][kind] * BATCH / settled[w]:.2f}" if counts[w].get(kind) else ""
+               for w in ("floor", "engine")),
+             *(f"{1e6 * spent[w][kind] / settled[w]:.1f}" if counts[w].get(kind) else ""
+               for w in ("floor", "engine"))]
+            for kind in kinds]
+    rows.append([backend.name, "all statements", "", "",
+                 *(f"{1e6 * sum(spent[w].values()) / settled[w]:.1f}"
+                   for w in ("floor", "engine"))])
+    benchlib.print_table(
+        f"one process, {n:,} deliveries x {rounds}: time inside the cursor per delivery "
+        f"(us), by statement; statements per batch of {BATCH}",
+        ["backend", "statement", "floor per batch", "engine per batch", "floor us",
+         "engine us"], rows)
+
+
 # --- main -----------------------------------------------------------------------------
 
 def measure(backend_name: str, workers: list[int], n: int, rounds: int) -> list[Result]:
@@ -477,6 +565,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", type=int, default=0, metavar="N",
                         help="instead: CPU per delivery of the floor loop and of one "
                              "drain in this process, N deliveries, --rounds times")
+    parser.add_argument("--statements", type=int, default=0, metavar="N",
+                        help="instead: time inside the cursor per statement kind and "
+                             "delivery, the floor loop and one drain in this process, N "
+                             "deliveries, --rounds times")
     parser.add_argument("--row-writes", action="store_true",
                         help="instead: the waits of a writer of the target's row while "
                              "the --workers drain (no floor)")
@@ -484,12 +576,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="pstats order of --profile (cumulative, tottime, ...)")
     args = parser.parse_args(argv)
     _print_environment(args.backend)
-    if args.cpu or args.profile:
+    if args.cpu or args.profile or args.statements:
         for name in args.backend:
             with benchlib.fresh_backend(name) as backend:
                 benchlib.create_target(backend, max_concurrent=BATCH)
                 if args.cpu:
                     cpu_per_delivery(backend, args.cpu, args.rounds)
+                elif args.statements:
+                    statement_times(backend, args.statements, args.rounds)
                 else:
                     profile_drain(backend, args.profile, args.sort)
         return 0
