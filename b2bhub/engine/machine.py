@@ -453,12 +453,11 @@ def claim_delivery(session: Session, delivery_id: int, target: str, owner: str,
     if not _claimable(turn):
         return None
     ordered = bool(turn.instance.ordered)
-    rows = _claim_one_driver(_is_postgres(session), ordered).run(connection(session), {
+    row = _claim_one_driver(_is_postgres(session), ordered).run(connection(session), {
         "id": delivery_id, "target": target, "owner": owner, "now": now,
-        "until": now + timedelta(seconds=lease_seconds), **turn.params}).all()
-    if not rows:
+        "until": now + timedelta(seconds=lease_seconds), **turn.params}).one_or_none()
+    if row is None:
         return None
-    row = rows[0]
     found = Claim(row[0], row[1], target, row[2], row[3], owner, ordered, turn.lane)
     _record(session, [{"message_id": found.message_id, "delivery_id": found.delivery_id,
                        "type": "delivery_changed", "actor": owner,
