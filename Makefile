@@ -15,8 +15,12 @@ EXTRAS ?= test
 run: $(STAMP)
 	$(BIN)/b2bhub run
 
+# The suite in two processes (pytest-xdist): most of its time waits on the real workers,
+# beats and web servers its tests start, so two keep two cores busy where one left half
+# of them idle. TEST_PROCESSES=0 runs it in this one process.
+TEST_PROCESSES ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) $(PYTEST_ARGS)
 
 install: $(STAMP)
 

@@ -18,6 +18,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -36,8 +37,26 @@ from b2bhub.models import Base  # noqa: E402
 from b2bhub.registry import PluginRegistry  # noqa: E402
 
 PG_URL = os.environ.get("B2BHUB_TEST_DATABASE_URL", "")
-BROKER_URL = os.environ.get("B2BHUB_TEST_BROKER_URL", "")
 IS_POSTGRES = PG_URL.startswith("postgresql")
+# pytest-xdist's worker of this process ("gw0", "gw1", ...; empty without -n)
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def _own_broker(url: str) -> str:
+    """The Redis broker of this test process: under pytest-xdist (``make test`` runs the
+    suite in two processes) each process gets a Redis database of its own, counting down
+    from the one given (15, 14, ...), because the real workers a test starts would
+    otherwise take the wake-ups another process's test published, for deliveries of a
+    database they do not know. Each process's PostgreSQL database and embedded files are
+    its own already (named by its pid, under its own temporary directory)."""
+    if not url.startswith(("redis://", "rediss://")) or XDIST_WORKER in ("", "gw0"):
+        return url
+    parts = urlsplit(url)
+    number = int(parts.path.strip("/") or 0) - int(XDIST_WORKER.removeprefix("gw"))
+    return urlunsplit(parts._replace(path=f"/{number % 16}"))
+
+
+BROKER_URL = _own_broker(os.environ.get("B2BHUB_TEST_BROKER_URL", ""))
 
 
 def pytest_report_header(config):
@@ -57,6 +76,8 @@ def backend(tmp_path_factory):
     else:
         db_url = f"sqlite:///{data_dir / 'b2bhub.sqlite'}"
     broker = BROKER_URL or f"sqla+sqlite:///{data_dir / 'broker.sqlite'}"
+    if XDIST_WORKER not in ("", "gw0") and BROKER_URL:
+        _flush(BROKER_URL)  # the run's own database: what an earlier run left is not ours
     info = {"database_url": db_url, "broker_url": broker, "data_dir": str(data_dir)}
     app = create_app(_config(info))
     with app.app_context():
@@ -68,6 +89,12 @@ def backend(tmp_path_factory):
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def _flush(url: str) -> None:
+    from kombu import Connection
+    with Connection(url) as conn:
+        conn.default_channel.client.flushdb()
 
 
 def _config(info: dict, **extra) -> dict:
