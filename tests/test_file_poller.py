@@ -477,6 +477,36 @@ def test_the_scheduler_publishes_each_interval(poller, hub, registry, clock, ses
     assert due_scans(session, registry, clock() + timedelta(seconds=10)) == [("poller", 10.0)]
 
 
+def test_a_scan_is_published_at_the_scheduler_run_nearest_its_time(
+        poller, registry, clock, session):
+    """The scheduler runs once a tick (beat's ``source-scheduler``): a scan due less
+    than half a tick after a run is published at that run, one due more than half a
+    tick after it at the next. A scan's next time counts from its start, a little after
+    the run that published it, so with a 1 s interval each scan used to wait for the
+    run after next: every 2 s instead of every second."""
+    import celeryconfig
+    assert celeryconfig.beat_schedule["source-scheduler"]["schedule"] == scans.SCHEDULER_TICK
+    poller(polling_interval=10)
+    assert due_scans(session, registry, clock()) == [("poller", 10.0)]
+    assert due_scans(session, registry, clock() + timedelta(seconds=9.4)) == []
+    assert due_scans(session, registry, clock() + timedelta(seconds=9.6)) == [
+        ("poller", 10.0)]
+
+
+def test_a_one_second_polling_interval_scans_at_every_scheduler_run(
+        poller, registry, clock, session, lease):
+    """Each scan starts a little after the run that published it and sets its next time
+    one interval after its start: the next run, one tick later, still publishes it."""
+    poller(polling_interval=1)
+    for n in range(5):
+        run = clock() + timedelta(seconds=n * scans.SCHEDULER_TICK)
+        assert due_scans(session, registry, run) == [("poller", 1.0)], f"run {n}"
+        scan = lease(f"worker:{n}")
+        started = run + timedelta(milliseconds=30)
+        assert scan.take(started)
+        scan.release(started + timedelta(seconds=1))
+
+
 def test_a_next_scan_set_by_a_clock_ten_minutes_ahead_is_due_at_once(
         poller, registry, clock, session):
     """A process whose clock runs ahead schedules the next scan in its future; the

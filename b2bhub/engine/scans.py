@@ -36,6 +36,9 @@ LEASE_SECONDS = 30.0
 #: how far beyond its interval an idle source's next scan may lie before it is taken as
 #: written by a clock ahead of ours (:func:`_publish`)
 CLOCK_SKEW_SLACK = timedelta(seconds=5)
+#: seconds between two runs of the source scheduler (``source-scheduler`` in beat's
+#: schedule, celeryconfig.py)
+SCHEDULER_TICK = 1.0
 
 
 class LeaseLost(Exception):
@@ -70,11 +73,18 @@ def ensure_lease_rows(session: Session, names: list[str]) -> None:
 def due_scans(session: Session, registry, now: datetime) -> list[tuple[str, float]]:
     """The enabled scheduled sources whose interval has elapsed, each with its interval;
     each is marked as published (its next scan due one interval later) before the
-    commit, so a second scheduler run publishes it again only then."""
+    commit, so a second scheduler run publishes it again only then.
+
+    A scan due within half a :data:`SCHEDULER_TICK` from ``now`` is due at this run:
+    the scheduler runs once a tick, so a scan is published at the run nearest its time.
+    Its next time is counted from the start of the scan before it, which begins a few
+    milliseconds after the run that published it; waiting until that time had passed
+    put each scan one whole tick late, and a 1 s polling interval scanned every 2 s."""
     intervals = _scheduled(session, registry)
     ensure_lease_rows(session, [lease_name(n) for n in intervals])
     due = [(name, interval) for name, interval in intervals.items()
-           if publish_due(session, lease_name(name), interval, now)]
+           if publish_due(session, lease_name(name), interval, now,
+                          early=SCHEDULER_TICK / 2)]
     session.commit()
     return due
 
@@ -90,7 +100,7 @@ def _scheduled(session: Session, registry) -> dict[str, float]:
 
 
 def publish_due(session: Session, lock: str, interval: float, now: datetime,
-                slack: float | None = None) -> bool:
+                slack: float | None = None, early: float = 0.0) -> bool:
     """True when the ``locks`` row ``lock`` is idle and due, or held by a lease that ran
     out; it is then due one interval later (a conditional UPDATE: of any number of
     schedulers running at once, one gets True).
@@ -100,11 +110,13 @@ def publish_due(session: Session, lock: str, interval: float, now: datetime,
     was stepped back), or the interval was shortened since. Without this, one process
     whose clock ran 10 minutes ahead stopped every scan of the source for 10 minutes. A
     false alarm costs one run early; the scan lease still guards it. ``slack`` (seconds)
-    defaults to :data:`CLOCK_SKEW_SLACK`."""
+    defaults to :data:`CLOCK_SKEW_SLACK`. ``early`` (seconds): an idle row due that
+    much after ``now`` is due already."""
     margin = CLOCK_SKEW_SLACK if slack is None else timedelta(seconds=slack)
     skewed = Lock.until > now + timedelta(seconds=interval) + margin
     idle_due = and_(Lock.owner.is_(None),
-                    or_(Lock.until.is_(None), Lock.until <= now, skewed))
+                    or_(Lock.until.is_(None), Lock.until <= now + timedelta(seconds=early),
+                        skewed))
     expired = and_(Lock.owner.is_not(None), Lock.until < now)
     return session.execute(update(Lock).where(
         Lock.name == lock, or_(idle_due, expired),
