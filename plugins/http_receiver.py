@@ -285,7 +285,7 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
         config = dict(row.config or {})
     kinds = {name: kind for name, kind in ((row.from_party, row.from_kind),
                                             (row.to_party, row.to_kind)) if kind}
-    known = {key: row._mapping[f"s{i}"] for i, key in enumerate(INTAKE_KEYS)}
+    known = {key: getattr(row, f"s{i}") for i, key in enumerate(INTAKE_KEYS)}
     return config, row.from_party, row.to_party, kinds, known, row.token
 
 

@@ -155,3 +155,29 @@ def test_arrays_travel_as_postgresql_array_text_and_only_plain_words_go_unquoted
             word_array(bad)
     with pytest.raises(ValueError):
         int_array(["1,2"])
+
+
+def test_a_read_built_once_gives_its_columns_by_name_and_one_checks_the_count(db):
+    """``run_read`` (the receivers' lookups): on PostgreSQL psycopg's own rows, named
+    tuples; on SQLite SQLAlchemy's; either way a column is read as an attribute, a json
+    column as what it holds. ``one()`` insists on exactly one row, as SQLAlchemy's."""
+    from sqlalchemy import literal, null
+    from sqlalchemy.exc import MultipleResultsFound, NoResultFound
+
+    from b2bhub.engine.driver import run_read
+    from b2bhub.models import Setting
+    with db.engine.connect() as conn:
+        conn.execute(Setting.__table__.insert(), [
+            {"key": "a", "value": {"n": 1}}, {"key": "b", "value": {"n": 2}}])
+        read = select(literal(7).label("seven"), null().label("missing"),
+                      select(Setting.value).where(Setting.key == bindparam("key"))
+                      .scalar_subquery().label("s0"))
+        row = run_read(conn, read, {"key": "b"}).one()
+        assert (row.seven, row.missing, row.s0) == (7, None, {"n": 2})
+        many = select(Setting.key).where(Setting.key >= bindparam("low"))
+        with pytest.raises(MultipleResultsFound):
+            run_read(conn, many, {"low": "a"}).one()
+        none = select(Setting.key).where(Setting.key == bindparam("key"))
+        with pytest.raises(NoResultFound):
+            run_read(conn, none, {"key": "c"}).one()
+        conn.rollback()

@@ -37,7 +37,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import DateTime
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, CursorResult
-from sqlalchemy.exc import MultipleResultsFound
+from sqlalchemy.exc import MultipleResultsFound, NoResultFound
 
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
 _SQLITE_NAMED = sqlite.dialect(paramstyle="named")
@@ -115,6 +115,13 @@ class Rows:
     def scalars(self) -> list[Any]:
         return [row[0] for row in self._cursor.fetchall()]
 
+    def one(self):
+        rows = self._cursor.fetchall()
+        if len(rows) != 1:
+            raise (MultipleResultsFound("more than one row where one was expected")
+                   if rows else NoResultFound("no row where one was expected"))
+        return rows[0]
+
     def one_or_none(self):
         rows = self._cursor.fetchall()
         if len(rows) > 1:
@@ -162,13 +169,14 @@ def _postgresql_dialect():
 _READS: dict[int, tuple[Any, str, dict[str, Any]]] = {}
 
 
-def run_read(conn: Connection, clause, params: dict[str, Any]) -> CursorResult:
+def run_read(conn: Connection, clause, params: dict[str, Any]) -> Rows | CursorResult:
     """Execute a read built once (a cached Core construct). On PostgreSQL it runs as
     psycopg's own SQL, compiled at its first use, with the values the construct holds
-    itself (its literals): for a read whose columns need no result processing on psycopg
-    (its own loaders read json, numbers and text), SQLAlchemy's cache key and parameter
+    itself (its literals), on the driver's cursor (:func:`run_raw`, rows as named
+    tuples): for a read whose columns need no result processing on psycopg (its own
+    loaders read json, numbers and text), SQLAlchemy's cache key, parameter and result
     work for a statement of some size cost more than the statement. Elsewhere it is
-    ``conn.execute``."""
+    ``conn.execute``. Either way a row's columns are read by name as attributes."""
     if conn.dialect.name != "postgresql":
         return conn.execute(clause, params)
     made = _READS.get(id(clause))
@@ -176,7 +184,7 @@ def run_read(conn: Connection, clause, params: dict[str, Any]) -> CursorResult:
         compiled = clause.compile(dialect=_postgresql_dialect())
         made = _READS[id(clause)] = (clause, str(compiled), _literals(compiled))
     _clause, sql, fixed = made
-    return conn.exec_driver_sql(sql, {**fixed, **params})
+    return run_raw(conn, sql, {**fixed, **params}, named=True)
 
 
 def _literals(compiled) -> dict[str, Any]:

@@ -341,7 +341,7 @@ def _lookups(session: Session, instance: str | None, accepted_key: str | None) -
     params = {"instance": instance, "accepted_key": accepted_key}
     row = run_read(conn, _lookups_query(*shape), params).one()
     return _Looked(enabled=bool(row.enabled), config=dict(row.config or {}),
-                   settings={key: row._mapping[f"s{i}"] for i, key in enumerate(_KEYS)},
+                   settings={key: getattr(row, f"s{i}") for i, key in enumerate(_KEYS)},
                    duplicate=row.duplicate)
 
 
