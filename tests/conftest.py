@@ -137,6 +137,13 @@ def app(backend, registry, wakeups, tmp_path):
     if "b2bhub.shared_feed" in app.extensions:
         app.extensions["b2bhub.shared_feed"].stop()
     wakeup_module.set_publisher(None)
+    # the app's pooled connections closed now, not when the garbage collector gets to the
+    # app: idle ones of earlier tests piled up to 16 per test process on PostgreSQL, and
+    # with two test processes (make test) and the processes their tests start, a run
+    # went past the server's 100 connections
+    with app.app_context():
+        for engine in app.extensions["sqlalchemy"].engines.values():
+            engine.dispose()
 
 
 def _empty_tables(app) -> None:
