@@ -57,6 +57,8 @@ def _own_broker(url: str) -> str:
 
 
 BROKER_URL = _own_broker(os.environ.get("B2BHUB_TEST_BROKER_URL", ""))
+#: whether BROKER_URL is a Redis database of this process's own (emptied at its start)
+OWN_REDIS_DB = BROKER_URL != os.environ.get("B2BHUB_TEST_BROKER_URL", "")
 
 
 def pytest_report_header(config):
@@ -76,7 +78,7 @@ def backend(tmp_path_factory):
     else:
         db_url = f"sqlite:///{data_dir / 'b2bhub.sqlite'}"
     broker = BROKER_URL or f"sqla+sqlite:///{data_dir / 'broker.sqlite'}"
-    if XDIST_WORKER not in ("", "gw0") and BROKER_URL:
+    if OWN_REDIS_DB:
         _flush(BROKER_URL)  # the run's own database: what an earlier run left is not ours
     info = {"database_url": db_url, "broker_url": broker, "data_dir": str(data_dir)}
     app = create_app(_config(info))
