@@ -108,11 +108,7 @@ def _name_gunicorn() -> None:
 
 
 def _name_the_server(response):
-    """Every answer names b2bhub as its Server: under gunicorn through
-    :func:`_name_gunicorn` (the app adds none, which would make two); another server
-    (Werkzeug's in tests and ``flask run``) writes its own only when the app gives
-    none."""
+    """Every answer names b2bhub as its Server (:func:`b2bhub.config.name_the_server`)."""
     from flask import request
-    if not request.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/"):
-        response.headers.setdefault("Server", configuration.PRODUCT)
+    configuration.name_the_server(request.environ, response)
     return response

@@ -19,6 +19,14 @@ except metadata.PackageNotFoundError:  # run from a checkout that was never inst
 #: ``User-Agent`` and ``Reporting-UA`` of what protocols send
 PRODUCT = f"b2bhub/{VERSION}"
 
+
+def name_the_server(environ: dict, response) -> None:
+    """Name b2bhub as the answer's Server: under gunicorn its own header already does
+    (:func:`b2bhub._name_gunicorn`; one more would make two), another server (Werkzeug's
+    in tests and ``flask run``) writes its own only when the app gives none."""
+    if not environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/"):
+        response.headers.setdefault("Server", PRODUCT)
+
 #: (variable, default, meaning). A default of None means "derived", see ``load()``.
 VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_DATA_DIR", "./var", "where the embedded database, broker and payloads live"),

@@ -24,8 +24,10 @@ from flask import Blueprint, Flask, Response, request
 from flask.sessions import SecureCookieSessionInterface
 from sqlalchemy import bindparam, select
 from werkzeug.routing import BaseConverter, ValidationError
+from werkzeug.wrappers import Request
 
-from b2bhub import hub
+from b2bhub import hub, tracing
+from b2bhub.config import name_the_server
 from b2bhub.engine import wakeups
 from b2bhub.engine.history import connection
 from b2bhub.extensions import db
@@ -82,6 +84,8 @@ def endpoints_init_app(app, csrf) -> None:
         app.session_interface = _NoSessionAtEndpoints()
     app.register_blueprint(bp)
     csrf.exempt(bp)  # authenticated by the protocol, not by a session
+    if not tracing.enabled():
+        app.wsgi_app = EndpointsFirst(app, app.wsgi_app)
 
 
 def plain(status: int, text: str) -> EndpointReply:
@@ -91,9 +95,49 @@ def plain(status: int, text: str) -> EndpointReply:
 
 @bp.post("/<endpoint_prefix:cls>/<instance>")
 def receive(cls: type, instance: str):
+    return answer(cls, instance, request)
+
+
+class EndpointsFirst:
+    """The app's WSGI callable, with ``POST /<prefix>/<instance>`` of a registered type
+    answered here before Flask's request handling; every other request goes to the
+    app as before (a wrong method, a trailing slash or an unknown prefix included, so
+    its 404 and 405 are Flask's).
+
+    An endpoint needs none of that handling: it opens no UI session, has no CSRF token,
+    runs no ``before_request`` hook of the API or the UI, and its answer is made here.
+    Flask's request context, URL matching, hooks and response finishing were about a
+    tenth of the web process's CPU per 2 KB intake (``bench/http_intake.py``). What is
+    kept: an application context for the request (the database session, the registry,
+    the payload store; its teardown ends the session as Flask's did) and werkzeug's
+    Request over the same WSGI environment (headers, Content-Length, the body stream).
+
+    Not installed while tracing is on: the Flask instrumentation names and annotates
+    each request's span in Flask's hooks, so endpoints go through Flask then."""
+
+    def __init__(self, app: Flask, inner):
+        self.app, self.inner = app, inner
+
+    def __call__(self, environ, start_response):
+        if environ.get("REQUEST_METHOD") == "POST":
+            parts = environ.get("PATH_INFO", "").split("/")
+            if len(parts) == 3 and not parts[0] and parts[1] and parts[2]:
+                response = None
+                with self.app.app_context():
+                    cls = endpoint_type(parts[1])
+                    if cls is not None:
+                        response = answer(cls, parts[2], Request(environ))
+                        name_the_server(environ, response)
+                if response is not None:
+                    return response(environ, start_response)
+        return self.inner(environ, start_response)
+
+
+def answer(cls: type, instance: str, request: Request) -> Response:
+    """The answer to one request at an endpoint of ``cls``."""
     wakeups.defer(db.session)  # what the request commits is woken once it is answered
     try:
-        reply = _receive(cls, instance)
+        reply = _receive(cls, instance, request)
     finally:
         committed = wakeups.stop_deferring(db.session)
     response = Response(reply.body, reply.status, reply.headers)
@@ -102,7 +146,7 @@ def receive(cls: type, instance: str):
     return response
 
 
-def _receive(cls: type, instance: str) -> EndpointReply:
+def _receive(cls: type, instance: str, request: Request) -> EndpointReply:
     try:
         length, body = request.content_length, request.stream
         small = length is not None and length <= PREREAD

@@ -17,9 +17,11 @@ from urllib.parse import urlparse
 import pytest
 import requests
 from click.testing import CliRunner
+from flask import request
 from sqlalchemy import select, update
 
 from b2bhub import hub as hub_module
+from b2bhub.config import PRODUCT
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, PluginInstance, utcnow
@@ -134,6 +136,26 @@ def test_an_intake_opens_no_ui_session(served, receiver, session, app):
     assert "Cookie" not in answer.headers.get("Vary", "")
     assert "Set-Cookie" not in answer.headers
     assert len(messages(session)) == 1
+
+
+def test_an_intake_is_answered_before_flasks_request_handling(served, receiver, app):
+    """``POST /<prefix>/<instance>`` is answered by the endpoint itself, without Flask's
+    request dispatch (no ``before_request`` hook runs for it: the API's and the UI's
+    hooks have nothing to do there); every other request, a GET of the same URL
+    included, still goes through Flask. The answer names b2bhub as its server."""
+    seen: list[tuple[str, str]] = []
+    app.before_request(lambda: seen.append((request.method, request.path)) and None)
+    answer = requests.post(f"{served}/in/inbox", data=BODY, headers=auth(receiver["inbox"]),
+                           timeout=10)
+    assert answer.status_code == 202, answer.text
+    assert PRODUCT in answer.headers["Server"].split(", ")  # (Werkzeug names itself too)
+    assert seen == []
+    assert requests.get(f"{served}/in/inbox", timeout=10).status_code == 405
+    assert requests.post(f"{served}/in/inbox/", data=BODY, timeout=10).status_code == 404
+    assert requests.post(f"{served}/nosuchprefix/inbox", data=BODY,
+                         timeout=10).status_code == 404
+    assert seen == [("GET", "/in/inbox"), ("POST", "/in/inbox/"),
+                    ("POST", "/nosuchprefix/inbox")]
 
 
 def test_async_message_reaches_the_destination_byte_identical(served, receiver, session,

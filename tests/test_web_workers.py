@@ -96,13 +96,13 @@ def test_two_web_workers_register_and_every_stream_sees_every_line(procs, hub, s
     assert web.alive()
 
 
-def _server_lines(url: str, path: str) -> list[bytes]:
-    """The Server header lines of a GET, read off the socket (a client library would
-    fold two lines into one)."""
+def _server_lines(url: str, path: str, method: str = "GET") -> list[bytes]:
+    """The Server header lines of a request without a body, read off the socket (a
+    client library would fold two lines into one)."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-                     .encode())
+        sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n".encode())
         head = b""
         while b"\r\n\r\n" not in head:
             chunk = sock.recv(4096)
@@ -116,4 +116,7 @@ def test_every_answer_names_b2bhub_as_its_server_once(procs):
     web = procs.web()
     for path in ("/api/v1/health", "/ui/login", "/no/such/page"):
         assert _server_lines(web.url, path) == [f"Server: {PRODUCT}".encode()], path
+    # an endpoint's answer, made before Flask's request handling (here a 404: no such
+    # receiver)
+    assert _server_lines(web.url, "/in/nosuch", "POST") == [f"Server: {PRODUCT}".encode()]
     assert PRODUCT.startswith("b2bhub/") and PRODUCT != "b2bhub/0"
