@@ -7,10 +7,16 @@ latency over the destination's own.
 "hub": ``POST /in/inbox`` (bearer token, body streamed into the payload store, message,
 delivery and history committed, 202). "floor": a bare WSGI app under the same gunicorn
 settings (``bench/http_intake_floor.py``) that writes the body to a file, fsyncs and
-inserts a row. Hub and floor are both up for the whole run and take turns, ``--rounds``
-rounds (default 5) of ``--count`` requests each (default 1,000), the order swapped each
-round; each round's ratio is printed, then the medians of the rounds (requests/s over
-each run, p50/p99 per request). Sync: ``POST /in/direct`` delivered through an
+inserts a row. "bare": the hub's own work for the same request without its layers
+(``bench/http_intake_bare.py``: the hub's lookups and its one INSERT of message,
+payload row, delivery and history lines run by psycopg directly, the body fsynced into
+the store's layout, a wake-up of the hub's size pushed to Redis); it tells the work an
+intake must do from the cost of how the hub is built. The three are up for the whole
+run and take turns, ``--rounds`` rounds (default 5) of ``--count`` requests each
+(default 1,000), the order rotated each round; each round's ratios are printed, then
+the medians of the rounds (requests/s over each run, p50/p99 per request).
+
+Sync: ``POST /in/direct`` delivered through an
 ``http_poster`` to a loopback destination inside the request, its p50 minus the p50 of
 posting the same body to the destination directly, and the web workers' CPU (user +
 system, from ``/proc``) per sync request.
@@ -241,7 +247,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1000,
                         help="requests per run of the hub and of the floor in each round")
     parser.add_argument("--rounds", type=int, default=5,
-                        help="rounds of one floor run and one hub run, alternating")
+                        help="rounds of one floor, one hub and one bare run, in turn")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--sync-count", type=int, default=200)
     parser.add_argument("--requests-client", action="store_true",
@@ -281,30 +287,40 @@ def main() -> None:
             hub = gunicorn(env, "wsgi:app", 18431)
             floor = None if args.sync_only else gunicorn(floor_env, "http_intake_floor:app",
                                                          18432)
+            bare = None if args.sync_only else gunicorn(
+                {**env, "PYTHONPATH": os.pathsep.join([str(HERE), env["PYTHONPATH"]])},
+                "http_intake_bare:app", 18433)
             try:
-                rounds = [] if args.sync_only else alternate(args, hub, floor, tokens)
+                rounds = [] if args.sync_only else alternate(args, hub, floor, bare, tokens)
                 check_stored(backend, rounds)
                 direct, destination, cpu = sync_figures(args, hub, tokens, sink_url)
             finally:
-                for proc in (hub, floor):
+                for proc in (hub, floor, bare):
                     if proc is not None:
                         proc.terminate()
                         proc.wait(30)
     report(rounds, direct, destination, cpu / args.sync_count)
 
 
-def alternate(args, hub: subprocess.Popen, floor: subprocess.Popen, tokens: dict
-              ) -> list[tuple[dict, dict]]:
-    """``--rounds`` rounds of the floor's run and the hub's, both servers up throughout,
-    the order swapped each round: the machine's speed drifts (by a fifth within an hour
-    on one machine), and a ratio of runs taken minutes apart measured the drift as much
-    as the code. (floor, hub) per round."""
+def alternate(args, hub: subprocess.Popen, floor: subprocess.Popen,
+              bare: subprocess.Popen, tokens: dict) -> list[tuple[dict, dict, dict]]:
+    """``--rounds`` rounds of the floor's run, the hub's and the bare one's, all servers
+    up throughout, the order rotated each round: the machine's speed drifts (by a fifth
+    within an hour on one machine, the floor's by half within minutes on another), and
+    a ratio of runs taken minutes apart measured the drift as much as the code.
+    (floor, hub, bare) per round."""
     hub_workers = worker_pids(hub.pid, int(GUNICORN[1]))
     floor_workers = worker_pids(floor.pid, int(GUNICORN[1]))
+    bare_workers = worker_pids(bare.pid, int(GUNICORN[1]))
 
     def floor_run(_number: int) -> dict:
         return load("http://127.0.0.1:18432/", {}, args.count, args.clients, 202,
                     floor_workers, args.requests_client)
+
+    def bare_run(_number: int) -> dict:
+        return load("http://127.0.0.1:18433/in/inbox",
+                    {"Authorization": f"Bearer {tokens['inbox']}"}, args.count,
+                    args.clients, 202, bare_workers, args.requests_client)
 
     def hub_run(number: int) -> dict:
         spy = start_py_spy(args.py_spy_async if number == 0 else None, hub_workers)
@@ -315,21 +331,24 @@ def alternate(args, hub: subprocess.Popen, floor: subprocess.Popen, tokens: dict
         return run
 
     rounds = []
+    order = [("floor", floor_run), ("hub", hub_run), ("bare", bare_run)]
     for number in range(args.rounds):
-        order = (("floor", floor_run), ("hub", hub_run))
-        runs = {which: run(number) for which, run in (order if number % 2 == 0
-                                                      else order[::-1])}
-        rounds.append((runs["floor"], runs["hub"]))
-        print(f"round {number + 1}: floor {runs['floor']['rps']:.0f} req/s, hub "
-              f"{runs['hub']['rps']:.0f} req/s: {runs['hub']['rps'] / runs['floor']['rps']:.0%}"
-              f"; load average {os.getloadavg()[0]:.2f}", flush=True)
+        shift = number % len(order)
+        runs = {which: run(number) for which, run in order[shift:] + order[:shift]}
+        rounds.append((runs["floor"], runs["hub"], runs["bare"]))
+        floor_rps, hub_rps, bare_rps = (runs[k]["rps"] for k in ("floor", "hub", "bare"))
+        print(f"round {number + 1}: floor {floor_rps:.0f} req/s, hub {hub_rps:.0f} req/s: "
+              f"{hub_rps / floor_rps:.0%}; bare {bare_rps:.0f} req/s: "
+              f"{bare_rps / floor_rps:.0%} of the floor, the hub {hub_rps / bare_rps:.0%} "
+              f"of it; load average {os.getloadavg()[0]:.2f}", flush=True)
     return rounds
 
 
-def check_stored(backend, rounds: list[tuple[dict, dict]]) -> None:
-    """Exactly one message for each 202 of the async intake, under the id it named."""
+def check_stored(backend, rounds: list[tuple[dict, dict, dict]]) -> None:
+    """Exactly one message for each 202 of the hub's async intake, under the id it
+    named (the bare server's messages have a source of their own)."""
     from sqlalchemy import text
-    named = [json.loads(answer)["message_id"] for _floor, hub in rounds
+    named = [json.loads(answer)["message_id"] for _floor, hub, _bare in rounds
              for answer in hub["answers"]]
     engine = backend.engine()
     with engine.connect() as conn:
@@ -360,22 +379,26 @@ def sync_figures(args, hub: subprocess.Popen, tokens: dict, sink_url: str
     return direct, destination, cpu
 
 
-def report(rounds: list[tuple[dict, dict]], direct: float, destination: float,
+def report(rounds: list[tuple[dict, dict, dict]], direct: float, destination: float,
            sync_cpu: float) -> None:
     if rounds:
         kinds = ("cpu_ms", "postgres_ms", "redis_ms", "clients_ms")
         print(f"{'':8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'n':>6}   CPU ms per "
               "request: web, PostgreSQL, Redis, clients   (medians of the rounds)")
-        for name, index in (("hub", 1), ("floor", 0)):
+        for name, index in (("hub", 1), ("bare", 2), ("floor", 0)):
             rows = [pair[index] for pair in rounds]
             median = {key: statistics.median(row[key] for row in rows)
                       for key in ("rps", "p50", "p99", *kinds)}
             print(f"{name:8} {median['rps']:8.0f} {median['p50']:8.2f} {median['p99']:8.2f} "
                   f"{sum(row['n'] for row in rows):6d}   "
                   + "  ".join(f"{median[kind]:.2f}" for kind in kinds))
-        ratios = sorted(hub["rps"] / floor["rps"] for floor, hub in rounds)
-        print(f"hub / floor: {statistics.median(ratios):.0%}, the median of {len(ratios)} "
-              f"rounds ({ratios[0]:.0%} to {ratios[-1]:.0%}) (goal >= 50%, and >= 400 req/s)")
+        for name, (over, under), goal in (
+                ("hub / floor", (1, 0), " (goal >= 50%, and >= 400 req/s)"),
+                ("bare / floor", (2, 0), ": the work an intake must do, bare"),
+                ("hub / bare", (1, 2), ": what the hub's layers leave of it")):
+            ratios = sorted(run[over]["rps"] / run[under]["rps"] for run in rounds)
+            print(f"{name}: {statistics.median(ratios):.0%}, the median of {len(ratios)} "
+                  f"rounds ({ratios[0]:.0%} to {ratios[-1]:.0%}){goal}")
     print(f"sync p50 {direct:.2f} ms, destination alone p50 {destination:.2f} ms: "
           f"over the destination {direct - destination:.2f} ms (goal < 15 ms)")
     print(f"web workers' CPU per sync request: {sync_cpu * 1000:.2f} ms")

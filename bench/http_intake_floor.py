@@ -12,8 +12,20 @@ import uuid
 import psycopg
 
 _local = threading.local()
-URL = os.environ["FLOOR_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
-DIRECTORY = os.environ["FLOOR_DIR"]
+URL = os.environ.get("FLOOR_DATABASE_URL", "").replace("postgresql+psycopg://",
+                                                       "postgresql://")
+DIRECTORY = os.environ.get("FLOOR_DIR", "")
+
+
+def write_synced(name: str, body: bytes) -> None:
+    """A new file holding ``body``, fsynced (also the bare server's, which then renames
+    it into the payload store's place)."""
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _conn():
@@ -25,12 +37,7 @@ def _conn():
 def app(environ, start_response):
     body = environ["wsgi.input"].read()
     name = os.path.join(DIRECTORY, uuid.uuid4().hex)
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, body)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(name, body)
     conn = _conn()
     with conn.cursor() as cur:
         cur.execute("INSERT INTO floor_rows (name, size) VALUES (%s, %s) RETURNING id",
