@@ -25,6 +25,15 @@ Both start from the same N queued deliveries to the ``noop`` target of
 Elapsed time runs from the start signal to the last ``settled_at`` written. Each round
 prints engine/floor; the summary is the median of the rounds' ratios.
 
+``--books`` adds a third run to each round between the two: the floor's loop writing
+also what the SPEC asks of every transition (SPEC 11), in the engine's own statements
+and in the same transaction: each delivery's transition line, its message's new status
+and that change's line, at the claim (In progress) and at the settlement (Delivered).
+It tells the share of the gap that is the required bookkeeping itself from what the
+engine adds around it (the message locks and state reads that keep a status exact when
+two deliveries of one message change at once, Max Concurrent Deliveries, the target
+lock, wake-ups, lease renewal, Celery).
+
 ``--cpu N``, ``--statements N`` and ``--profile N`` run in this process instead (see
 bench/README.md); ``--row-writes`` times a writer of the target's row while the workers
 drain.
@@ -36,6 +45,7 @@ import argparse
 import ast
 import cProfile
 import io
+import json
 import os
 import pstats
 import signal
@@ -71,6 +81,7 @@ class Result:
     floor_seconds: float
     engine_seconds: float
     load: float  # 1-minute load average when the round ended
+    books_rate: float | None = None  # the floor with the status and history (--books)
 
     @property
     def ratio(self) -> float:
@@ -132,8 +143,9 @@ def _claim_driver(postgres: bool):
     return DriverSQL(_claim_sql(postgres), ("now", "until", "queued_due"))
 
 
-def floor_process(backend: Backend, owner: str, ready, go) -> None:
-    """Claim 16; settle them and claim the next 16 in one transaction; until none due."""
+def floor_process(backend: Backend, owner: str, books: bool, ready, go) -> None:
+    """Claim 16; settle them and claim the next 16 in one transaction; until none due.
+    ``books``: with the status and history lines of each (:func:`_book`)."""
     engine = backend.engine()
     claim_sql = _claim_driver(backend.postgres)
     with engine.connect() as conn:
@@ -141,7 +153,7 @@ def floor_process(backend: Backend, owner: str, ready, go) -> None:
         conn.rollback()
         ready.release()
         go.wait()
-        floor_loop(conn, claim_sql, owner)
+        floor_loop(conn, claim_sql, owner, books)
     engine.dispose()
 
 
@@ -155,8 +167,9 @@ def _settle_batch(conn, rows, owner: str) -> int:
     return len(statement.run(conn, params).all())
 
 
-def floor_loop(conn, claim_sql, owner: str) -> int:
-    """The floor's loop on one connection; returns how many it settled."""
+def floor_loop(conn, claim_sql, owner: str, books: bool = False) -> int:
+    """The floor's loop on one connection; returns how many it settled. ``books``: each
+    claim and settlement also writes its statuses and history lines (:func:`_book`)."""
     from b2bhub.engine import machine
     settled, rows = 0, []
     while True:
@@ -165,22 +178,81 @@ def floor_loop(conn, claim_sql, owner: str) -> int:
             if written != len(rows):
                 raise RuntimeError(f"{len(rows) - written} fenced settlements not written")
             settled += written
+            if books:
+                _book(conn, rows, owner, "delivered", "in_progress", "delivered")
         now = utcnow()
         rows = claim_sql.run(conn, {
             "target": TARGET, "now": now, "owner": owner, "n": BATCH,
             "until": now + timedelta(seconds=300),
             "queued_due": now + machine.QUEUED_SKEW}).all()
+        if books and rows:
+            _book(conn, rows, owner, "in_progress", "received", "in_progress")
         conn.commit()  # the batch settled and the next one claimed: one commit
         if not rows:
             return settled
 
 
-def run_floor(backend: Backend, workers: int, n: int) -> float:
-    """Seconds the bare loop in ``workers`` processes takes for ``n`` deliveries."""
+def _book(conn, rows, owner: str, state: str, old: str, new: str) -> None:
+    """What the SPEC asks of every transition beyond the floor's two statements, in the
+    engine's own statements (``b2bhub.engine.status`` and ``history``), set-based for
+    the batch: each delivery's transition line, its message's new status and that
+    status change's line (SPEC 11: both in the transaction of the change). A message
+    here has one delivery, so its status follows from it without reading the states;
+    the engine reads them, and locks the messages first on PostgreSQL, because another
+    delivery of the same message may change at once."""
+    from b2bhub.domain.states import LABELS
+    from b2bhub.engine import history, status
+    from b2bhub.engine.driver import int_array, run_raw, word_array
+    now = utcnow()
+    lines = []
+    for delivery_id, message_id, attempt, _stalled in rows:
+        lines.append({"message_id": message_id, "delivery_id": delivery_id,
+                      "type": "delivery_changed", "actor": owner,
+                      "text": f"{TARGET}: {state}", "data": {"state": state,
+                                                            "attempt": attempt}})
+        lines.append({"message_id": message_id, "type": "status_changed", "actor": owner,
+                      "text": f"{LABELS[old]} → {LABELS[new]}",
+                      "data": {"from": old, "to": new}})
+    ids = [message_id for _d, message_id, _a, _s in rows]
+    if conn.dialect.name == "postgresql":
+        history._pg_lines_after(status._WRITE_PG).run(conn, {
+            "status_ids": int_array(ids), "statuses": word_array([new] * len(ids)),
+            "rows": json.dumps([history.packed_line(line) for line in lines]),
+            "now": now})
+        return
+    status._WRITE_SQLITE.run(conn, {"pairs": json.dumps([[i, new] for i in ids]),
+                                    "now": now})
+    created = history._created_at(conn.dialect)(now)
+    run_raw(conn, history._SQLITE_LINES, [
+        (line["message_id"], line.get("delivery_id"), line["type"], line["actor"],
+         line["text"], history.data_json(line["data"]), created) for line in lines],
+        many=True)
+
+
+def run_floor(backend: Backend, workers: int, n: int, books: bool = False) -> float:
+    """Seconds the bare loop in ``workers`` processes takes for ``n`` deliveries
+    (``books``: with the statuses and history lines)."""
     reset(backend, n)
     start = benchlib.run_together(
-        floor_process, [(backend, f"floor-{i}") for i in range(workers)], clock=utcnow)
-    return _finish(backend, n, start)
+        floor_process, [(backend, f"floor-{i}", books) for i in range(workers)],
+        clock=utcnow)
+    took = _finish(backend, n, start)
+    if books:
+        _check_books(backend, n)
+    return took
+
+
+def _check_books(backend: Backend, n: int) -> None:
+    """Every message Delivered, with four lines each: its delivery's two transitions
+    and its two status changes."""
+    engine = backend.engine()
+    with engine.connect() as conn:
+        lines = conn.execute(text("SELECT count(*) FROM history")).scalar()
+        done = conn.execute(text("SELECT count(*) FROM messages "
+                                 "WHERE status = 'delivered'")).scalar()
+    engine.dispose()
+    if lines != 4 * n or done != n:
+        raise RuntimeError(f"{done} of {n} messages delivered, {lines} lines of {4 * n}")
 
 
 def _finish(backend: Backend, n: int, start: datetime) -> float:
@@ -530,9 +602,11 @@ def statement_times(backend: Backend, n: int, rounds: int) -> None:
 
 # --- main -----------------------------------------------------------------------------
 
-def measure(backend_name: str, workers: list[int], n: int, rounds: int) -> list[Result]:
+def measure(backend_name: str, workers: list[int], n: int, rounds: int,
+            books: bool = False) -> list[Result]:
     """For each worker count, ``rounds`` rounds of floor then engine, back to back: a
-    ratio compares two runs taken under the same load on the machine."""
+    ratio compares two runs taken under the same load on the machine. ``books``: the
+    floor with statuses and history lines runs between the two."""
     results = []
     with benchlib.fresh_backend(backend_name) as backend:
         benchlib.create_target(backend, max_concurrent=BATCH * max(workers))
@@ -542,9 +616,14 @@ def measure(backend_name: str, workers: list[int], n: int, rounds: int) -> list[
                 print(f"{tag}, {n:,} deliveries: floor ...", flush=True)
                 floor = run_floor(backend, k, n)
                 print(f"{tag}: floor {n / floor:,.0f}/s; engine ...", flush=True)
+                booked = None
+                if books:
+                    booked = n / run_floor(backend, k, n, books=True)
+                    print(f"{tag}: floor with statuses and lines {booked:,.0f}/s, "
+                          f"{100 * booked * floor / n:.0f}% of the floor", flush=True)
                 engine = run_engine(backend, k, n)
                 result = Result(backend_name, k, n, index, n / floor, n / engine, floor,
-                                engine, os.getloadavg()[0])
+                                engine, os.getloadavg()[0], booked)
                 print(f"{tag}: engine {n / engine:,.0f}/s, {100 * result.ratio:.0f}% of the "
                       "floor", flush=True)
                 results.append(result)
@@ -572,6 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row-writes", action="store_true",
                         help="instead: the waits of a writer of the target's row while "
                              "the --workers drain (no floor)")
+    parser.add_argument("--books", action="store_true",
+                        help="each round also runs the floor with the statuses and "
+                             "history lines every transition writes (SPEC 11)")
     parser.add_argument("--sort", default="cumulative",
                         help="pstats order of --profile (cumulative, tottime, ...)")
     args = parser.parse_args(argv)
@@ -597,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.backend:
         results += measure(name, args.workers, args.count or DEFAULT_COUNTS[name],
-                           args.rounds)
+                           args.rounds, args.books)
     _print_results(results)
     return 0
 
@@ -628,6 +710,21 @@ def _print_results(results: list[Result]) -> None:
         "median of the rounds (engine/floor: median of the per-round ratios)",
         ["backend", "processes", "rounds", "floor/s", "engine/s", "engine/floor", "range"],
         summary)
+    booked = [r for r in results if r.books_rate is not None]
+    if booked:
+        rows = []
+        for key in dict.fromkeys((r.backend, r.workers) for r in booked):
+            group = [r for r in booked if (r.backend, r.workers) == key]
+            of_floor = sorted(r.books_rate / r.floor_rate for r in group)
+            engine_of = sorted(r.engine_rate / r.books_rate for r in group)
+            rows.append([*key, len(group), statistics.median(r.books_rate for r in group),
+                         f"{100 * statistics.median(of_floor):.0f}%",
+                         f"{100 * of_floor[0]:.0f}-{100 * of_floor[-1]:.0f}%",
+                         f"{100 * statistics.median(engine_of):.0f}%"])
+        benchlib.print_table(
+            "the floor with statuses and history lines (--books), median of the rounds",
+            ["backend", "processes", "rounds", "with lines/s", "of the floor", "range",
+             "engine of it"], rows)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"load average after the run: {load}")
 
