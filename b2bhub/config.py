@@ -27,6 +27,7 @@ def name_the_server(environ: dict, response) -> None:
     if not environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/"):
         response.headers.setdefault("Server", PRODUCT)
 
+
 #: (variable, default, meaning). A default of None means "derived", see ``load()``.
 VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_DATA_DIR", "./var", "where the embedded database, broker and payloads live"),
