@@ -68,15 +68,26 @@ class _NoSessionAtEndpoints(SecureCookieSessionInterface):
     2 to 3% of the web CPU of a small intake."""
 
     def open_session(self, app: Flask, request):
-        if request.method == "POST" and _at_an_endpoint(request.path):
+        if request.method == "POST" and endpoint_at(request.path) is not None:
             return None  # Flask puts its null session in its place
         return super().open_session(app, request)
 
 
-def _at_an_endpoint(path: str) -> bool:
-    """Whether ``path`` is ``/<prefix>/<instance>`` of a registered endpoint type."""
+def _endpoint_path(path: str) -> tuple[str, str] | None:
+    """(prefix, instance) when ``path`` has the shape ``/<prefix>/<instance>``."""
     parts = path.split("/")
-    return len(parts) == 3 and not parts[0] and endpoint_type(parts[1]) is not None
+    if len(parts) != 3 or parts[0] or not parts[1] or not parts[2]:
+        return None
+    return parts[1], parts[2]
+
+
+def endpoint_at(path: str) -> tuple[type, str] | None:
+    """The endpoint type and the instance's name of ``path`` when it is
+    ``/<prefix>/<instance>`` of a registered endpoint type, else None (needs an
+    application context: the registry)."""
+    named = _endpoint_path(path)
+    cls = endpoint_type(named[0]) if named is not None else None
+    return None if cls is None else (cls, named[1])
 
 
 def endpoints_init_app(app, csrf) -> None:
@@ -121,17 +132,17 @@ class EndpointsFirst:
         self.app, self.inner = app, inner
 
     def __call__(self, environ, start_response):
-        if environ.get("REQUEST_METHOD") == "POST":
-            parts = environ.get("PATH_INFO", "").split("/")
-            if len(parts) == 3 and not parts[0] and parts[1] and parts[2]:
-                response = None
-                with self.app.app_context():
-                    cls = endpoint_type(parts[1])
-                    if cls is not None:
-                        response = answer(cls, parts[2], Request(environ))
-                        name_the_server(environ, response)
-                if response is not None:
-                    return response(environ, start_response)
+        named = (_endpoint_path(environ.get("PATH_INFO", ""))
+                 if environ.get("REQUEST_METHOD") == "POST" else None)
+        if named is not None:  # the shape of one: an app context to look the type up
+            response = None
+            with self.app.app_context():
+                cls = endpoint_type(named[0])
+                if cls is not None:
+                    response = answer(cls, named[1], Request(environ))
+                    name_the_server(environ, response)
+            if response is not None:
+                return response(environ, start_response)
         return self.inner(environ, start_response)
 
 
