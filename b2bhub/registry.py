@@ -164,3 +164,43 @@ def get_registry(load: bool = True) -> PluginRegistry:
             if not registry.loaded:
                 registry.load()
     return registry
+
+
+# --- document inspectors (b2bhub.plugin_api.Inspector) -------------------------------
+
+INSPECTOR_GROUP = "b2bhub.inspectors"
+_inspectors: dict[str, Any] | None = None
+
+
+def inspector_problem(obj: Any, entry_point_name: str) -> str | None:
+    """What keeps ``obj`` from being the inspector named ``entry_point_name``."""
+    if getattr(obj, "name", None) != entry_point_name:
+        return f"{obj!r}.name is not {entry_point_name!r}"
+    if not callable(getattr(obj, "recognise", None)) or not callable(
+            getattr(obj, "inspect", None)):
+        return f"{obj!r} needs recognise(head) and inspect(stream)"
+    return None
+
+
+def get_inspectors() -> dict[str, Any]:
+    """The document inspectors by name, in name order, loaded once; one that fails to
+    import or to look like an inspector is logged and skipped."""
+    global _inspectors
+    if _inspectors is None:
+        with _load_lock:
+            if _inspectors is None:
+                found: dict[str, Any] = {}
+                for ep in entry_points(group=INSPECTOR_GROUP):
+                    try:
+                        obj = ep.load()
+                    except Exception:
+                        log.exception("inspector %r from %s failed to import; skipped",
+                                      ep.name, _distribution(ep))
+                        continue
+                    problem = inspector_problem(obj, ep.name)
+                    if problem:
+                        log.warning("inspector %r skipped: %s", ep.name, problem)
+                        continue
+                    found[ep.name] = obj
+                _inspectors = dict(sorted(found.items()))
+    return _inspectors
