@@ -69,3 +69,13 @@ def inspect_payload(store, digest: str) -> list[tuple[str, str]]:
         log.warning("payload %s could not be inspected", digest, exc_info=True)
         return []
     return attributes(env) if env is not None else []
+
+
+def attribute_rows(store, digest: str) -> list[tuple]:
+    """:func:`inspect_payload` as rows of ``message_attributes`` for a
+    :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there)."""
+    from b2bhub.models import MessageAttribute
+
+    table = MessageAttribute.__table__
+    return [(table, {"name": name, "value": value})
+            for name, value in inspect_payload(store, digest)]

@@ -16,7 +16,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic
 from typing import IO, Any
@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from b2bhub.engine import collection
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
 from b2bhub.engine.history import connection
+from b2bhub.engine.inspection import attribute_rows
 from b2bhub.engine.rows import insert_rows
 from b2bhub.models import Party, PollerPickup, Setting, utcnow
 from b2bhub.payloads import PayloadBatch, PayloadStore, StoredPayload
@@ -69,6 +70,7 @@ class _Staged:
     filename: str
     stored: StoredPayload
     correlation_id: str | None = None
+    rows: list[tuple] = field(default_factory=list)  # its message_attributes
 
 
 class SourceIntake:
@@ -195,7 +197,9 @@ class SourceIntake:
             message = store_and_dispatch(self.session, NewMessage(
                 source=self.instance_name, from_party=from_party, to_party=to_party,
                 stages={"unpacked": (stored.digest, stored.size)},
-                original_filename=filename, correlation_id=correlation_id, **kw), now)
+                original_filename=filename, correlation_id=correlation_id,
+                rows=attribute_rows(self.store, stored.digest) + kw.pop("rows", []),
+                **kw), now)
             self.session.commit()
         except BaseException:
             self.session.rollback()
@@ -254,6 +258,8 @@ class SourceIntake:
         except BaseException:
             self._payloads.discard()
             raise
+        for staged in batch:  # read before the transaction, not while it holds locks
+            staged.rows = attribute_rows(self.store, staged.stored.digest)
         pickups, made = self._commit(batch)
         self._removing = {staged.file.relative for staged in batch}
         self._removal = self._remover().submit(self._remove, batch, pickups)
@@ -315,7 +321,8 @@ class SourceIntake:
         return NewMessage(source=self.instance_name, from_party=staged.from_party,
                           to_party=staged.to_party, original_filename=staged.filename,
                           correlation_id=staged.correlation_id,
-                          stages={"unpacked": (staged.stored.digest, staged.stored.size)})
+                          stages={"unpacked": (staged.stored.digest, staged.stored.size)},
+                          rows=staged.rows)
 
     def _insert_pickups(self, fresh: list[_Staged], made: list[int], now: datetime
                         ) -> dict[int, int]:
