@@ -22,7 +22,7 @@ def attributes_of(name: str) -> list[tuple[str, str]]:
 
 
 def test_dropped_interchanges_are_inspected_once_and_their_envelopes_kept(
-        procs, inbox, tmp_path):  # noqa: F811
+        procs, inbox, tmp_path, api):  # noqa: F811
     load_fixtures(procs, inbox, writer={"config": {
         "base_directory": str(tmp_path / "out"),
         "filename_pattern": "{to}/{original_filename}"}})
@@ -60,3 +60,19 @@ def test_dropped_interchanges_are_inspected_once_and_their_envelopes_kept(
         MessageAttribute, MessageAttribute.message_id == Message.id).where(
         MessageAttribute.name == "reference", MessageAttribute.value == "PO-4711"))
     assert [r[0] for r in by_reference] == ["po.edi"]
+
+    def found(query: str) -> list[str]:
+        reply = api.get(f"/api/v1/messages?{query}")
+        assert reply.status_code == 200, reply.get_json()
+        return sorted(m["original_filename"] for m in reply.get_json()["items"])
+
+    assert found("document_type=850&reference=PO-4711") == ["po.edi"]
+    assert found("document_type=850") == ["bad.edi", "po.edi", "two.edi"]
+    assert found("document_type=810") == ["two.edi"]  # an interchange matches each type
+    assert found("document_type=ORDERS:D:96A&sender=ZZ:MYCOMPANY") == ["orders.edi"]
+    assert found("receiver=ZZ:ACME&interchange_control=102") == ["orders.edi"]
+    assert found("group_control=8&transaction_control=0003") == ["two.edi"]
+    assert found("document_type=850&reference=PO-1&transaction_control=0003") == [
+        "two.edi"]  # each filter is met by one of the interchange's sets
+    assert found("reference=PO-0000") == []
+    assert found("document_type=850&from=nobody") == []

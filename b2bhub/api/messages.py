@@ -8,7 +8,7 @@ from b2bhub.extensions import db
 from b2bhub.services import messages as svc
 
 MESSAGE_FILTERS = ("status", "from_party", "to_party", "source", "target", "since",
-                   "until", "q", "correlation_id")
+                   "until", "q", "correlation_id", *svc.ENVELOPE_FILTERS)
 
 
 def message_filter(args: dict) -> svc.MessageFilter:

@@ -451,6 +451,12 @@ class RouteTestResult(Schema):
 
 # --- messages and deliveries ----------------------------------------------------------
 
+def _exact(description: str) -> fields.String:
+    """An envelope filter: an exact value (docs/edi.md)."""
+    return fields.String(validate=validate.Length(min=1, max=255),
+                         metadata={"description": description})
+
+
 class MessageFilterArgs(IdPageArgs):
     status = CommaList(STATUSES)
     from_party = fields.String(data_key="from")
@@ -464,6 +470,13 @@ class MessageFilterArgs(IdPageArgs):
                        "(any case), or an external or correlation id (exact)"})
     correlation_id = fields.String(validate=validate.Length(min=1, max=255), metadata={
         "description": "the correlation id (exact)"})
+    document_type = _exact("holds a transaction set / message of this type (850, ORDERS:D:96A)")
+    sender = _exact("the envelope's sender, qualifier:id (ZZ:ACME)")
+    receiver = _exact("the envelope's receiver, qualifier:id")
+    interchange_control = _exact("the interchange control number (ISA13, UNB 0020)")
+    group_control = _exact("a functional group's control number (GS06, UNG 0048)")
+    transaction_control = _exact("a transaction set's control number (ST02, UNH 0062)")
+    reference = _exact("a business reference (BEG03 PO number, BIG02, BGM 1004)")
 
 
 class DeliveryFilterArgs(MessageFilterArgs):

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.engine import operator
-from b2bhub.models import Delivery, HistoryLine, Message
+from b2bhub.models import Delivery, HistoryLine, Message, MessageAttribute
 from b2bhub.services.errors import NotFound, ServiceError
 from b2bhub.services.pages import Page, keyset_page
 
@@ -28,6 +28,20 @@ class MessageFilter:
     until: datetime | None = None
     q: str | None = None
     correlation_id: str | None = None  # exact (indexed)
+    #: envelope attributes (docs/edi.md), each exact: every one given must be among the
+    #: message's own (an interchange holding an 850 and an 810 matches either type)
+    document_type: str | None = None
+    sender: str | None = None
+    receiver: str | None = None
+    interchange_control: str | None = None
+    group_control: str | None = None
+    transaction_control: str | None = None
+    reference: str | None = None
+
+
+#: the envelope filters of :class:`MessageFilter`, each a message attribute's name
+ENVELOPE_FILTERS = ("document_type", "sender", "receiver", "interchange_control",
+                    "group_control", "transaction_control", "reference")
 
 
 @dataclass
@@ -57,6 +71,12 @@ def _message_conditions(f: MessageFilter) -> list:
         conditions.append(Message.status.in_(f.status))
     if f.q:
         conditions.append(_text_search(f.q))
+    for name in ENVELOPE_FILTERS:
+        value = getattr(f, name)
+        if value is not None:
+            conditions.append(select(MessageAttribute.id).where(
+                MessageAttribute.message_id == Message.id, MessageAttribute.name == name,
+                MessageAttribute.value == value).exists())
     return conditions
 
 
