@@ -76,3 +76,9 @@ def test_dropped_interchanges_are_inspected_once_and_their_envelopes_kept(
         "two.edi"]  # each filter is met by one of the interchange's sets
     assert found("reference=PO-0000") == []
     assert found("document_type=850&from=nobody") == []
+
+    [po] = api.get("/api/v1/messages?reference=PO-4711").get_json()["items"]
+    envelope = api.get(f"/api/v1/messages/{po['id']}").get_json()["envelope"]
+    assert [(e["name"], e["value"]) for e in envelope] == attributes_of("po.edi")
+    [note] = api.get("/api/v1/messages?q=note.txt").get_json()["items"]
+    assert api.get(f"/api/v1/messages/{note['id']}").get_json()["envelope"] == []

@@ -35,6 +35,7 @@ def get_message(message_id: int):
     """One message with its deliveries, history (oldest first) and payload stages."""
     message = svc.get_message(db.session, message_id)
     message.history = svc.message_history(db.session, message_id)
+    message.envelope = svc.message_envelope(db.session, message_id)
     return message
 
 

@@ -603,6 +603,9 @@ class MessageDetail(Message):
     deliveries = fields.List(fields.Nested(Delivery), required=True)
     history = fields.List(fields.Nested(HistoryLine), required=True)
     payloads = fields.List(fields.Nested(PayloadStage), required=True)
+    envelope = fields.List(fields.Dict(), metadata={
+        "description": "what the document inspector read: name and value, in the "
+                       "order read (docs/edi.md); empty when none recognised it"})
 
 
 MessagePage = page_of(Message, "MessagePage")

@@ -155,6 +155,14 @@ def message_history(session: Session, message_id: int) -> list[HistoryLine]:
         HistoryLine.message_id == message_id).order_by(HistoryLine.id)))
 
 
+def message_envelope(session: Session, message_id: int) -> list[dict]:
+    """What the inspector read of a message's envelope (docs/edi.md): ``name`` and
+    ``value`` pairs in the order read; [] for a message no inspector recognised."""
+    return [{"name": name, "value": value} for name, value in session.execute(
+        select(MessageAttribute.name, MessageAttribute.value).where(
+            MessageAttribute.message_id == message_id).order_by(MessageAttribute.id))]
+
+
 def delivery_query(filters: DeliveryFilter, columns=(Delivery,)) -> Select:
     """Deliveries matching ``filters`` (also what the bulk redeliver selects)."""
     _check_values("status", filters.status, MessageStatus)
