@@ -106,6 +106,8 @@ def test_nothing_we_send_names_another_product_or_localhost(as2):
     assert head["user-agent"] == lib.PRODUCT and lib.PRODUCT.startswith("b2bhub/")
     assert re.fullmatch(r"<[^@<>]+@[^@<>]+>", head["message-id"])
     assert head["disposition-notification-to"] == f"as2@{lib.default_domain()}"
+    # the peer gets AS2 1.2 and no claim of a feature we do not implement
+    assert head["as2-version"] == "1.2" and "ediint-features" not in head
     for mdn_signed in (True, False):
         result = as2.partner.send(as2.url, sign=True, mdn_mode="sync", mdn_signed=mdn_signed)
         assert result["mdn_status"] == "processed", result

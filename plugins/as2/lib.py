@@ -664,6 +664,7 @@ def build_message(message, data: bytes, key_encryption: str | None = None, **kwa
     _ident.document = None
     with building(key_encryption):
         message.build(data, **kwargs)
+    del message.payload["ediint-features"]  # pyas2lib's "CMS": no RFC 6017 feature
     document, _ident.document = _ident.document, None
     alg = message.receiver.mdn_digest_alg
     if message.mic is None and alg and document is not None:
@@ -704,6 +705,7 @@ class Mdn(_PyMdn):
             _ident.report = previous
         if self.payload is not None:
             self.payload.replace_header("user-agent", PRODUCT)
+            del self.payload["ediint-features"]  # we implement no RFC 6017 feature
 
 
 if metadata.version("pyas2lib") == _PATCHED_VERSION:

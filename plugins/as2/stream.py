@@ -939,7 +939,9 @@ def build(ws: Workspace, source: IO[bytes], *, sender, receiver, filename: str |
     msgid = f"{message_id}@{domain}" if message_id else \
         email_utils.make_msgid(domain=domain).lstrip("<").rstrip(">")
     headers = dict(outer.items())
-    headers.update({"AS2-Version": "1.2", "ediint-features": "CMS",
+    # no EDIINT-Features: it lists RFC 6017 features (CEM, multiple-attachments,
+    # AS2-Reliability) and b2bhub implements none of them yet; "CMS" is no such token
+    headers.update({"AS2-Version": "1.2",
                     "Message-ID": f"<{msgid}>", "AS2-From": _quoted(sender.as2_name),
                     "AS2-To": _quoted(receiver.as2_name), "Subject": subject,
                     "Date": email_utils.formatdate(localtime=True)})
