@@ -1,7 +1,7 @@
 """Celery settings; the core's periodic work declared as data in ``beat_schedule``
-(plugin types' jobs are added to it from the registry: b2bhub/jobs.py).
+(plugin types' jobs are added to it from the registry: b2bhub/runtime/jobs.py).
 
-Wake-ups go straight to the ``deliveries`` queue (b2bhub/hub.py publishes to the queue by
+Wake-ups go straight to the ``deliveries`` queue (b2bhub/runtime/hub.py publishes to the queue by
 name, which spares the broker a lookup of the exchange's bindings per publish); each
 delivery queue is also bound to a topic exchange of its name with ``delivery.#``, for a
 publisher that sends routing key ``delivery.<target instance>``. An instance given a
@@ -32,7 +32,7 @@ worker_hijack_root_logger = False
 worker_send_task_events = False
 broker_connection_retry_on_startup = True
 broker_connection_timeout = 3
-# Redis only (b2bhub/celery_app.py); kombu's SQLAlchemy transport hands its options to
+# Redis only (b2bhub/runtime/celery_app.py); kombu's SQLAlchemy transport hands its options to
 # create_engine, which refuses these. max_retries 0: a publish to a broker that is down
 # fails at once instead of retrying the connection for seconds inside the intake that
 # published (the sweep re-wakes later).
@@ -61,5 +61,5 @@ beat_schedule = {
                        "options": {"expires": 60.0}},
 }
 # Celery's persistent scheduler, recovering from a publish that leaves its producer on a
-# closed channel (it would otherwise never publish again): b2bhub/beat.py
-beat_scheduler = "b2bhub.beat:Scheduler"
+# closed channel (it would otherwise never publish again): b2bhub/runtime/beat.py
+beat_scheduler = "b2bhub.runtime.beat:Scheduler"

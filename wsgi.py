@@ -1,8 +1,8 @@
 """gunicorn serves ``wsgi:app``; the process registers itself and ships its logs."""
 
 from b2bhub import create_app
-from b2bhub.agent import start_agent
-from b2bhub.hub import prepare_publisher
+from b2bhub.runtime.agent import start_agent
+from b2bhub.runtime.hub import prepare_publisher
 
 app = create_app()
 prepare_publisher(app)  # the first intake does not pay the broker client's imports

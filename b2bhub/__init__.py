@@ -9,8 +9,8 @@ from pathlib import Path
 from flask import Flask
 from werkzeug.routing import IntegerConverter
 
-from b2bhub import config as configuration
-from b2bhub.extensions import csrf, db, migrate
+from b2bhub.config import environment as configuration
+from b2bhub.config.extensions import csrf, db, migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_ID = 2**63 - 1
@@ -32,7 +32,7 @@ def _version_locations(config):
 
     from flask import current_app
 
-    from b2bhub.registry import get_registry
+    from b2bhub.plugin.registry import get_registry
     registry = current_app.config.get("PLUGIN_REGISTRY") or get_registry()
     places = [str(ROOT / "migrations" / "versions")]
     for cls in registry.types().values():
@@ -47,7 +47,7 @@ def _version_locations(config):
 def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flask:
     """The one way in: config, extensions, Celery, blueprints.
 
-    ``serve_http=False`` (the Celery worker and beat, ``b2bhub.worker``) leaves out the
+    ``serve_http=False`` (the Celery worker and beat, ``b2bhub.runtime.worker``) leaves out the
     API, the UI and the receiving endpoints: a process that serves no request need not
     build them (the API's schemas and OpenAPI document alone cost a worker about 30 MB
     of its resident memory)."""
@@ -62,20 +62,20 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
     logging.basicConfig(level=app.config["LOG_LEVEL"],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from b2bhub import dbsetup
-    dbsetup.install()
+    from b2bhub.config import database
+    database.install()
     db.init_app(app)
     migrate.init_app(app, db, directory=str(ROOT / "migrations"))
     if _version_locations not in migrate.configure_callbacks:
         migrate.configure(_version_locations)
     csrf.init_app(app)
 
-    from b2bhub.celery_app import celery_init_app
+    from b2bhub.runtime.celery_app import celery_init_app
     celery_init_app(app)
-    from b2bhub.hub import hub_init_app
+    from b2bhub.runtime.hub import hub_init_app
     hub_init_app(app)
 
-    from b2bhub import tracing
+    from b2bhub.observability import tracing
     if not serve_http:
         tracing.instrument_celery()  # off unless OTEL_TRACES_EXPORTER names an exporter
         return app
@@ -90,7 +90,7 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
     app.register_blueprint(metrics_bp)
     from b2bhub.web import web_init_app
     web_init_app(app)
-    from b2bhub.endpoints import endpoints_init_app
+    from b2bhub.plugin.endpoints import endpoints_init_app
     endpoints_init_app(app, csrf)
     from b2bhub.api.callbacks import bp as callbacks_bp
     app.register_blueprint(callbacks_bp)
@@ -108,7 +108,8 @@ def _name_gunicorn() -> None:
 
 
 def _name_the_server(response):
-    """Every answer names b2bhub as its Server (:func:`b2bhub.config.name_the_server`)."""
+    """Every answer names b2bhub as its Server
+    (:func:`b2bhub.config.environment.name_the_server`)."""
     from flask import request
     configuration.name_the_server(request.environ, response)
     return response

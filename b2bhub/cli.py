@@ -16,7 +16,7 @@ from b2bhub import create_app
 
 class _Group(FlaskGroup):
     """Flask's group; ``db upgrade`` goes to every head by default: the core's history
-    and each plugin's own branch (b2bhub/plugin_api.py, ``migrations``)."""
+    and each plugin's own branch (b2bhub/plugin/__init__.py, ``migrations``)."""
 
     def get_command(self, ctx, name):
         command = super().get_command(ctx, name)
@@ -66,7 +66,7 @@ def database_problem(cfg) -> str | None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     url = make_url(cfg["SQLALCHEMY_DATABASE_URI"])
     where = (f"{url.render_as_string(hide_password=True)} (data directory "
              f"{cfg['DATA_DIR']})")
@@ -93,7 +93,7 @@ def run_command(workers: int | None) -> None:
     from flask import current_app
     from flask_migrate import upgrade
 
-    from b2bhub.supervisor import Supervisor
+    from b2bhub.runtime.supervisor import Supervisor
     upgrade(revision="heads")
     cfg = current_app.config
     _print_login_hint(cfg)
@@ -104,7 +104,7 @@ def _print_login_hint(cfg) -> None:
     """Say where the UI is, and how to make the first user when there is none."""
     from sqlalchemy import func, select
 
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.models import User
     click.echo(f"b2bhub UI: http://{cfg['HOST']}:{cfg['PORT']}/ui/")
     if not db.session.scalar(select(func.count(User.id))):
@@ -124,7 +124,7 @@ def fixtures_group() -> None:
 @needs_database
 def fixtures_load(path: str) -> None:
     """Load a fixtures file; a bad item is named and nothing is created."""
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.services.errors import ServiceError
     from b2bhub.services.fixtures import load_fixtures
     with open(path, encoding="utf-8") as fh:
@@ -159,12 +159,12 @@ def token_group() -> None:
 def token_create(name: str, role: str, user_name: str | None,
                  instance: str | None) -> None:
     """Print a new bearer token (shown once)."""
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.services.errors import ServiceError
     from b2bhub.services.tokens import create_token
     from b2bhub.services.users import find_user
     if instance is not None:
-        from b2bhub.hub import registry
+        from b2bhub.runtime.hub import registry
         from b2bhub.services.intake_tokens import token_keeper
         try:
             keeper = token_keeper(db.session, registry(), instance)
@@ -191,8 +191,8 @@ def token_create(name: str, role: str, user_name: str | None,
 @needs_database
 def token_revoke(name: str, instance: str) -> None:
     """Revoke an intake token of an instance (an http_receiver, say)."""
-    from b2bhub.extensions import db
-    from b2bhub.hub import registry
+    from b2bhub.config.extensions import db
+    from b2bhub.runtime.hub import registry
     from b2bhub.services.errors import ServiceError
     from b2bhub.services.intake_tokens import token_keeper
     try:
@@ -222,7 +222,7 @@ def user_group() -> None:
 @needs_database
 def user_create(name: str, role: str) -> None:
     """Create a user; the password is read from stdin (its first line)."""
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.services.errors import ServiceError
     from b2bhub.services.users import create_user
     if sys.stdin.isatty():
@@ -243,9 +243,9 @@ def user_create(name: str, role: str) -> None:
 @needs_database
 def sweep_command() -> None:
     """Run the sweep once (beat runs it every 5 s)."""
-    from b2bhub import hub
     from b2bhub.engine.sweep import run_sweep
     from b2bhub.models import utcnow
+    from b2bhub.runtime import hub
     with hub.new_session() as session:
         click.echo(run_sweep(session, utcnow(), hub.process_owner()))
 
@@ -258,9 +258,9 @@ def sweep_command() -> None:
 @with_appcontext
 def cleanup_command(dry_run: bool, batch: int | None) -> None:
     """Run the nightly cleanup now: messages past retention, unreferenced payload files."""
-    from b2bhub import hub
     from b2bhub.engine.cleanup import BATCH, BATCH_BUDGET, plugin_references, run_cleanup
     from b2bhub.models import utcnow
+    from b2bhub.runtime import hub
     with hub.new_session() as session:
         report = run_cleanup(session, hub.store(), utcnow(), hub.process_owner(),
                              dry_run=dry_run, trigger="manual", actor="cli",

@@ -140,7 +140,7 @@ def run(name: str, n: int, requests: int, show_plans: bool) -> list[list[object]
         app = benchlib.make_app(backend)
         rows = []
         with app.app_context():
-            from b2bhub.extensions import db
+            from b2bhub.config.extensions import db
             from b2bhub.services.tokens import create_token
             token = create_token(db.session, "bench", "viewer")
             db.session.commit()

@@ -95,14 +95,14 @@ def file_sha256(chunks) -> str:
 def setup(backend, certs, sink_url: str, threshold: int | None) -> None:
     """as2_receive's hub set-up, with the partner's profile asking for everything and
     limits that take 1 GB."""
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.models import PluginInstance
     from b2bhub.services import config as svc
     from plugins.as2 import profiles
     configure(backend, certs, sink_url)
     app = make_app(backend)
     with app.app_context():
-        registry = app.extensions["b2bhub.registry"]
+        registry = app.extensions["b2bhub.plugin.registry"]
         from plugins.as2.plugin import As2Receiver, As2Sender
         registry.register(As2Receiver)
         registry.register(As2Sender)
@@ -226,8 +226,8 @@ def send_child(document: str) -> None:
     from b2bhub import create_app
     from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
     from b2bhub.engine.runner import TargetRunner
-    from b2bhub.hub import new_session
     from b2bhub.models import Delivery, utcnow
+    from b2bhub.runtime.hub import new_session
     app = create_app({"WAKEUP_PUBLISHER": lambda items: None})
     with app.app_context():
         store = app.extensions["b2bhub.store"]
@@ -239,7 +239,7 @@ def send_child(document: str) -> None:
                 stages={"unpacked": (stored.digest, stored.size)}, targets=["as2out"],
                 original_filename="large.bin"), utcnow())
             session.commit()
-        TargetRunner(new_session, app.extensions["b2bhub.registry"], store, "bench").drain(
+        TargetRunner(new_session, app.extensions["b2bhub.plugin.registry"], store, "bench").drain(
             "as2out", budget=1800)
         with new_session() as session:
             state, result = session.query(Delivery.state, Delivery.last_result).filter(

@@ -66,13 +66,13 @@ from tests.as2kit import make_pair  # noqa: E402
 
 
 def configure(backend, certs, sink_url: str | None = None) -> None:
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.services import config as svc
     from plugins.as2 import profiles
     from plugins.as2.plugin import As2Receiver, As2Sender
     app = make_app(backend)
     with app.app_context():
-        registry = app.extensions["b2bhub.registry"]
+        registry = app.extensions["b2bhub.plugin.registry"]
         registry.register(As2Receiver)
         registry.register(As2Sender)
         svc.create_party(db.session, "organization", "mycompany")
@@ -391,8 +391,8 @@ def send_child(mb: int) -> None:
     from b2bhub import create_app
     from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
     from b2bhub.engine.runner import TargetRunner
-    from b2bhub.hub import new_session
     from b2bhub.models import Delivery, utcnow
+    from b2bhub.runtime.hub import new_session
     app = create_app({"WAKEUP_PUBLISHER": lambda items: None})
     with app.app_context():
         store = app.extensions["b2bhub.store"]
@@ -403,7 +403,7 @@ def send_child(mb: int) -> None:
                 stages={"unpacked": (stored.digest, stored.size)}, targets=["as2out"]),
                 utcnow())
             session.commit()
-        TargetRunner(new_session, app.extensions["b2bhub.registry"], store, "bench").drain(
+        TargetRunner(new_session, app.extensions["b2bhub.plugin.registry"], store, "bench").drain(
             "as2out", budget=600)
         with new_session() as session:
             state = session.query(Delivery.state).filter(Delivery.target == "as2out").scalar()
@@ -439,7 +439,7 @@ def main() -> None:
                         help="measure peak RSS with a message this large instead")
     args = parser.parse_args()
     if args.web_workers is None:
-        from b2bhub.config import web_concurrency
+        from b2bhub.config.environment import web_concurrency
         args.web_workers = web_concurrency()
     certs = {"hub": make_pair("hub.bench"), "acme": make_pair("acme.bench")}
     for name, value in environment([args.backend]):

@@ -55,8 +55,8 @@ class Backend:
 
     def engine(self) -> Engine:
         """A plain SQLAlchemy engine with the app's SQLite pragmas."""
-        from b2bhub import dbsetup
-        dbsetup.install()
+        from b2bhub.config import database
+        database.install()
         args = {"connect_args": {"timeout": 30}} if not self.postgres else {}
         return create_engine(self.database_url, **args)
 
@@ -113,7 +113,7 @@ def make_app(backend: Backend):
     import b2bhub_testplugins as testplugins
 
     from b2bhub import create_app
-    from b2bhub.registry import PluginRegistry
+    from b2bhub.plugin.registry import PluginRegistry
     registry = PluginRegistry()
     registry.register(testplugins.Noop)
     return create_app({"DATA_DIR": backend.data_dir,
@@ -135,11 +135,11 @@ def migrate(backend: Backend) -> None:
 
 def create_target(backend: Backend, max_concurrent: int) -> None:
     """The no-op target, its parties, a source and a route, through the services."""
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.services import config as svc
     app = make_app(backend)
     with app.app_context():
-        registry = app.extensions["b2bhub.registry"]
+        registry = app.extensions["b2bhub.plugin.registry"]
         svc.create_party(db.session, "organization", "mycompany")
         svc.create_party(db.session, "partner", "acme")
         svc.save_instance(db.session, registry, {

@@ -15,7 +15,7 @@ times (default 3), back to back:
   next in one transaction: one commit per batch. What the floor leaves out is exactly the
   engine's bookkeeping (history lines, message status, live-lease count, target lock,
   wake-ups, lease renewal) and its process machinery (Celery, the plugin call).
-* engine: K real worker processes (``celery -A b2bhub.worker worker --pool solo``), one
+* engine: K real worker processes (``celery -A b2bhub.runtime.worker worker --pool solo``), one
   ``b2bhub.deliver`` wake-up per worker published through the real broker (Redis, or
   kombu's SQLAlchemy transport on SQLite); timed from the first publish until the last
   delivery was settled.
@@ -286,7 +286,7 @@ class Workers:
         celery = str(Path(sys.executable).parent / "celery")
         for i, log in enumerate(self.logs):
             log.unlink(missing_ok=True)
-            cmd = [celery, "-A", "b2bhub.worker", "worker", "--pool", "solo",
+            cmd = [celery, "-A", "b2bhub.runtime.worker", "worker", "--pool", "solo",
                    "-Q", "deliveries,default", "-n", f"bench{i}-{os.getpid()}@%h",
                    "--loglevel", "INFO"]
             with open(log, "w") as out:
@@ -340,7 +340,7 @@ class Workers:
 
 def publish_wakeups(backend: Backend, count: int) -> datetime:
     """One wake-up per worker through the real broker; returns when the first went out."""
-    from b2bhub.tasks import deliver
+    from b2bhub.runtime.tasks import deliver
     from celeryconfig import delivery_queue
     app = benchlib.make_app(backend)
     with app.app_context():
@@ -464,8 +464,8 @@ def profile_drain(backend: Backend, n: int, sort: str = "cumulative") -> None:
 
 def _drain_here(backend: Backend, profiler=None) -> tuple[int, float, float]:
     """One TargetRunner.drain in this process: (settled, seconds, CPU seconds)."""
-    from b2bhub import hub
     from b2bhub.engine.runner import TargetRunner
+    from b2bhub.runtime import hub
     app = benchlib.make_app(backend)
     with app.app_context():
         runner = TargetRunner(hub.new_session, hub.registry(), hub.store(), "here")

@@ -56,10 +56,10 @@ def load(engine, count: int) -> None:
 
 def cleanup_process(backend: benchlib.Backend, batch: int, out) -> None:
     """Run the cleanup with its transactions timed; send back what it measured."""
-    from b2bhub import hub
+    from b2bhub.config.extensions import db
     from b2bhub.engine.cleanup import run_cleanup
-    from b2bhub.extensions import db
     from b2bhub.models import utcnow
+    from b2bhub.runtime import hub
     app = benchlib.make_app(backend)
     durations: list[float] = []
     with app.app_context():
@@ -105,9 +105,9 @@ class Intake(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        from b2bhub import hub
         from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
         from b2bhub.models import utcnow
+        from b2bhub.runtime import hub
         with self.app.app_context():
             store = hub.store()
             i = 0
@@ -135,7 +135,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def storage_report_seconds(backend: benchlib.Backend) -> float:
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.models import utcnow
     from b2bhub.services.storage import compute
     app = benchlib.make_app(backend)

@@ -4,7 +4,7 @@ worker and beat processes, dropping files atomically, and the machine's descript
 Each run gets a database of its own (SQLite in a temporary directory, or a PostgreSQL
 database ``b2bhub_fbench_<pid>`` dropped afterwards) and empties Redis database 7 before
 it starts. Processes are the ones the tests start (``tests/procs.py``): ``celery -A
-b2bhub.worker worker --pool solo -Q deliveries,default`` and ``celery ... beat``.
+b2bhub.runtime.worker worker --pool solo -Q deliveries,default`` and ``celery ... beat``.
 """
 
 from __future__ import annotations
@@ -118,8 +118,9 @@ def _migrate_and_configure(bench: Bench, writer_concurrency: int,
                            take_by_link: bool = False, target: dict | None = None) -> None:
     from flask_migrate import upgrade
 
-    from b2bhub import create_app, hub
-    from b2bhub.extensions import db
+    from b2bhub import create_app
+    from b2bhub.config.extensions import db
+    from b2bhub.runtime import hub
     from b2bhub.services import config as svc
 
     app = create_app({"DATA_DIR": bench.urls["data_dir"],

@@ -19,7 +19,7 @@ from pathlib import Path
 from benchlib import run_together
 from sqlalchemy import create_engine, text
 
-from b2bhub.payloads import syncfs
+from b2bhub.payloads.store import syncfs
 
 BATCH = 16
 

@@ -93,13 +93,13 @@ class Sink(BaseHTTPRequestHandler):
 
 
 def configure(backend, sink_url: str) -> dict[str, str]:
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.services import config as svc
     from plugins.http_poster import HttpPoster
     from plugins.http_receiver import HttpReceiver, create_token
     app = make_app(backend)
     with app.app_context():
-        registry = app.extensions["b2bhub.registry"]
+        registry = app.extensions["b2bhub.plugin.registry"]
         registry.register(HttpReceiver)
         registry.register(HttpPoster)
         s = db.session

@@ -1,5 +1,5 @@
 """Why every PostgreSQL connection of the hub discards its cached plans once they are
-a few seconds old (``REPLAN_SECONDS``, :mod:`b2bhub.dbsetup`) instead of planning
+a few seconds old (``REPLAN_SECONDS``, :mod:`b2bhub.config.database`) instead of planning
 each execution (``plan_cache_mode=force_custom_plan``, as it did before), and what
 planning each execution costs in the foreign-key checks of its INSERTs.
 
@@ -39,7 +39,7 @@ from sqlalchemy import create_engine, make_url, text
 
 #: the modes measured: PostgreSQL's setting, and whether the connection discards its
 #: cached plans after the growth, as the hub's next checkout does once they are
-#: ``REPLAN_SECONDS`` old (b2bhub.dbsetup)
+#: ``REPLAN_SECONDS`` old (b2bhub.config.database)
 MODES = {"force_custom_plan": ("force_custom_plan", False), "auto": ("auto", False),
          "auto, replanned": ("auto", True)}
 

@@ -90,11 +90,11 @@ def _client(url, token, ready, stop, out) -> None:
 # --- one backend ------------------------------------------------------------------------
 
 def measure(backend: Backend, args) -> dict:
+    from b2bhub.config.extensions import db
     from b2bhub.engine import wakeups
     from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many
-    from b2bhub.extensions import db
-    from b2bhub.hub import CeleryPublisher
     from b2bhub.models import HistoryLine, utcnow
+    from b2bhub.runtime.hub import CeleryPublisher
     from b2bhub.services import config as svc
     from b2bhub.services.tokens import create_token
 
@@ -104,7 +104,7 @@ def measure(backend: Backend, args) -> dict:
                        "broker_url": backend.broker_url, "data_dir": backend.data_dir},
                       tmp)
     with app.app_context():
-        registry = app.extensions["b2bhub.registry"]
+        registry = app.extensions["b2bhub.plugin.registry"]
         import b2bhub_testplugins as testplugins
         registry.register(testplugins.ManualSource)
         svc.create_party(db.session, "organization", "mycompany")

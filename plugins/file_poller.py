@@ -29,11 +29,11 @@ from pathlib import Path
 from time import monotonic
 from typing import IO, Any
 
-from b2bhub.config_schema import Field
 from b2bhub.domain import path_pattern
 from b2bhub.domain.path_pattern import UNROUTABLE, Match, PatternError
 from b2bhub.domain.routing import validate_name
-from b2bhub.plugin_api import FileChanged, Plugin, PluginStartError, SourceContext
+from b2bhub.plugin import FileChanged, Plugin, PluginStartError, SourceContext
+from b2bhub.plugin.schema import Field
 
 log = logging.getLogger(__name__)
 MAX_PATH_TEXT = 1024  # bytes of a relative path as recorded

@@ -47,7 +47,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from b2bhub.config_schema import Field
 from b2bhub.domain.filename_pattern import (
     FilenamePattern,
     PatternError,
@@ -56,8 +55,9 @@ from b2bhub.domain.filename_pattern import (
 )
 from b2bhub.domain.outcome import OutcomeKind
 from b2bhub.domain.retry import FILE_WRITER_DEFAULT
-from b2bhub.payloads import PayloadError, syncfs
-from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader, Plugin, TargetContext
+from b2bhub.payloads.store import PayloadError, syncfs
+from b2bhub.plugin import DeliveryInfo, Outcome, PayloadReader, Plugin, TargetContext
+from b2bhub.plugin.schema import Field
 
 DEFAULT_PATTERN = "{original_filename|message_id}"
 STAGES = ("raw", "unpacked", "sent")

@@ -37,9 +37,9 @@ from urllib.parse import unquote, urlsplit
 
 import requests
 
-from b2bhub.config_schema import Field
 from b2bhub.domain.routing import validate_name
-from b2bhub.plugin_api import Plugin, PluginStartError, SourceContext
+from b2bhub.plugin import Plugin, PluginStartError, SourceContext
+from b2bhub.plugin.schema import Field
 from plugins.http_poster import (
     AUTH_FIELDS,
     auth_problems,

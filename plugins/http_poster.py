@@ -8,7 +8,7 @@ Each request carries, besides the configured ``headers``:
   ``-Original-Message-Id`` and ``-Correlation-Id`` (the last two when the message has
   them) and ``X-B2BHub-Callback-Url`` (the capability URL of receipts by callback);
 * ``X-Correlation-Id`` (the message's correlation id, when it has one), and when traces
-  are on (:mod:`b2bhub.tracing`) a W3C ``traceparent`` naming this attempt's span in
+  are on (:mod:`b2bhub.observability.tracing`) a W3C ``traceparent`` naming this attempt's span in
   the message's trace (set by the requests instrumentation);
 * ``Idempotency-Key``: the same on every attempt of one delivery
   (:mod:`b2bhub.domain.callbacks`), so a destination can drop a repeat;
@@ -57,10 +57,10 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
-from b2bhub.config_schema import Field
 from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome, OutcomeKind
-from b2bhub.payloads import PayloadError
-from b2bhub.plugin_api import DeliveryInfo, PayloadReader, Plugin, TargetContext
+from b2bhub.payloads.store import PayloadError
+from b2bhub.plugin import DeliveryInfo, PayloadReader, Plugin, TargetContext
+from b2bhub.plugin.schema import Field
 
 STAGES = ("raw", "unpacked", "sent")
 #: how much of an answer's body a history line shows, at most

@@ -72,7 +72,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column, scoped_session
 
-from b2bhub.plugin_api import (
+from b2bhub.plugin import (
     INTAKE_KEYS,
     PREREAD,
     Base,
@@ -148,7 +148,7 @@ def _hash(token: str) -> str:
 
 
 def _receiver(session, instance: str) -> PluginInstance:
-    from b2bhub.plugin_api import NotFound
+    from b2bhub.plugin import NotFound
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == instance))
     if row is None or row.type != TYPE:
         raise NotFound(f"no {TYPE} instance named '{instance}'")
@@ -158,7 +158,7 @@ def _receiver(session, instance: str) -> PluginInstance:
 def create_token(session, instance: str, name: str, actor: str) -> str:
     """Make a named token for the instance; returns it (shown this once). The caller
     commits. A history line names the operator."""
-    from b2bhub.plugin_api import Conflict, ServiceError
+    from b2bhub.plugin import Conflict, ServiceError
     _receiver(session, instance)
     if not name or len(name) > 64:
         raise ServiceError("a token needs a name of 1 to 64 characters", {"name": "invalid"})
@@ -175,7 +175,7 @@ def create_token(session, instance: str, name: str, actor: str) -> str:
 
 
 def revoke_token(session, instance: str, name: str, actor: str) -> None:
-    from b2bhub.plugin_api import NotFound
+    from b2bhub.plugin import NotFound
     _receiver(session, instance)
     gone = session.execute(delete(IntakeToken).where(IntakeToken.instance == instance,
                                                      IntakeToken.name == name)).rowcount
@@ -295,7 +295,7 @@ def _lookups_query(config_given: bool):
     given) and the two parties are outer joins on one row, so each table is read once
     and a missing row reads as NULL: scalar subqueries, the instance's repeated for
     each value of it, took twice the planning (still paid at a connection's first
-    executions and after each replan, :mod:`b2bhub.dbsetup`).
+    executions and after each replan, :mod:`b2bhub.config.database`).
     On PostgreSQL it runs as psycopg's own SQL (:func:`run_read`): its columns are json,
     text and numbers, which psycopg reads as SQLAlchemy would."""
     instances, parties = PluginInstance.__table__, Party.__table__
@@ -520,7 +520,7 @@ def _sync_runner():
     """The web process's runner for in-request attempts (one per process and app)."""
     global _runner
     from b2bhub.engine.runner import TargetRunner
-    from b2bhub.hub import callback_tokens, new_session, process_owner, registry, store
+    from b2bhub.runtime.hub import callback_tokens, new_session, process_owner, registry, store
     made_for = (registry(), store())
     with _runner_lock:
         if _runner is None or (_runner.registry, _runner.store) != made_for:
@@ -555,7 +555,7 @@ def _deliver_in_request(session, message_id: int, delivery_id: int, target: str,
 
 
 def _sync_answer(session, message_id: int, target: str, result, made: int) -> EndpointReply:
-    from b2bhub.plugin_api import Delivery
+    from b2bhub.plugin import Delivery
     state = None if result is None else result.state  # what the last attempt settled
     online = None
     if state in (None, "queued", "retrying"):  # not attempted, or left for the worker

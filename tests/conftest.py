@@ -34,7 +34,7 @@ from b2bhub import create_app  # noqa: E402
 from b2bhub.engine import wakeups as wakeup_module  # noqa: E402
 from b2bhub.engine.dispatch import route_cache  # noqa: E402
 from b2bhub.models import Base  # noqa: E402
-from b2bhub.registry import PluginRegistry  # noqa: E402
+from b2bhub.plugin.registry import PluginRegistry  # noqa: E402
 
 PG_URL = os.environ.get("B2BHUB_TEST_DATABASE_URL", "")
 IS_POSTGRES = PG_URL.startswith("postgresql")
@@ -161,7 +161,7 @@ def _empty_tables(app) -> None:
 
 @pytest.fixture
 def db(app):
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     return db
 
 

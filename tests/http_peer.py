@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from b2bhub.plugin_api import DeliveryInfo
+from b2bhub.plugin import DeliveryInfo
 
 KEEP = 64 * 1024
 

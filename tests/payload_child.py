@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("size", type=int)
     parser.add_argument("--hang-after", type=int)
     args = parser.parse_args()
-    from b2bhub.payload_backends import open_payload_store
+    from b2bhub.payloads.backends import open_payload_store
 
     store = open_payload_store(os.environ["B2BHUB_PAYLOAD_URL"], "",
                                endpoint_url=os.environ.get("B2BHUB_S3_ENDPOINT_URL"))

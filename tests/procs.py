@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN_DIST = ROOT / "tests" / "plugin_dist"
 BIN = Path(sys.executable).parent
-CELERY = [str(BIN / "celery"), "-A", "b2bhub.worker"]
+CELERY = [str(BIN / "celery"), "-A", "b2bhub.runtime.worker"]
 
 
 class Proc:
@@ -156,7 +156,7 @@ class Processes:
         production (without it each stop with a live page open waited the whole graceful
         timeout); ``threads - 4`` event streams at once per worker process."""
         port = free_port()
-        cmd = [str(BIN / "gunicorn"), "-c", "python:b2bhub.gunicorn_conf",
+        cmd = [str(BIN / "gunicorn"), "-c", "python:b2bhub.runtime.gunicorn_conf",
                "--worker-class", "gthread", "--workers", str(workers),
                "--threads", str(threads), "--bind", f"127.0.0.1:{port}",
                "--graceful-timeout", "5", "wsgi:app"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import uuid
 
-from b2bhub.payload_s3 import MIN_PART_SIZE, S3PayloadStore
+from b2bhub.payloads.s3 import MIN_PART_SIZE, S3PayloadStore
 
 #: what the processes and stores of the tests sign with (moto takes any key)
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from b2bhub.config_schema import Field
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.hub import new_session
 from b2bhub.models import ApiToken, Party, PluginInstance, Route, utcnow
+from b2bhub.plugin.schema import Field
+from b2bhub.runtime.hub import new_session
 from b2bhub.services.tokens import create_token
 
 T0 = datetime(2024, 5, 1, 12, 0, 0)

@@ -63,7 +63,7 @@ def test_the_openapi_document_is_valid_and_lists_every_api_route(app, spec):
     documented = {(re.sub(r"{\w+}", "{}", path), method.upper())
                   for path, method, _ in operations(spec)}
     served = set()
-    kinds = profile_kinds(app.extensions["b2bhub.registry"])
+    kinds = profile_kinds(app.extensions["b2bhub.plugin.registry"])
     for rule in app.url_map.iter_rules():
         if rule.endpoint.startswith("api.") or rule.endpoint == "metrics.metrics":
             path = re.sub(r"<[^>]+>", "{}", rule.rule)

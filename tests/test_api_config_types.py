@@ -13,8 +13,8 @@ import pytest
 from openapi_schema_validator import OAS30Validator
 from sqlalchemy import select
 
-from b2bhub.config_schema import Field
 from b2bhub.models import PluginInstance
+from b2bhub.plugin.schema import Field
 from b2bhub.services.config import MAX_CONCURRENT_DELIVERIES, MAX_PROBE_INTERVAL, MAX_RETENTION_DAYS
 from b2bhub.services.fixtures import load_fixtures
 from plugins.file_poller import FilePoller

@@ -29,10 +29,10 @@ from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.machine import fail_overdue_receipts
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
-from b2bhub.payloads import PayloadBatch, PayloadStore
-from b2bhub.plugin_api import PREREAD
+from b2bhub.payloads.store import PayloadBatch, PayloadStore
+from b2bhub.plugin import PREREAD
+from b2bhub.runtime.hub import new_session
 from plugins.as2 import lib, profiles, stream
 from plugins.as2.mdn_out import send_due_mdns
 from plugins.as2.plugin import As2Receiver, As2Sender
@@ -772,7 +772,7 @@ def test_fixtures_load_as2_profiles(app, session, certs):
                  "certificate": {"pem": certs["hub"][0] + certs["hub"][1]}},
                 {"party": "acme", "as2_id": "ACME", "url": "https://acme.example/as2",
                  "mdn_mode": "async", "certificate": {"pem": certs["acme"][0]}}]}
-    from b2bhub.registry import PluginRegistry
+    from b2bhub.plugin.registry import PluginRegistry
     registry = PluginRegistry()
     registry.register(As2Sender)
     counts = load_fixtures(session, data, registry=registry)
@@ -828,7 +828,7 @@ def test_a_payload_store_that_cannot_write_is_a_503_that_names_why(as2, app, tmp
     """Disk full, read-only or gone: the partner is told the hub could not store the
     message and why (and retries); nothing is taken, and it goes through once the store
     can write again."""
-    from b2bhub.payloads import PayloadStore
+    from b2bhub.payloads.store import PayloadStore
     good = app.extensions["b2bhub.store"]
     blocked = tmp_path / "a-file-where-the-store-should-be"
     blocked.write_text("not a directory")

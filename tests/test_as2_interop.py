@@ -297,7 +297,7 @@ def test_an_unmatched_mdn_is_kept_as_an_unattributable_receipt_and_cleaned_with_
 
     from b2bhub.engine.cleanup import plugin_references, run_cleanup
     from b2bhub.models import Alert, Message, Payload, utcnow
-    from b2bhub.payloads import PayloadMissing
+    from b2bhub.payloads.store import PayloadMissing
     from plugins.as2.mdn_in import UNMATCHED_ALERT
 
     body = (b"--b1\r\nContent-Type: text/plain\r\n\r\nreceipt\r\n--b1\r\n"

@@ -24,7 +24,7 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from b2bhub.models import utcnow
-from b2bhub.plugin_api import ServiceError
+from b2bhub.plugin import ServiceError
 from plugins.as2 import profiles
 from plugins.as2.models import As2Outbound
 from tests.test_as2 import (

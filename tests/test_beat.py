@@ -13,7 +13,7 @@ import uuid
 from celery.apps.beat import Beat
 from celery.utils.imports import symbol_by_name
 
-from b2bhub.beat import Scheduler
+from b2bhub.runtime.beat import Scheduler
 
 
 def _queued(celery_app, queue: str) -> int:
@@ -27,7 +27,7 @@ def _purge(celery_app, queue: str) -> None:
 
 
 def test_celery_beat_runs_the_scheduler_that_recovers(app):
-    """What ``celery -A b2bhub.worker beat`` (Procfile, ``b2bhub run``) starts."""
+    """What ``celery -A b2bhub.runtime.worker beat`` (Procfile, ``b2bhub run``) starts."""
     beat = Beat(app=app.extensions["celery"], quiet=True)
     assert symbol_by_name(beat.scheduler_cls) is Scheduler
 

@@ -20,10 +20,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.engine import wakeups as wakeup_module
-from b2bhub.extensions import db
-from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Delivery, HistoryLine, Message
+from b2bhub.runtime.hub import CeleryPublisher
 from b2bhub.services.users import create_user
 from tests.answering_peer import PeerAnswer, running_peer
 from tests.as2kit import make_pair

@@ -24,8 +24,8 @@ from b2bhub.engine import operator
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.engine.settings import load_settings
 from b2bhub.engine.sweep import run_sweep
-from b2bhub.hub import new_session
 from b2bhub.models import Alert, Delivery, Message, PluginInstance, utcnow
+from b2bhub.runtime.hub import new_session
 from tests import test_ui
 from tests.answering_peer import PeerAnswer, running_peer
 from tests.enginekit import deliveries, lines

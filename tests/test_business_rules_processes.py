@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.settings import DeliverySettings, save_settings
-from b2bhub.hub import CeleryPublisher, new_session
 from b2bhub.models import Delivery, PluginInstance
+from b2bhub.runtime.hub import CeleryPublisher, new_session
 from tests import test_ui
 from tests.answering_peer import PeerAnswer, running_peer
 from tests.procs import wait_until

@@ -15,8 +15,8 @@ from b2bhub.engine import machine
 from b2bhub.engine.history import add_line, add_lines
 from b2bhub.engine.runner import LeaseKeeper, TargetRunner
 from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
-from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, PluginInstance
+from b2bhub.runtime.hub import new_session
 from tests.enginekit import alerts, at, counted_statements, deliveries, lines, message, standard_hub
 
 
@@ -347,8 +347,8 @@ def test_postgresql_plans_follow_the_tables_as_they_grow(app, session, monkeypat
     is a sequential scan, kept while the table grows: the trap of bench/plan_cache.py.
     Every connection discards its cached plans once they are REPLAN_SECONDS old, at its
     next checkout or, held by a drain, before its next batch."""
-    from b2bhub import dbsetup
-    from b2bhub.config import load
+    from b2bhub.config import database
+    from b2bhub.config.environment import load
     options = load({"SQLALCHEMY_DATABASE_URI": "postgresql+psycopg://hub@127.0.0.1/hub"})[
         "SQLALCHEMY_ENGINE_OPTIONS"]["connect_args"]["options"]
     assert "plan_cache_mode" not in options
@@ -357,7 +357,7 @@ def test_postgresql_plans_follow_the_tables_as_they_grow(app, session, monkeypat
     assert session.execute(text("SHOW plan_cache_mode")).scalar() == "auto"
     session.rollback()
     engine = session.get_bind()
-    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 0.5)
+    monkeypatch.setattr(database, "REPLAN_SECONDS", 0.5)
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
             "VACUUM ANALYZE messages")
@@ -365,7 +365,7 @@ def test_postgresql_plans_follow_the_tables_as_they_grow(app, session, monkeypat
         assert "Seq Scan" in _grown_lookup_plan(conn, grow=False)  # an empty table
         assert "Seq Scan" in _grown_lookup_plan(conn, grow=True)  # the trap, kept
         time.sleep(0.6)
-        dbsetup.replan_if_due(conn)  # a drain's held connection, before a batch
+        database.replan_if_due(conn)  # a drain's held connection, before a batch
         assert "Index" in _grown_lookup_plan(conn, grow=False)
     session.execute(text("DELETE FROM messages"))
     session.commit()
@@ -381,7 +381,7 @@ def test_postgresql_plans_follow_the_tables_as_they_grow(app, session, monkeypat
 
 
 def test_the_environments_pgoptions_are_kept():
-    from b2bhub.config import load, postgres_options
+    from b2bhub.config.environment import load, postgres_options
     assert postgres_options("") == ""
     assert postgres_options(" -c work_mem=8MB ") == "-c work_mem=8MB"
     assert load({"SQLALCHEMY_DATABASE_URI": "postgresql+psycopg://hub@127.0.0.1/hub"})[

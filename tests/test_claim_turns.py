@@ -18,8 +18,8 @@ from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.hub import new_session
 from b2bhub.models import Delivery, PluginInstance
+from b2bhub.runtime.hub import new_session
 from tests.enginekit import at, deliveries, message, standard_hub, texts
 
 LOCK_ROW = text("SELECT name FROM plugin_instances WHERE name = 'writer_a' FOR UPDATE")

@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.sweep import run_sweep
-from b2bhub.extensions import db
 from b2bhub.models import Delivery
 from b2bhub.services import config as svc
 from tests.conftest import IS_POSTGRES

@@ -10,7 +10,6 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from b2bhub import hub as hub_module
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retention import BatchSizer
 from b2bhub.domain.retry import RetryPolicy
@@ -26,6 +25,7 @@ from b2bhub.models import (
     Message,
     Payload,
 )
+from b2bhub.runtime import hub as hub_module
 from b2bhub.services import config as svc
 from tests.enginekit import T0, at, claim_one, standard_hub
 from tests.factories import digests_in
@@ -207,7 +207,7 @@ def test_a_plugins_table_keeps_the_payload_its_rows_reference(hub, session, stor
     the AS2 plugin declares that reference (Plugin.payload_references) and the cleanup
     keeps that file while the message is kept, though no payload row names it."""
     from b2bhub.engine.cleanup import plugin_references
-    from b2bhub.registry import PluginRegistry
+    from b2bhub.plugin.registry import PluginRegistry
     from plugins.as2.models import As2Inbound
     from plugins.as2.plugin import As2Receiver
     standard_hub(hub)

@@ -15,11 +15,9 @@ from flask import g
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from b2bhub import hub as hub_module
+from b2bhub.config.extensions import db
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.settings import DeliverySettings, save_settings
-from b2bhub.extensions import db
-from b2bhub.hub import CeleryPublisher
 from b2bhub.models import (
     CleanupRun,
     Delivery,
@@ -29,6 +27,8 @@ from b2bhub.models import (
     Setting,
     utcnow,
 )
+from b2bhub.runtime import hub as hub_module
+from b2bhub.runtime.hub import CeleryPublisher
 from b2bhub.services.users import create_user
 from tests.factories import digests_in
 from tests.procs import BIN, ROOT, wait_until

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from b2bhub.config_schema import (
+from b2bhub.plugin.schema import (
     ConfigError,
     Field,
     openapi_config_schema,

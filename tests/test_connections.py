@@ -1,6 +1,6 @@
 """Pooled connections: an idle PostgreSQL connection is pinged before use, one used a
 moment ago is not (a round trip per request saved), unless its cached plans are old
-enough to discard (the ping is that discard, b2bhub.dbsetup); SQLite connections are
+enough to discard (the ping is that discard, b2bhub.config.database); SQLite connections are
 left alone."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-from b2bhub import dbsetup
+from b2bhub.config import database
 
 
 @pytest.fixture
@@ -35,25 +35,25 @@ def test_only_an_idle_postgresql_connection_is_pinged_before_use(app, engine, mo
         with engine.connect() as conn:
             raw = conn.connection.dbapi_connection
         raw.close()  # in the pool
-        monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 0.0)
+        monkeypatch.setattr(database, "PING_AFTER_IDLE", 0.0)
         with pytest.raises(Exception, match="closed database"), engine.connect() as conn:
             conn.execute(text("SELECT 1"))
         return
-    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 3600.0)  # its plans are young
+    monkeypatch.setattr(database, "REPLAN_SECONDS", 3600.0)  # its plans are young
     with engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
     checked_in = _last_query(app, pid)  # the pool's reset
     with engine.connect() as conn:  # used a moment ago: taken as it is
         assert _last_query(app, pid) == checked_in != "DISCARD PLANS"
-    monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 0.0)
+    monkeypatch.setattr(database, "PING_AFTER_IDLE", 0.0)
     with engine.connect() as conn:  # idle long enough (any time, now): pinged, by the
         assert _last_query(app, pid) == "DISCARD PLANS"  # statement that drops plans
     with engine.connect() as conn:
         conn.execute(text("SELECT 2")).scalar()
-    monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 3600.0)
+    monkeypatch.setattr(database, "PING_AFTER_IDLE", 3600.0)
     with engine.connect() as conn:  # used a moment ago, plans young: taken as it is
         assert _last_query(app, pid) != "DISCARD PLANS"
-    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 0.0)
+    monkeypatch.setattr(database, "REPLAN_SECONDS", 0.0)
     with engine.connect() as conn:  # used a moment ago but its plans are old enough
         assert _last_query(app, pid) == "DISCARD PLANS"
 
@@ -82,12 +82,12 @@ def test_a_dropped_connection_is_replaced(app, engine, monkeypatch, idle):
     used a moment ago (or any SQLite one) fails its request once, then the pool has a
     new connection. (A connection whose plans are old enough to discard is checked the
     same way as an idle one: held young here, so only idleness decides.)"""
-    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 3600.0)
+    monkeypatch.setattr(database, "REPLAN_SECONDS", 3600.0)
     with engine.connect() as conn:
         before, raw = _identity(conn), conn.connection.dbapi_connection
     _drop(app, engine, before, raw)
     if idle:
-        monkeypatch.setattr(dbsetup, "PING_AFTER_IDLE", 0.0)
+        monkeypatch.setattr(database, "PING_AFTER_IDLE", 0.0)
     if not (idle and engine.dialect.name == "postgresql"):
         with pytest.raises(DBAPIError), engine.connect() as conn:
             conn.execute(text("SELECT 1"))
@@ -104,17 +104,17 @@ def test_a_held_connection_discards_its_plans_inside_its_open_transaction(
     the transaction goes on: its uncommitted row is still there, and rolls back."""
     if engine.dialect.name != "postgresql":
         pytest.skip("plans are discarded on PostgreSQL only: SQLite caches none to discard")
-    monkeypatch.setattr(dbsetup, "REPLAN_SECONDS", 0.0)
+    monkeypatch.setattr(database, "REPLAN_SECONDS", 0.0)
     with engine.connect() as conn:
         pid = conn.execute(text("SELECT pg_backend_pid()")).scalar()
         conn.execute(text("INSERT INTO settings (key, value, updated_at) "
                           "VALUES ('replan.held', '1', CURRENT_TIMESTAMP)"))
-        dbsetup.replan_if_due(conn)  # raised "can't change 'autocommit' now" before
+        database.replan_if_due(conn)  # raised "can't change 'autocommit' now" before
         assert _last_query(app, pid) == "DISCARD PLANS"
         assert conn.execute(text("SELECT count(*) FROM settings "
                                  "WHERE key = 'replan.held'")).scalar() == 1
         conn.rollback()
-        dbsetup.replan_if_due(conn)  # and idle: outside any transaction
+        database.replan_if_due(conn)  # and idle: outside any transaction
         assert _last_query(app, pid) == "DISCARD PLANS"
         assert not conn.in_transaction()
         assert conn.execute(text("SELECT count(*) FROM settings "

@@ -10,10 +10,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from b2bhub import create_app
+from b2bhub.config.extensions import db
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.sweep import run_sweep
-from b2bhub.extensions import db
 from b2bhub.models import Delivery, Message
 from tests.conftest import BROKER_URL, _config
 from tests.enginekit import T0, Broker, alerts, at, deliveries, message, standard_hub, texts
@@ -148,7 +148,7 @@ def test_the_redis_publisher_pushes_the_message_send_task_would(backend, registr
     import json
     import uuid
 
-    from b2bhub.hub import DELIVER_TASK, RedisWakeups
+    from b2bhub.runtime.hub import DELIVER_TASK, RedisWakeups
     from celeryconfig import delivery_queue
     app = create_app(_config(backend, PLUGIN_REGISTRY=registry))
     celery = app.extensions["celery"]

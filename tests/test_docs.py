@@ -12,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from b2bhub import config
 from b2bhub.cli import main
+from b2bhub.config import environment as config
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -24,10 +24,10 @@ import requests
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.engine.settings import DeliverySettings, save_settings
-from b2bhub.extensions import db
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, Payload, PollerPickup
-from b2bhub.payloads import PayloadStore
+from b2bhub.payloads.store import PayloadStore
 from tests.procs import Processes, wait_until
 
 pytestmark = pytest.mark.processes

@@ -13,7 +13,7 @@ import pytest
 from pydifact.segmentcollection import Interchange
 
 from b2bhub.engine.inspection import attributes, inspect_stream
-from b2bhub.registry import get_inspectors
+from b2bhub.plugin.registry import get_inspectors
 from plugins.edi import segments as segments_module
 
 pytestmark = pytest.mark.filterwarnings("ignore:segments.xml not found")

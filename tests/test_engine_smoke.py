@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message
+from b2bhub.runtime.hub import new_session
 
 
 def test_fan_out_two_targets_each_delivered_once(hub, session, registry, app, wakeups,

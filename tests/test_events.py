@@ -19,12 +19,12 @@ from httpx_sse import connect_sse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.events import history_feed, latest_id
-from b2bhub.extensions import db
-from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Delivery, HistoryLine, utcnow
+from b2bhub.runtime.hub import CeleryPublisher
 from b2bhub.services.tokens import create_token
 from tests.procs import wait_until
 

@@ -1,4 +1,4 @@
-"""The fault suite's hooks (``b2bhub/faults.py``): inert unless their variable is set,
+"""The fault suite's hooks (``b2bhub/runtime/faults.py``): inert unless their variable is set,
 and doing what the suite relies on when it is."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
-from b2bhub import faults
+from b2bhub.runtime import faults
 
 
 def test_without_the_variables_no_hook_pauses_or_moves_the_clock():
-    code = ("import os, time; from b2bhub import faults; from b2bhub.models import utcnow;"
+    code = ("import os, time; from b2bhub.runtime import faults; from b2bhub.models import utcnow;"
             "from datetime import datetime, UTC;"
             "t = time.monotonic(); faults.pause('claimed'); faults.pause('attempted');"
             "skew = abs((utcnow() - datetime.now(UTC).replace(tzinfo=None)).total_seconds());"
@@ -46,7 +46,7 @@ def test_the_fake_clock_moves_utcnow_by_the_seconds_in_its_file(tmp_path):
 def test_a_pause_waits_at_its_point_on_its_turn_only(monkeypatch, caplog):
     monkeypatch.setattr(faults, "_PAUSE", "attempted:0.3:2")
     monkeypatch.setattr(faults, "_passed", {})
-    caplog.set_level(logging.WARNING, "b2bhub.faults")
+    caplog.set_level(logging.WARNING, "b2bhub.runtime.faults")
     took = []
     for point in ("claimed", "attempted", "attempted", "attempted"):
         started = time.monotonic()

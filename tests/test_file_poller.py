@@ -14,11 +14,9 @@ import pytest
 from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session
 
-from b2bhub import payloads
 from b2bhub.engine import intake, scans
 from b2bhub.engine.scans import ScanLease, SourceRunner, due_scans
 from b2bhub.engine.settings import DeliverySettings, save_settings
-from b2bhub.hub import new_session
 from b2bhub.models import (
     Alert,
     Delivery,
@@ -28,8 +26,10 @@ from b2bhub.models import (
     PluginInstance,
     PollerPickup,
 )
-from b2bhub.payloads import PayloadCorrupt
-from b2bhub.registry import PluginRegistry
+from b2bhub.payloads import store as payloads
+from b2bhub.payloads.store import PayloadCorrupt
+from b2bhub.plugin.registry import PluginRegistry
+from b2bhub.runtime.hub import new_session
 from b2bhub.services.errors import ServiceError
 from plugins import file_poller
 from plugins.file_poller import FilePoller
@@ -208,7 +208,7 @@ def test_without_a_correlation_pattern_there_is_no_correlation_id(
     ("PO-[0-9]+", "needs a group"),
 ])
 def test_a_bad_correlation_pattern_is_refused_with_its_reason(pattern, problem):
-    from b2bhub.config_schema import ConfigError, validate_config
+    from b2bhub.plugin.schema import ConfigError, validate_config
     with pytest.raises(ConfigError) as refused:
         validate_config(FilePoller.config_schema, {
             "base_directory": "/tmp/in", "correlation_pattern": pattern})

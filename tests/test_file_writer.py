@@ -23,10 +23,10 @@ from sqlalchemy import select
 from b2bhub.engine import machine, operator
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.hub import new_session
 from b2bhub.models import Alert, Delivery, HistoryLine, Message
-from b2bhub.plugin_api import DeliveryInfo
-from b2bhub.registry import PluginRegistry
+from b2bhub.plugin import DeliveryInfo
+from b2bhub.plugin.registry import PluginRegistry
+from b2bhub.runtime.hub import new_session
 from b2bhub.services.errors import ServiceError
 from plugins.file_writer import FileWriter
 from tests.enginekit import Clock

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from b2bhub.cli import main
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import Party, PluginInstance, Route
 from b2bhub.services import config as svc
 from tests.enginekit import T0, deliveries

@@ -8,8 +8,8 @@ from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.hub import new_session
 from b2bhub.models import Message, PluginInstance
+from b2bhub.runtime.hub import new_session
 from tests.enginekit import at, deliveries, lines, standard_hub
 
 

@@ -17,8 +17,8 @@ from sqlalchemy.exc import DataError
 
 from b2bhub.engine.dispatch import INTAKE_KEYS, NewMessage, read_settings
 from b2bhub.engine.grouped import WriteGroup, intakes, store_and_dispatch_grouped
-from b2bhub.hub import new_session
 from b2bhub.models import Delivery, Message, Payload, utcnow
+from b2bhub.runtime.hub import new_session
 from plugins.http_poster import HttpPoster
 from plugins.http_receiver import HttpReceiver
 from tests.conftest import IS_POSTGRES

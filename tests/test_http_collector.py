@@ -23,8 +23,8 @@ from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.scans import SourceRunner
-from b2bhub.hub import new_session
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, Payload, utcnow
+from b2bhub.runtime.hub import new_session
 from b2bhub.services.users import create_user
 from plugins.http_collector import HttpCollector
 from tests.procs import free_port

@@ -15,11 +15,11 @@ import pytest
 from sqlalchemy import select
 from standardwebhooks import Webhook
 
-from b2bhub import hub as hub_module
 from b2bhub.engine import machine
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message
+from b2bhub.runtime import hub as hub_module
+from b2bhub.runtime.hub import new_session
 from b2bhub.services import config as svc
 from plugins.http_poster import HttpPoster
 from tests.enginekit import Clock

@@ -20,11 +20,11 @@ from click.testing import CliRunner
 from flask import request
 from sqlalchemy import select, update
 
-from b2bhub import hub as hub_module
-from b2bhub.config import PRODUCT
+from b2bhub.config.environment import PRODUCT
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.hub import new_session
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, PluginInstance, utcnow
+from b2bhub.runtime import hub as hub_module
+from b2bhub.runtime.hub import new_session
 from plugins.http_poster import HttpPoster
 from plugins.http_receiver import HttpReceiver, IdempotencyKey, create_token
 from tests import test_http_poster

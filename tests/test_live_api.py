@@ -10,11 +10,11 @@ from datetime import timedelta
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from b2bhub.agent import Agent
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.engine.stats import sample_minutes
-from b2bhub.hub import new_session
 from b2bhub.models import HistoryLine, utcnow
+from b2bhub.runtime.agent import Agent
+from b2bhub.runtime.hub import new_session
 from tests.test_api import error_of, token_client
 from tests.test_events import read_events
 
@@ -195,7 +195,7 @@ def test_log_records_stream_as_server_sent_events(app, api):
 
 
 def test_a_log_level_that_does_not_exist_is_refused_with_its_name(app):
-    from b2bhub.logstream import stream_level
+    from b2bhub.observability.logstream import stream_level
     assert stream_level({"LOG_STREAM_LEVEL": "debug", "LOG_LEVEL": "WARNING"}) == 30
     with pytest.raises(ValueError, match="B2BHUB_LOG_STREAM_LEVEL='loud' is not a log level"):
         stream_level({"LOG_STREAM_LEVEL": "loud", "LOG_LEVEL": "INFO"})

@@ -6,10 +6,10 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy, Strategy
 from b2bhub.engine import machine
-from b2bhub.extensions import db
 from b2bhub.models import HistoryLine, Message
 from tests.enginekit import T0, at, claim_one, lines, message, standard_hub
 

@@ -15,8 +15,8 @@ import socket
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from b2bhub.payload_s3 import S3PayloadStore, object_url
-from b2bhub.payloads import PayloadMissing
+from b2bhub.payloads.s3 import S3PayloadStore, object_url
+from b2bhub.payloads.store import PayloadMissing
 from tests.s3_peer import S3Peer
 
 DOC = b"<order id='1'>" + b"x" * 10_000 + b"</order>"

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from b2bhub import payloads
-from b2bhub.payloads import (
+from b2bhub.payloads import store as payloads
+from b2bhub.payloads.store import (
     LOCK_FILE,
     PayloadCorrupt,
     PayloadMissing,
@@ -450,7 +450,7 @@ def test_a_batch_whose_put_fails_keeps_the_others(store, backend_of_store):
 def test_a_batch_renames_into_place_then_syncs_once(store, monkeypatch):
     """Where syncfs exists, one call makes the data and the new names durable: it comes
     after every payload is in place, and no file is fsynced on its own."""
-    from b2bhub import payloads
+    from b2bhub.payloads import store as payloads
 
     calls = []
 
@@ -472,7 +472,7 @@ def test_a_batch_renames_into_place_then_syncs_once(store, monkeypatch):
 
 @fs_only
 def test_a_failed_sync_raises_and_leaves_no_temp_file(store, monkeypatch):
-    from b2bhub import payloads
+    from b2bhub.payloads import store as payloads
 
     monkeypatch.setattr(payloads, "_SYNCFS", lambda fd: -1)
     batch = store.batch()
@@ -484,7 +484,7 @@ def test_a_failed_sync_raises_and_leaves_no_temp_file(store, monkeypatch):
 
 @fs_only
 def test_without_syncfs_a_batch_fsyncs_each_file_before_its_rename(store, monkeypatch):
-    from b2bhub import payloads
+    from b2bhub.payloads import store as payloads
 
     real_fsync, synced_before_place = os.fsync, []
 
@@ -800,8 +800,8 @@ def test_stale_temporary_objects_and_uploads_go_with_remove_stale_temp(store):
 # --- which store a process uses ---------------------------------------------------------
 
 def test_the_payload_url_chooses_the_store(tmp_path, s3_server):
-    from b2bhub.payload_backends import open_payload_store
-    from b2bhub.payload_s3 import S3PayloadStore
+    from b2bhub.payloads.backends import open_payload_store
+    from b2bhub.payloads.s3 import S3PayloadStore
 
     default = open_payload_store(None, tmp_path / "dir")
     assert isinstance(default, PayloadStore) and default.root == tmp_path / "dir"
@@ -819,7 +819,7 @@ def test_the_payload_url_chooses_the_store(tmp_path, s3_server):
 @pytest.mark.parametrize("url", ["s3://", "s3:///prefix", "ftp://host/dir",
                                  "file://otherhost/dir"])
 def test_a_payload_url_that_names_no_store_is_refused_by_name(tmp_path, url):
-    from b2bhub.payload_backends import open_payload_store
+    from b2bhub.payloads.backends import open_payload_store
 
     with pytest.raises(ValueError, match="B2BHUB_PAYLOAD_URL"):
         open_payload_store(url, tmp_path)
@@ -856,7 +856,7 @@ def gets_of(store) -> list[tuple[str, int]]:
 
 
 def test_only_the_s3_store_reads_ahead(store):
-    from b2bhub.payload_s3 import S3PayloadStore
+    from b2bhub.payloads.s3 import S3PayloadStore
 
     stored = store.put(DOC)
     assert store.reads_ahead is isinstance(store, S3PayloadStore)
@@ -946,8 +946,8 @@ def test_a_claimed_batch_is_delivered_from_s3_with_its_payloads_read_ahead(
     from sqlalchemy import select
 
     from b2bhub.engine.runner import TargetRunner
-    from b2bhub.hub import new_session
     from b2bhub.models import Delivery
+    from b2bhub.runtime.hub import new_session
 
     hub.store = store = s3_server.store()
     hub.parties()

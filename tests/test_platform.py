@@ -16,7 +16,7 @@ import pytest
 import requests
 from sqlalchemy.engine import make_url
 
-from b2bhub import config
+from b2bhub.config import environment as config
 from tests.conftest import BROKER_URL, IS_POSTGRES
 from tests.procs import BIN, ROOT, Proc, Processes, free_port, wait_until
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from b2bhub import hub as hub_module
+from b2bhub.config.extensions import db
 from b2bhub.engine import probes
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.instances import mark_targets_running, stop_instance
@@ -22,10 +22,10 @@ from b2bhub.engine.probes import ProbeResult, ProbeRunner, due_probes, record
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.engine.sweep import SweepGuard, run_sweep
-from b2bhub.extensions import db
-from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Alert, Delivery, HistoryLine, PluginInstance, utcnow
-from b2bhub.registry import PluginRegistry
+from b2bhub.plugin.registry import PluginRegistry
+from b2bhub.runtime import hub as hub_module
+from b2bhub.runtime.hub import CeleryPublisher
 from b2bhub.services import config as svc
 from tests.enginekit import T0, at
 from tests.http_peer import own_path, own_prefix

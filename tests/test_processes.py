@@ -18,12 +18,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.settings import DeliverySettings, save_settings
-from b2bhub.extensions import db
-from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Delivery, HistoryLine, Message, PluginInstance, utcnow
+from b2bhub.runtime.hub import CeleryPublisher
 from b2bhub.services import config as svc
 from tests.procs import Processes, wait_until
 

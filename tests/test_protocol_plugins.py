@@ -20,8 +20,8 @@ from sqlalchemy import inspect, select, text
 
 from b2bhub import create_app
 from b2bhub.models import Delivery, Message
-from b2bhub.plugin_api import PeriodicJob, Plugin
-from b2bhub.registry import PluginRegistry, plugin_problem
+from b2bhub.plugin import PeriodicJob, Plugin
+from b2bhub.plugin.registry import PluginRegistry, plugin_problem
 from tests import test_ui
 from tests.conftest import _config
 
@@ -126,7 +126,7 @@ def test_a_third_party_job_is_scheduled_by_beat_and_runs(echo, app, client, sess
     assert schedule["echo_tally"]["schedule"] == 60.0
     assert schedule["echo_tally"]["args"] == ["echo_tally"]
     assert "sweep" in schedule  # the core's own jobs stay
-    from b2bhub.tasks import plugin_job
+    from b2bhub.runtime.tasks import plugin_job
     assert plugin_job.run("echo_tally") == 1  # the task beat starts, run here
     session.rollback()
     assert session.execute(text("SELECT count(*) FROM echo_receipts "

@@ -12,14 +12,14 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from b2bhub.agent import Agent
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine, presence
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.sweep import run_sweep
-from b2bhub.hub import CeleryPublisher
 from b2bhub.models import Delivery, Process, utcnow
+from b2bhub.runtime.agent import Agent
+from b2bhub.runtime.hub import CeleryPublisher
 from tests.enginekit import Broker, claim_one, delivery, standard_hub, texts
 from tests.procs import wait_until
 from tests.test_processes import (

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from b2bhub import registry as registry_module
-from b2bhub.config_schema import Field
-from b2bhub.registry import PluginRegistry, get_registry, plugin_problem
+from b2bhub.plugin import registry as registry_module
+from b2bhub.plugin.registry import PluginRegistry, get_registry, plugin_problem
+from b2bhub.plugin.schema import Field
 
 PLUGIN_DIST = Path(__file__).parent / "plugin_dist"
 

@@ -7,8 +7,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.engine.dispatch import RouteCache
-from b2bhub.extensions import db
 from b2bhub.models import Route
 from b2bhub.services import config as svc
 from b2bhub.services.errors import Conflict, ServiceError

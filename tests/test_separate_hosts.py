@@ -24,8 +24,8 @@ from pyas2lib import Message as As2Message
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.engine.cleanup import run_cleanup
-from b2bhub.extensions import db
 from b2bhub.models import Delivery, Message, Payload, utcnow
 from plugins.as2 import profiles
 from plugins.as2.plugin import As2Receiver

@@ -11,10 +11,10 @@ import pytest
 from flask import g
 from sqlalchemy import func, insert, select
 
-from b2bhub import hub as hub_module
 from b2bhub.engine.cleanup import run_cleanup
 from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.models import Delivery, Message, utcnow
+from b2bhub.runtime import hub as hub_module
 from b2bhub.services import config as svc
 from b2bhub.services import storage
 from b2bhub.services.storage import storage_report

@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy, Strategy
 from b2bhub.engine import machine, settings
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.sweep import SweepGuard, run_sweep
-from b2bhub.extensions import db
 from b2bhub.models import Delivery
 from tests.enginekit import (
     T0,

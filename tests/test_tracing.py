@@ -1,4 +1,4 @@
-"""Correlation ids and OpenTelemetry traces (b2bhub.tracing).
+"""Correlation ids and OpenTelemetry traces (b2bhub.observability.tracing).
 
 A message sent through the REST API of a real gunicorn web process is delivered by a
 real worker to a loopback destination, with both processes exporting their spans to one
@@ -20,8 +20,8 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from b2bhub import tracing
 from b2bhub.models import Delivery, Message
+from b2bhub.observability import tracing
 from plugins.http_poster import HttpPoster
 from tests.http_peer import Peer
 from tests.procs import ROOT, wait_until
@@ -137,7 +137,7 @@ def test_without_the_variables_nothing_of_opentelemetry_is_imported(tmp_path):
             "from b2bhub import create_app\n"
             "app = create_app({'DATA_DIR': sys.argv[1], "
             "'SQLALCHEMY_DATABASE_URI': 'sqlite://'})\n"
-            "from b2bhub import tracing\n"
+            "from b2bhub.observability import tracing\n"
             "assert not tracing.enabled() and tracing.traceparent() is None\n"
             "with tracing.span('dispatch') as s:\n"
             "    assert s is None\n"

@@ -283,7 +283,7 @@ def test_routes_are_created_edited_deleted_and_tested(setup, login, session):
 
 def test_plugin_form_is_drawn_from_the_schema_and_keeps_bad_input(setup, login, session,
                                                                    registry):
-    from b2bhub.config_schema import Field
+    from b2bhub.plugin.schema import Field
 
     class Dialer:
         """Calls a number."""
@@ -422,7 +422,7 @@ def test_a_live_page_resumes_after_what_it_rendered(setup, login, session, regis
     reaches the page: the page carries the last history id before it read what it
     shows, and the stream from there has the delivery's lines."""
     from b2bhub.engine.runner import TargetRunner
-    from b2bhub.hub import new_session
+    from b2bhub.runtime.hub import new_session
     from tests.test_events import read_events
     app.config.update(STREAM_POLL_SECONDS=0.01, STREAM_KEEPALIVE_SECONDS=0.05)
     sent = setup.message(filename="late.edi")

@@ -11,11 +11,11 @@ import logging
 import pytest
 from sqlalchemy import select
 
-from b2bhub.agent import Agent
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.models import Alert, Delivery, utcnow
+from b2bhub.runtime.agent import Agent
 from tests import test_ui
 
 login, fresh_user_per_request = test_ui.login, test_ui.fresh_user_per_request

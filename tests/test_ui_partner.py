@@ -9,11 +9,11 @@ from datetime import timedelta
 
 from sqlalchemy import event, select
 
+from b2bhub.config.extensions import db
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine import machine
 from b2bhub.engine.history import add_line, raise_alert
-from b2bhub.extensions import db
 from b2bhub.models import Certificate, Party, PluginInstance, ProtocolProfile, utcnow
 from b2bhub.services import partner
 from plugins.as2.plugin import As2Receiver, As2Sender

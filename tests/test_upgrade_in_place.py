@@ -52,7 +52,7 @@ def _app(backend, url: str, tmp_path):
 def _make_old_installation(app) -> None:
     from flask_migrate import upgrade
 
-    from b2bhub.extensions import db
+    from b2bhub.config.extensions import db
     from b2bhub.services import config as svc
     upgrade(revision=OLD_HEAD)
     session = db.session
@@ -108,7 +108,7 @@ def test_b2bhub_db_upgrade_keeps_the_as2_data_of_an_old_installation(
     assert done.returncode == 0, done.stderr
     app = _app(backend, fresh_database, tmp_path)
     with app.app_context():
-        from b2bhub.extensions import db
+        from b2bhub.config.extensions import db
         session = db.session
         heads = {r[0] for r in session.execute(text("SELECT version_num FROM alembic_version"))}
         assert heads == {_core_head(), "e001_echo_receipts"}

@@ -17,8 +17,8 @@ from httpx_sse import connect_sse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub.config import PRODUCT
-from b2bhub.extensions import db
+from b2bhub.config.environment import PRODUCT
+from b2bhub.config.extensions import db
 from b2bhub.models import HistoryLine
 from b2bhub.services.tokens import create_token
 from tests.procs import wait_until

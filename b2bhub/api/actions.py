@@ -6,13 +6,13 @@ from flask import g, request, send_file
 from sqlalchemy import select
 
 import b2bhub.api.schemas as s
-from b2bhub import hub
 from b2bhub.api.auth import requires
 from b2bhub.api.blueprint import ApiError, bp
 from b2bhub.api.messages import delivery_filter
+from b2bhub.config.extensions import db
 from b2bhub.engine import operator
-from b2bhub.extensions import db
 from b2bhub.models import Message, Payload, utcnow
+from b2bhub.runtime import hub
 from b2bhub.services import messages as messages_svc
 from b2bhub.services import sending
 

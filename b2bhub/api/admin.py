@@ -8,7 +8,7 @@ from flask import g, url_for
 import b2bhub.api.schemas as s
 from b2bhub.api.auth import requires
 from b2bhub.api.blueprint import bp
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import tokens
 from b2bhub.services import users as svc

@@ -15,7 +15,7 @@ from flask import current_app, g, request
 from flask_login import current_user
 
 from b2bhub.api.blueprint import READ_METHODS, ApiError, bp, role_for
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.services import tokens
 
 RANK = {role: rank for rank, role in enumerate(tokens.ROLES)}

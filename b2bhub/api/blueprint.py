@@ -235,7 +235,7 @@ class HubApi(Api):
     def _openapi_json(self):
         """The document, completed by the blueprint's hooks for this app's plugins."""
         doc = deepcopy(self.spec.to_dict())
-        registry = current_app.extensions.get("b2bhub.registry")
+        registry = current_app.extensions.get("b2bhub.plugin.registry")
         for hook in self.document_hooks:
             hook(doc, registry)
         return current_app.response_class(json.dumps(doc, indent=2),

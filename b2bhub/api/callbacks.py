@@ -19,12 +19,12 @@ from __future__ import annotations
 from flask import Blueprint, current_app, request
 from marshmallow import ValidationError
 
-from b2bhub import hub
 from b2bhub.api.errors import error_response
 from b2bhub.api.schemas import ReceiptArgs
+from b2bhub.config.extensions import db
 from b2bhub.engine import operator
-from b2bhub.extensions import db
 from b2bhub.models import Delivery, utcnow
+from b2bhub.runtime import hub
 
 bp = Blueprint("callbacks", __name__)
 #: the history's name for who reported a receipt through a callback URL

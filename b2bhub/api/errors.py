@@ -7,8 +7,8 @@ from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import HTTPException
 
 from b2bhub.api.blueprint import ApiError, bp
+from b2bhub.config.extensions import db
 from b2bhub.engine.operator import ActionRefused, ReceiptRefused, UnknownObject
-from b2bhub.extensions import db
 from b2bhub.services.errors import ServiceError
 
 

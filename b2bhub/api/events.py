@@ -16,8 +16,8 @@ import b2bhub.api.schemas as s
 from b2bhub.api.blueprint import bp
 from b2bhub.api.errors import ApiError
 from b2bhub.api.inputs import bad_request, int_arg, list_arg
+from b2bhub.config.extensions import db
 from b2bhub.engine.events import FeedFilter, latest_id
-from b2bhub.extensions import db
 from b2bhub.services.livefeed import SharedFeed, history_stream
 from b2bhub.services.streams import StreamSlots, poll_stream
 

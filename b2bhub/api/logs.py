@@ -14,9 +14,9 @@ import b2bhub.api.schemas as s
 from b2bhub.api.blueprint import bp
 from b2bhub.api.events import open_stream, resume_point, sse_doc
 from b2bhub.api.shapes import iso
+from b2bhub.config.extensions import db
 from b2bhub.engine import presence
 from b2bhub.engine.events import IdFeed
-from b2bhub.extensions import db
 from b2bhub.models import LogRecord
 from b2bhub.services.streams import sse_event
 

@@ -16,8 +16,8 @@ from prometheus_client.core import GaugeMetricFamily
 from b2bhub.api.auth import authenticate_request
 from b2bhub.api.blueprint import bp, document_operation, role_for
 from b2bhub.api.errors import ApiError, api_error_response
+from b2bhub.config.extensions import db
 from b2bhub.engine import stats
-from b2bhub.extensions import db
 from b2bhub.models import utcnow
 
 metrics_bp = Blueprint("metrics", __name__)

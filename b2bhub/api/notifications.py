@@ -9,7 +9,7 @@ from marshmallow import Schema, fields, validate
 from b2bhub.api.auth import requires
 from b2bhub.api.blueprint import bp
 from b2bhub.api.schemas import UtcDateTime
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import notifications as svc
 

@@ -8,11 +8,11 @@ from dataclasses import asdict
 from flask import Blueprint, Response, g, jsonify, url_for
 
 import b2bhub.api.schemas as s
-from b2bhub import hub
 from b2bhub.api.blueprint import SERVER_CHECKS, ApiError, bp, document_operation, role_for
 from b2bhub.api.inputs import json_object
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER
+from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services.profiles import profile_kind, profile_kinds, run_connection_test
 

@@ -11,9 +11,9 @@ import b2bhub.api.schemas as s
 from b2bhub.api.auth import requires
 from b2bhub.api.blueprint import bp
 from b2bhub.api.shapes import instance_json, plugin_type_json
-from b2bhub.config_schema import openapi_config_schema
-from b2bhub.extensions import db
-from b2bhub.hub import registry
+from b2bhub.config.extensions import db
+from b2bhub.plugin.schema import openapi_config_schema
+from b2bhub.runtime.hub import registry
 from b2bhub.services import config as svc
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.intake_tokens import token_keeper

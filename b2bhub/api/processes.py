@@ -7,8 +7,8 @@ from flask import g
 import b2bhub.api.schemas as s
 from b2bhub.api.auth import requires
 from b2bhub.api.blueprint import bp
+from b2bhub.config.extensions import db
 from b2bhub.engine import instances, presence
-from b2bhub.extensions import db
 from b2bhub.models import PluginInstance, Process, utcnow
 
 

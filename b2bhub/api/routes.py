@@ -7,7 +7,7 @@ from sqlalchemy import text
 
 from b2bhub.api.auth import public
 from b2bhub.api.blueprint import bp
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 
 
 class Health(Schema):

@@ -7,8 +7,8 @@ from flask import g
 import b2bhub.api.schemas as s
 from b2bhub.api.auth import requires
 from b2bhub.api.blueprint import bp
-from b2bhub.extensions import db
-from b2bhub.hub import registry
+from b2bhub.config.extensions import db
+from b2bhub.runtime.hub import registry
 from b2bhub.services import config as svc
 
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
 
-from b2bhub import tracing
 from b2bhub.domain import business_rules, retry, routing
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
-from b2bhub.plugin_api import STEP_STATES
+from b2bhub.observability import tracing
+from b2bhub.plugin import STEP_STATES
 from b2bhub.services import config as config_rules
 from b2bhub.services import users
 from b2bhub.services.config import SECRET_MASK

@@ -11,8 +11,8 @@ from flask import url_for
 from sqlalchemy import select
 from sqlalchemy.orm import object_session
 
-from b2bhub.config_schema import schema_to_json
 from b2bhub.models import Delivery, PluginInstance
+from b2bhub.plugin.schema import schema_to_json
 from b2bhub.services.config import SECRET_MASK
 
 

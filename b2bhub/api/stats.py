@@ -12,8 +12,8 @@ from datetime import timedelta
 
 import b2bhub.api.schemas as s
 from b2bhub.api.blueprint import bp
+from b2bhub.config.extensions import db
 from b2bhub.engine import stats
-from b2bhub.extensions import db
 from b2bhub.models import StatsMinute, utcnow
 
 SPANS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "none": None}

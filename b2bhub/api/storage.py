@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import b2bhub.api.schemas as s
 from b2bhub.api.blueprint import bp
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services.storage import storage_report
 

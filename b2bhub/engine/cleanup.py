@@ -27,7 +27,7 @@ What it removes, in order:
    after its batch commit). Only files older than ``orphan_grace`` seconds are removed,
    so a payload written before its transaction commits is never taken, and a put of the
    same content racing the removal keeps it (a lock of the store between the two, see
-   :meth:`b2bhub.payloads.PayloadStore.remove_unreferenced`).
+   :meth:`b2bhub.payloads.store.PayloadStore.remove_unreferenced`).
 3. The steps in :data:`EXTRA_STEPS` (none in the core; a plugin's own expiring rows,
    such as the HTTP receiver's Idempotency-Keys, go by a periodic job of its own).
 
@@ -81,7 +81,7 @@ from b2bhub.models import (
     PluginInstance,
     utcnow,
 )
-from b2bhub.payloads import PayloadMissing, PayloadStore
+from b2bhub.payloads.store import PayloadMissing, PayloadStore
 
 log = logging.getLogger(__name__)
 ADVISORY_KEY = 0x62326263  # "b2bc"

@@ -18,7 +18,6 @@ from datetime import datetime, timedelta
 from sqlalchemy import Table, insert, select
 from sqlalchemy.orm import Session
 
-from b2bhub import tracing
 from b2bhub.domain import routing
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
 from b2bhub.domain.status import derive_status
@@ -39,6 +38,7 @@ from b2bhub.models import (
     Route,
     Setting,
 )
+from b2bhub.observability import tracing
 
 ROUTES_VERSION_KEY = "routes_version"
 #: the longest status text kept on a message

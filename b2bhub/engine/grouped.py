@@ -35,8 +35,8 @@ from typing import Any
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub import tracing
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many, writes_in_one_statement
+from b2bhub.observability import tracing
 
 #: the errors after which each message of a group is written again alone: the server
 #: refused the statement for what it holds, and did nothing

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 from typing import IO
 
-from b2bhub.plugin_api import Envelope
-from b2bhub.registry import get_inspectors
+from b2bhub.plugin import Envelope
+from b2bhub.plugin.registry import get_inspectors
 
 log = logging.getLogger(__name__)
 HEAD = 512

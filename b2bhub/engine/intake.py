@@ -30,8 +30,8 @@ from b2bhub.engine.history import connection
 from b2bhub.engine.inspection import attribute_rows
 from b2bhub.engine.rows import insert_rows
 from b2bhub.models import Party, PollerPickup, Setting, utcnow
-from b2bhub.payloads import PayloadBatch, PayloadStore, StoredPayload
-from b2bhub.plugin_api import PickedFile
+from b2bhub.payloads.store import PayloadBatch, PayloadStore, StoredPayload
+from b2bhub.plugin import PickedFile
 
 log = logging.getLogger(__name__)
 BATCH_SIZE = 100
@@ -74,7 +74,7 @@ class _Staged:
 
 
 class SourceIntake:
-    """The :class:`b2bhub.plugin_api.SourceContext` of one source instance for one scan."""
+    """The :class:`b2bhub.plugin.SourceContext` of one source instance for one scan."""
 
     def __init__(self, session: Session, store: PayloadStore, instance_name: str, *,
                  fence: Fence | None = None, clock: Callable[[], datetime] = utcnow,

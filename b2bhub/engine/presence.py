@@ -1,7 +1,7 @@
 """Connected processes (System > Services) and their log records (the Logs page).
 
 Every web, worker and beat process keeps a row in ``processes`` up to date from a
-background thread (``b2bhub.agent``): its kind, host, pid, start, the instances it
+background thread (``b2bhub.runtime.agent``): its kind, host, pid, start, the instances it
 runs, and ``last_seen`` at every heartbeat. A process that stops cleanly sets
 ``stopped_at``; one killed simply stops being seen and is shown as gone after
 :data:`GONE_AFTER`. Rows of processes gone for a day, and log records beyond the
@@ -24,7 +24,7 @@ condition keeps an outage of the database itself from reading as the death of ev
 process: then no process is steady until heartbeats have flowed again for
 :data:`STEADY_FOR`, by which time every live process has beaten.
 
-The heartbeat comes from the agent's own thread (``b2bhub.agent``), which keeps
+The heartbeat comes from the agent's own thread (``b2bhub.runtime.agent``), which keeps
 beating while the worker's main thread runs an attempt of any length; its liveness
 write is a transaction of its own that nothing else holds up. After kill -9 of a
 worker its leases are put back within ``DEAD_AFTER`` + one heartbeat + one sweep
@@ -47,7 +47,7 @@ from b2bhub.models import LogRecord, Process
 from b2bhub.services.pages import Page, keyset_page
 
 HEARTBEAT_SECONDS = 5.0
-# this process's name in the processes table and as a lease owner (b2bhub.hub.process_owner)
+# this process's name in the processes table and as a lease owner (b2bhub.runtime.hub.process_owner)
 PROCESS_ID = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 GONE_AFTER = timedelta(seconds=3 * HEARTBEAT_SECONDS)
 #: a process whose heartbeat is this old (by the database's clock) is known dead

@@ -1,7 +1,7 @@
 """Probes (SPEC 6 and 8; the keep-alive of seed 003, the heartbeat of seed 000): is a
 target's destination up, and what the hub does while it is not.
 
-A target type may implement ``probe() -> bool | None`` (``b2bhub.plugin_api``): True
+A target type may implement ``probe() -> bool | None`` (``b2bhub.plugin``): True
 online, False offline, None "this instance has no probe" (an ``http_poster`` without a
 ``probe_url``). A probe that raises counts as offline, and the exception's text is the
 reason shown; it should be cheap and bound its own network time.
@@ -53,7 +53,7 @@ from b2bhub.engine.scans import ensure_lease_rows, publish_due
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.sweep import SweepGuard
 from b2bhub.models import InstanceState, PluginInstance, utcnow
-from b2bhub.plugin_api import Plugin
+from b2bhub.plugin import Plugin
 
 log = logging.getLogger(__name__)
 TARGET_OFFLINE = "target_offline"

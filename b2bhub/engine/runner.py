@@ -26,8 +26,7 @@ from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
-from b2bhub import faults, tracing
-from b2bhub.dbsetup import replan_if_due
+from b2bhub.config.database import replan_if_due
 from b2bhub.domain import business_rules
 from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
@@ -38,8 +37,10 @@ from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.stopping import AttemptCancelled, StopControl, stop_control
 from b2bhub.engine.writelock import serialized_writes
 from b2bhub.models import Delivery, Message, Payload, PluginInstance, utcnow
-from b2bhub.payloads import PayloadStore, VerifiedReader
-from b2bhub.plugin_api import DeliveryInfo
+from b2bhub.observability import tracing
+from b2bhub.payloads.store import PayloadStore, VerifiedReader
+from b2bhub.plugin import DeliveryInfo
+from b2bhub.runtime import faults
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,7 @@ class ReadAhead:
     a delivery fetches that stage's payloads for this delivery and those after it,
     together (``store.read_ahead``: in parallel, the small ones, within the store's
     memory for it); each payload so fetched is handed out once, through a
-    :class:`~b2bhub.payloads.VerifiedReader` whose sha256 check is the one an open
+    :class:`~b2bhub.payloads.store.VerifiedReader` whose sha256 check is the one an open
     makes. Any other open (not fetched, fetched and handed out already, another store)
     is the store's ordinary open."""
 
@@ -238,7 +239,7 @@ class TargetRunner:
                         self._settle(session, batch.take(), batch.policy, report)
                     break
                 if held is not None:
-                    replan_if_due(held)  # as a checkout would (b2bhub.dbsetup)
+                    replan_if_due(held)  # as a checkout would (b2bhub.config.database)
                 batch = self._next_batch(session, target, settings, report, batch)
                 if batch is None:
                     break

@@ -27,8 +27,8 @@ from b2bhub.engine.instances import mark_instance_error, mark_running
 from b2bhub.engine.intake import Fence, ScanStopped, SourceIntake
 from b2bhub.engine.settings import load_settings
 from b2bhub.models import InstanceState, Lock, PluginInstance, utcnow
-from b2bhub.payloads import PayloadStore
-from b2bhub.plugin_api import Plugin, PluginStartError
+from b2bhub.payloads.store import PayloadStore
+from b2bhub.plugin import Plugin, PluginStartError
 
 log = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 10.0

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import JSON, BigInteger, Integer, MetaData
 from sqlalchemy.orm import DeclarativeBase
 
-from b2bhub.faults import fake_clock
+from b2bhub.runtime.faults import fake_clock
 
 # Named constraints so that Alembic migrations work the same on SQLite and PostgreSQL.
 NAMING = {
@@ -25,7 +25,7 @@ BigId = BigInteger().with_variant(Integer(), "sqlite")
 def utcnow() -> datetime:
     """Naive UTC: every time column holds UTC without a zone, on both databases.
     Shifted by the fault suite's fake clock only where ``B2BHUB_FAKE_CLOCK_FILE`` is
-    set (:mod:`b2bhub.faults`)."""
+    set (:mod:`b2bhub.runtime.faults`)."""
     now = datetime.now(UTC).replace(tzinfo=None)
     if fake_clock is not None:
         now += timedelta(seconds=fake_clock.seconds())

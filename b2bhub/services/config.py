@@ -7,13 +7,13 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from b2bhub.config_schema import ConfigError, validate_config
 from b2bhub.domain import business_rules, routing
 from b2bhub.domain.retention import KEEP_FOREVER
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
 from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
+from b2bhub.plugin.schema import ConfigError, validate_config
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
 from b2bhub.services.pages import Page, keyset_page
 

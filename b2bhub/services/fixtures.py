@@ -19,7 +19,7 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
     """Create what ``data`` describes in the caller's transaction; a ServiceError names
     the first bad item (the caller rolls back, so nothing is created)."""
     if registry is None:
-        from b2bhub.hub import registry as current_registry
+        from b2bhub.runtime.hub import registry as current_registry
         registry = current_registry()
     sections = _sections(data)
     for kind, key in ((ORGANIZATION, "organizations"), (PARTNER, "partners")):

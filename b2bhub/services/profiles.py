@@ -1,7 +1,7 @@
 """Party profiles of the kinds plugin types add (SPEC 2, SPEC 3): found in the registry.
 
 The core stores every kind in ``protocol_profiles`` (protocol = the kind); a kind's
-:class:`b2bhub.plugin_api.ProfileKind` validates, stores and shows it. Several types of
+:class:`b2bhub.plugin.ProfileKind` validates, stores and shows it. Several types of
 one protocol (a receiver and a sender) may name the same kind: it is served once.
 """
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.engine.dispatch import NewMessage, route_cache, store_and_dispatch
 from b2bhub.models import ORGANIZATION, PARTNER, Message, Party
-from b2bhub.payloads import PayloadStore
+from b2bhub.payloads.store import PayloadStore
 from b2bhub.services.config import get_instance
 from b2bhub.services.errors import ServiceError
 

@@ -18,9 +18,9 @@ from datetime import datetime
 
 from flask import Flask, redirect, url_for
 
-from b2bhub import tracing
+from b2bhub.config.extensions import login_manager
 from b2bhub.domain.states import LABELS
-from b2bhub.extensions import login_manager
+from b2bhub.observability import tracing
 from b2bhub.web.kit import (  # noqa: F401  (the views' helpers, for plugins' own pages)
     bp,
     button,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import g, redirect, render_template, url_for
 
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import alerts as svc
 from b2bhub.web.forms import ActionForm

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from flask import flash, redirect, render_template, request, url_for
 from flask_login import login_user, logout_user
 
-from b2bhub.extensions import db, login_manager
+from b2bhub.config.extensions import db, login_manager
 from b2bhub.models import User
 from b2bhub.web.forms import LoginForm
 from b2bhub.web.kit import bp, requires

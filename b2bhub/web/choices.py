@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from b2bhub import hub
+from b2bhub.config.extensions import db
 from b2bhub.domain.routing import ANY
-from b2bhub.extensions import db
 from b2bhub.models import Party, PluginInstance
+from b2bhub.runtime import hub
 
 
 def party_choices(any_party: bool = True) -> list[tuple[str, str]]:

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 from flask import render_template, request
 
+from b2bhub.config.extensions import db
 from b2bhub.domain.states import MessageStatus
 from b2bhub.engine import blocking, stats
-from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import alerts as alert_svc
 from b2bhub.services import config as config_svc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flask import abort, flash, g, redirect, render_template, request, url_for
 
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import delivery_errors as svc
 from b2bhub.services.errors import ServiceError

@@ -27,8 +27,8 @@ from wtforms import (
 from wtforms.validators import DataRequired, Length
 from wtforms.widgets import PasswordInput
 
-from b2bhub.config_schema import Field
 from b2bhub.domain.routing import NAME_RULE
+from b2bhub.plugin.schema import Field
 from b2bhub.services.config import SECRET_MASK, together
 from b2bhub.services.errors import ServiceError
 

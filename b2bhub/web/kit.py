@@ -26,9 +26,9 @@ from werkzeug.exceptions import HTTPException
 from b2bhub.api.auth import RANK, requires  # noqa: F401  (the API's roles)
 from b2bhub.api.blueprint import role_for
 from b2bhub.api.errors import http_error
+from b2bhub.config.extensions import db
 from b2bhub.engine.history import add_line
 from b2bhub.engine.operator import ActionRefused, UnknownObject
-from b2bhub.extensions import db
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.forms import ActionForm, show_service_error
 
@@ -72,8 +72,8 @@ def _live_watermark() -> int:
     and reaches the page through its stream (``?after=``): a message delivered between
     the page's render and the stream's start is no longer missed. A change the page
     already shows may come again; live.js takes that as one more refresh."""
+    from b2bhub.config.extensions import db
     from b2bhub.engine.events import latest_id
-    from b2bhub.extensions import db
     return latest_id(db.session.connection())
 
 

@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 from flask import abort, flash, g, redirect, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
-from b2bhub import hub
+from b2bhub.config.extensions import db
 from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.engine import operator
 from b2bhub.engine.dispatch import TEST_SOURCE
-from b2bhub.extensions import db
 from b2bhub.models import Delivery, utcnow
+from b2bhub.runtime import hub
 from b2bhub.services import messages as svc
 from b2bhub.services import sending
 from b2bhub.services.errors import ServiceError

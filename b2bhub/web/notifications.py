@@ -8,7 +8,7 @@ from flask_wtf import FlaskForm
 from wtforms import BooleanField, SelectMultipleField, StringField
 from wtforms.widgets import CheckboxInput, ListWidget
 
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import notifications as svc
 from b2bhub.services.errors import ServiceError

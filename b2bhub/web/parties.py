@@ -6,9 +6,9 @@ from __future__ import annotations
 from flask import abort, flash, g, redirect, render_template, request, url_for
 from sqlalchemy import select
 
-from b2bhub import hub
-from b2bhub.extensions import db
+from b2bhub.config.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER, Party, utcnow
+from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services import partner
 from b2bhub.services.errors import NotFound, ServiceError

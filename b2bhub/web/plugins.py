@@ -7,10 +7,10 @@ import json
 
 from flask import abort, redirect, render_template, url_for
 
-from b2bhub import hub
 from b2bhub.api.shapes import instance_json
+from b2bhub.config.extensions import db
 from b2bhub.engine import blocking
-from b2bhub.extensions import db
+from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.errors import ServiceError

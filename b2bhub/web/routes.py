@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flask import abort, g, redirect, render_template, request, url_for
 
-from b2bhub import hub
+from b2bhub.config.extensions import db
 from b2bhub.domain.routing import ANY
-from b2bhub.extensions import db
 from b2bhub.models import Route
+from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.choices import instance_names, party_choices

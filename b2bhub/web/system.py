@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from flask import abort, g, redirect, render_template, request, url_for
 
+from b2bhub.config.extensions import db
 from b2bhub.engine import blocking, instances, presence
 from b2bhub.engine.cleanup import latest_runs
 from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
-from b2bhub.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import config as config_svc
 from b2bhub.services.settings import settings_as_text, settings_from_text

@@ -2,7 +2,7 @@
 
 A settled batch writes 64 history lines; on PostgreSQL each line's foreign key was a
 check, then planned at every execution (as the hub's connections planned every
-statement until b2bhub.dbsetup's replanning), a fifth of a drain's time. Lines are written only by
+statement until b2bhub.config.database's replanning), a fifth of a drain's time. Lines are written only by
 the engine beside their message's rows, and the cleanup deletes them with their
 message by a statement of its own (b2bhub.engine.cleanup). The index stays: every read
 of a message's history goes by it.

@@ -28,8 +28,8 @@ from pyas2lib import Mdn as _PyMdn
 from pyas2lib import Message, Organization, Partner
 from pyas2lib.exceptions import DecryptionError, InsufficientSecurityError, IntegrityError
 
-from b2bhub.plugin_api import PRODUCT as _product
-from b2bhub.plugin_api import utcnow
+from b2bhub.plugin import PRODUCT as _product
+from b2bhub.plugin import utcnow
 from plugins.as2 import keywrap, profiles
 from plugins.as2.profiles import As2Profile
 

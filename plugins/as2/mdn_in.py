@@ -19,7 +19,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub.plugin_api import (
+from b2bhub.plugin import (
     TEST_SOURCE,
     Delivery,
     DeliveryState,
@@ -259,7 +259,7 @@ def _unmatched(session: Session, instance: str, found: dict, stored_raw: StoredP
 
 
 def _org_of(session: Session, row: As2Outbound) -> str:
-    from b2bhub.plugin_api import Message
+    from b2bhub.plugin import Message
     return session.scalar(select(Message.from_party).where(Message.id == row.message_id))
 
 

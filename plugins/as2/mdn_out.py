@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from b2bhub.plugin_api import PayloadStore, add_line
+from b2bhub.plugin import PayloadStore, add_line
 from plugins.as2 import profiles, tls
 from plugins.as2.models import As2Inbound
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from b2bhub.plugin_api import Base, BigId, utcnow
+from b2bhub.plugin import Base, BigId, utcnow
 
 
 class As2Inbound(Base):

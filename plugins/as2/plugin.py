@@ -14,7 +14,7 @@ This module stays light: the protocol's modules load on first use.
 
 from __future__ import annotations
 
-from b2bhub.plugin_api import (
+from b2bhub.plugin import (
     DeliveryInfo,
     EndpointReply,
     EndpointRequest,
@@ -89,7 +89,7 @@ class As2Receiver(Plugin):
 
 def _wake_mdn_sender() -> None:
     """Ask a worker to send the owed MDN now; beat asks every 5 s anyway."""
-    from b2bhub.plugin_api import run_job_soon
+    from b2bhub.plugin import run_job_soon
     run_job_soon(MDN_JOB)
 
 

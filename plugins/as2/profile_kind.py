@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from b2bhub.plugin_api import ProfileKind, utcnow
+from b2bhub.plugin import ProfileKind, utcnow
 from plugins.as2 import profiles
 
 
@@ -39,7 +39,7 @@ class As2Profiles(ProfileKind):
 
     def test_connection(self, session: Session, name: str, actor: str, options: dict):
         """A partner's connection test (:mod:`.selftest`)."""
-        from b2bhub.plugin_api import payload_store
+        from b2bhub.plugin import payload_store
         from plugins.as2 import selftest
         return selftest.run(session, payload_store(), name, actor,
                             options.get("organization"), float(options.get("wait", 20)))

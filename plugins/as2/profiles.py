@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub.plugin_api import (
+from b2bhub.plugin import (
     CERTIFICATE_WARNING,
     ORGANIZATION,
     PROFILES_VERSION_KEY,

@@ -45,7 +45,7 @@ from sqlalchemy import bindparam, insert, null, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.plugin_api import (
+from b2bhub.plugin import (
     INTAKE_KEYS,
     ORGANIZATION,
     PARTNER,

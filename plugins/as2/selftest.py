@@ -8,7 +8,7 @@ expiry, our client certificate taken), the message built, the HTTP status, the M
 signature and the MIC. The steps after the first failure are not run.
 
 The test message is a message of its own (source ``(connection test)``, no deliveries,
-never routed: :func:`b2bhub.plugin_api.store_test_message`) from the organization to
+never routed: :func:`b2bhub.plugin.store_test_message`) from the organization to
 the partner, with the operator's line, the stages sent and received, the result line and
 an outcome (Delivered when every step passed, else Error). An asynchronous MDN is
 waited for up to ``wait`` seconds (it arrives at our AS2 receiver, which records it on
@@ -28,7 +28,7 @@ import requests
 from cryptography import x509
 from sqlalchemy import select
 
-from b2bhub.plugin_api import (
+from b2bhub.plugin import (
     TEST_SOURCE,
     ConnectionTest,
     HistoryLine,

@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 from sqlalchemy import select
 
-from b2bhub.plugin_api import DeliveryInfo, Outcome, PayloadReader, add_line
+from b2bhub.plugin import DeliveryInfo, Outcome, PayloadReader, add_line
 from plugins.as2 import lib, mdn_in, profiles, stream, tls
 from plugins.as2.models import As2Outbound
 

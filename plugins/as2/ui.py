@@ -12,7 +12,7 @@ from flask_wtf import FlaskForm
 from flask_wtf.file import FileField
 from wtforms import BooleanField, PasswordField, SelectField, StringField, TextAreaField
 
-from b2bhub.plugin_api import (
+from b2bhub.plugin import (
     ServiceError,
     db,
     render_plugin_template,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import IO
 
-from b2bhub.plugin_api import Envelope
+from b2bhub.plugin import Envelope
 from plugins.edi.segments import segments
 
 ISA_LENGTH = 106

@@ -14,8 +14,8 @@ from typing import Any
 
 from celery import shared_task
 
-from b2bhub.config_schema import Field
 from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome
+from b2bhub.plugin.schema import Field
 
 
 class ExternalEcho:
@@ -183,9 +183,9 @@ def dispatch(source: str, from_party: str, to_party: str, body: str,
              external_id: str) -> int:
     """Store and dispatch a message inside a worker process (workers load this module
     with ``--include b2bhub_testplugins``), so tests see which routes a worker applies."""
-    from b2bhub import hub
     from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
     from b2bhub.models import utcnow
+    from b2bhub.runtime import hub
 
     stored = hub.store().put(body.encode())
     with hub.new_session() as session:

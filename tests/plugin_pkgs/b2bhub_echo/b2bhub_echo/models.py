@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from b2bhub.plugin_api import Base, BigId, utcnow
+from b2bhub.plugin import Base, BigId, utcnow
 
 
 class EchoReceipt(Base):

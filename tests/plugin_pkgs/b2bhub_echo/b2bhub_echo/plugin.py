@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import select, update
 
-from b2bhub.plugin_api import (
+from b2bhub.plugin import (
     PARTNER,
     EndpointReply,
     EndpointRequest,

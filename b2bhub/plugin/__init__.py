@@ -2,7 +2,7 @@
 
 A plugin type is a class registered under the entry-point group ``b2bhub.plugins``.
 It declares whether it is a source, a target or both (``roles``), a configuration
-schema (:class:`b2bhub.config_schema.Field` list, from which the web form and the API
+schema (:class:`b2bhub.plugin.schema.Field` list, from which the web form and the API
 are generated), and implements:
 
 * a target: ``deliver(delivery, payload, context) -> Outcome`` and optionally
@@ -323,7 +323,7 @@ class ProfileKind:
     kind: str = ""
     #: shown in the UI: "AS2 profile", "Add AS2 profile"
     label: str = ""
-    #: a list of :class:`b2bhub.config_schema.Field`: the fields ``save`` takes (the UI
+    #: a list of :class:`b2bhub.plugin.schema.Field`: the fields ``save`` takes (the UI
     #: form without ``ui_page`` is drawn from it; ``secret`` fields are never shown)
     schema: list = []
 
@@ -354,7 +354,7 @@ class ProfileKind:
         an object. A kind says more by overriding this; the constraints it writes
         should be the ones ``save`` enforces, so a client can tell a good body from a
         bad one before sending it."""
-        from b2bhub.config_schema import schema_to_json
+        from b2bhub.plugin.schema import schema_to_json
         return {"body": {**schema_to_json(self.schema), "required": []},
                 "answer": {"type": "object"}}
 
@@ -392,7 +392,7 @@ class Plugin:
     type_name: ClassVar[str] = ""
     #: ``{"source"}``, ``{"target"}`` or both
     roles: ClassVar[frozenset[str]] = frozenset()
-    #: a list of :class:`b2bhub.config_schema.Field`
+    #: a list of :class:`b2bhub.plugin.schema.Field`
     config_schema: ClassVar[list] = []
     #: the retry schedule used when neither the instance nor a rule says otherwise
     default_retry_policy: ClassVar[RetryPolicy] = RetryPolicy()
@@ -498,17 +498,17 @@ class Plugin:
 
 _PROTOCOL_API = {
     # sessions, settings and the payload store
-    "new_session": "b2bhub.hub:new_session",
-    "PRODUCT": "b2bhub.config:PRODUCT",
-    "payload_store": "b2bhub.hub:store",
+    "new_session": "b2bhub.runtime.hub:new_session",
+    "PRODUCT": "b2bhub.config.environment:PRODUCT",
+    "payload_store": "b2bhub.runtime.hub:store",
     "connection": "b2bhub.engine.history:connection",
     # a hot read as psycopg's own SQL, compiled once (b2bhub.engine.driver)
     "run_read": "b2bhub.engine.driver:run_read",
     "bump_version": "b2bhub.engine.settings:bump_version",
     "PROFILES_VERSION_KEY": "b2bhub.engine.settings:PROFILES_VERSION_KEY",
-    "PayloadStore": "b2bhub.payloads:PayloadStore",
-    "PayloadBatch": "b2bhub.payloads:PayloadBatch",
-    "StoredPayload": "b2bhub.payloads:StoredPayload",
+    "PayloadStore": "b2bhub.payloads.store:PayloadStore",
+    "PayloadBatch": "b2bhub.payloads.store:PayloadBatch",
+    "StoredPayload": "b2bhub.payloads.store:StoredPayload",
     # a received message stored and dispatched (or refused)
     "INTAKE_KEYS": "b2bhub.engine.dispatch:INTAKE_KEYS",
     "NewMessage": "b2bhub.engine.dispatch:NewMessage",
@@ -527,7 +527,7 @@ _PROTOCOL_API = {
     "add_line": "b2bhub.engine.history:add_line",
     "raise_alert": "b2bhub.engine.history:raise_alert",
     "resolve_alert": "b2bhub.engine.history:resolve_alert",
-    "run_job_soon": "b2bhub.jobs:run_job_soon",
+    "run_job_soon": "b2bhub.runtime.jobs:run_job_soon",
     # the tables a protocol reads and its models build on
     "Base": "b2bhub.models:Base",
     "BigId": "b2bhub.models.base:BigId",
@@ -550,7 +550,7 @@ _PROTOCOL_API = {
     "Conflict": "b2bhub.services.errors:Conflict",
     "NotFound": "b2bhub.services.errors:NotFound",
     # configuration fields and retry schedules
-    "Field": "b2bhub.config_schema:Field",
+    "Field": "b2bhub.plugin.schema:Field",
     "RetryPolicy": "b2bhub.domain.retry:RetryPolicy",
     "Strategy": "b2bhub.domain.retry:Strategy",
     # a plugin's own UI page (``ProfileKind.ui_page``): the core's form helpers
@@ -560,7 +560,7 @@ _PROTOCOL_API = {
     "render_plugin_template": "b2bhub.web.kit:render_plugin_template",
     "ui_saved_line": "b2bhub.web.parties:saved_line",
     "ui_whole_number": "b2bhub.web.forms:_whole",
-    "db": "b2bhub.extensions:db",
+    "db": "b2bhub.config.extensions:db",
 }
 
 

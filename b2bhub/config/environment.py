@@ -15,7 +15,7 @@ try:
 except metadata.PackageNotFoundError:  # run from a checkout that was never installed
     VERSION = "0"
 #: how the hub names itself on the wire: every answer's ``Server`` header (gunicorn's
-#: through :mod:`b2bhub.gunicorn_conf`, else :func:`b2bhub.create_app`'s), and the
+#: through :mod:`b2bhub.runtime.gunicorn_conf`, else :func:`b2bhub.create_app`'s), and the
 #: ``User-Agent`` and ``Reporting-UA`` of what protocols send
 PRODUCT = f"b2bhub/{VERSION}"
 
@@ -64,7 +64,7 @@ VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_WORKER_QUEUES", "deliveries,default",
      "queues a worker consumes (add an instance's own queue for dedicated workers)"),
     ("B2BHUB_FAULT_PAUSE", "", "fault suite only: POINT:SECONDS[:NTH], a worker pauses "
-     "there so it can be killed there (b2bhub/faults.py)"),
+     "there so it can be killed there (b2bhub/runtime/faults.py)"),
     ("B2BHUB_FAKE_CLOCK_FILE", "", "fault suite only: a file holding seconds added to "
      "this process's clock"),
 ]
@@ -167,7 +167,7 @@ def load(overrides: dict | None = None) -> dict:
     if cfg["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
         cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {"timeout": 30}}
     else:
-        # no pool_pre_ping: an idle connection is pinged before use (b2bhub.dbsetup)
+        # no pool_pre_ping: an idle connection is pinged before use (b2bhub.config.database)
         cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {
             "options": postgres_options(os.environ.get("PGOPTIONS", ""))}}
     return cfg
@@ -182,7 +182,7 @@ def postgres_options(extra: str = "") -> str:
     generic plan, as it keeps one for each foreign-key check. A plan made while a table
     was empty is a sequential scan, and was kept while the tables grew (the lookups by
     id of a batch's messages took 1.1-1.4 ms instead of 0.13-0.25): so every connection
-    discards its plans once they are a few seconds old (:mod:`b2bhub.dbsetup`). The hub
+    discards its plans once they are a few seconds old (:mod:`b2bhub.config.database`). The hub
     planned every execution instead (``force_custom_plan``) until that cost more than it
     saved: half of PostgreSQL's CPU per HTTP intake, a third of its time per AS2
     message, 20 us per foreign-key check (``bench/plan_cache.py``)."""

@@ -1,8 +1,8 @@
-"""gunicorn's settings for the ``web`` process (``gunicorn -c python:b2bhub.gunicorn_conf
+"""gunicorn's settings for the ``web`` process (``gunicorn -c python:b2bhub.runtime.gunicorn_conf
 wsgi:app``, as the Procfile runs it): the listening address and threads from the same
-variables as the rest of b2bhub (:func:`b2bhub.config.listen_address`), so a platform's
+variables as the rest of b2bhub (:func:`b2bhub.config.environment.listen_address`), so a platform's
 ``PORT`` is honoured without a shell in the Procfile line. Several worker processes
-(``WEB_CONCURRENCY``, :func:`b2bhub.config.web_concurrency`): parsing, decrypting and
+(``WEB_CONCURRENCY``, :func:`b2bhub.config.environment.web_concurrency`): parsing, decrypting and
 signing AS2 messages is CPU work that one interpreter lock would serialise. Each worker
 is a process of its own (its heartbeat, its logs, its caches checked against the
 database's versions, its event streams polling the database), so nothing is shared
@@ -10,7 +10,7 @@ between them but the database, the broker and the payload store."""
 
 import os as _os
 
-from b2bhub import config as _config
+from b2bhub.config import environment as _config
 
 # gunicorn reads every public name of this module as a setting: helpers stay private
 
@@ -39,6 +39,6 @@ def post_worker_init(worker):
 
     signal.signal(signal.SIGTERM, on_term)
     # the app is loaded: its objects live as long as the worker, out of the collector's
-    # sight (see b2bhub.tasks._freeze_startup_objects)
+    # sight (see b2bhub.runtime.tasks._freeze_startup_objects)
     import gc
     gc.freeze()

@@ -1,7 +1,7 @@
 """``POST /<prefix>/<instance>``: the receiving endpoints of protocol plugins (SPEC 3).
 
 A plugin type that declares ``endpoint_prefix`` gets this URL for each of its enabled
-instances (:mod:`b2bhub.plugin_api`), answered ahead of Flask's request handling
+instances (:mod:`b2bhub.plugin`), answered ahead of Flask's request handling
 (:class:`EndpointsFirst`). No login and no CSRF token: a protocol
 authenticates its requests itself (signatures, party profiles). The view never answers
 500: an unexpected failure (the database unreachable, say) is logged and answered 503,
@@ -27,13 +27,14 @@ from sqlalchemy import bindparam, select
 from werkzeug.routing import BaseConverter, ValidationError
 from werkzeug.wrappers import Request
 
-from b2bhub import hub, tracing
-from b2bhub.config import name_the_server
+from b2bhub.config.environment import name_the_server
+from b2bhub.config.extensions import db
 from b2bhub.engine import wakeups
 from b2bhub.engine.history import connection
-from b2bhub.extensions import db
 from b2bhub.models import PluginInstance, utcnow
-from b2bhub.plugin_api import PREREAD, EndpointReply, EndpointRequest
+from b2bhub.observability import tracing
+from b2bhub.plugin import PREREAD, EndpointReply, EndpointRequest
+from b2bhub.runtime import hub
 
 bp = Blueprint("endpoints", __name__)
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 :class:`QueueingHandler` sits on the root logger at ``max(B2BHUB_LOG_STREAM_LEVEL,
 B2BHUB_LOG_LEVEL)``. Its ``emit`` only formats the record and appends it to a bounded
 in-memory queue: logging never waits for the database. The process's agent thread
-(``b2bhub.agent``) writes what is queued to ``log_records`` every half second, in one
+(``b2bhub.runtime.agent``) writes what is queued to ``log_records`` every half second, in one
 insert. When the database is slow or down the queue keeps the newest
 :data:`QUEUE_LIMIT` records and counts the ones it dropped; the next flush says how
 many were lost. We chose the database over Redis so that the Logs page works the

@@ -2,7 +2,7 @@
 
 ``start_agent(app, kind)`` is called once by each long-running process (``wsgi.py`` for
 gunicorn's worker, the Celery signals for a worker and for beat). Every
-:data:`FLUSH_SECONDS` it writes the queued log records (``b2bhub.logstream``); every
+:data:`FLUSH_SECONDS` it writes the queued log records (``b2bhub.observability.logstream``); every
 heartbeat it updates the process's row with the instances it runs and lets the process
 act on instance starts and stops (``on_heartbeat``). Failures are printed to stderr,
 never logged (that would feed the queue it is flushing) and never stop the thread.
@@ -30,11 +30,11 @@ from flask import Flask
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.engine import presence
 from b2bhub.engine.writelock import serialized_writes
-from b2bhub.extensions import db
-from b2bhub.logstream import QueueingHandler, stream_level
 from b2bhub.models import LogRecord, utcnow
+from b2bhub.observability.logstream import QueueingHandler, stream_level
 
 FLUSH_SECONDS = 0.5
 OnHeartbeat = Callable[[Session], list[str]]  # returns the instances the process runs
@@ -111,7 +111,7 @@ class Agent:
         items, dropped = self.handler.take()
         if dropped:
             items.append({"created_at": utcnow(), "level": logging.WARNING,
-                          "logger": "b2bhub.logstream",
+                          "logger": "b2bhub.observability.logstream",
                           "message": f"{dropped} log record(s) dropped: the queue was full"})
         if not items:
             return

@@ -46,8 +46,8 @@ def beat_entries(registry) -> dict:
 
 def run_job(registry, name: str):
     """Run the job ``name`` now in a session of its own, committed after it."""
-    from b2bhub import hub
     from b2bhub.models import utcnow
+    from b2bhub.runtime import hub
     job = declared_jobs(registry).get(name)
     if job is None:
         log.warning("no periodic job named %r is registered; not run", name)

@@ -13,22 +13,22 @@ from flask import Flask, current_app
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from b2bhub.config.extensions import db
 from b2bhub.domain.callbacks import CallbackTokens
 from b2bhub.engine import presence, wakeups
-from b2bhub.extensions import db
 from b2bhub.models import Delivery, PluginInstance, utcnow
-from b2bhub.payload_backends import PayloadBackend, open_payload_store
-from b2bhub.registry import get_registry
+from b2bhub.payloads.backends import PayloadBackend, open_payload_store
+from b2bhub.plugin.registry import get_registry
 
 log = logging.getLogger(__name__)
-DELIVER_TASK = "b2bhub.deliver"  # b2bhub.tasks.deliver
+DELIVER_TASK = "b2bhub.deliver"  # b2bhub.runtime.tasks.deliver
 
 
 def hub_init_app(app: Flask) -> None:
     app.extensions["b2bhub.store"] = open_payload_store(
         app.config.get("PAYLOAD_URL"), app.config["PAYLOAD_DIR"],
         endpoint_url=app.config.get("S3_ENDPOINT_URL"))
-    registry = app.extensions["b2bhub.registry"] = (app.config.get("PLUGIN_REGISTRY")
+    registry = app.extensions["b2bhub.plugin.registry"] = (app.config.get("PLUGIN_REGISTRY")
                                                     or get_registry())
     wakeups.set_claim_batch(lambda type_name: getattr(
         registry.get(type_name), "claim_batch", 1) if type_name in registry else 1)
@@ -56,7 +56,7 @@ def store() -> PayloadBackend:
 
 
 def registry():
-    return current_app.extensions["b2bhub.registry"]
+    return current_app.extensions["b2bhub.plugin.registry"]
 
 
 def callback_tokens() -> CallbackTokens:

@@ -1,8 +1,8 @@
 """The payload store on an S3-compatible object store (``B2BHUB_PAYLOAD_URL=s3://...``).
 
-Same contract as the filesystem store (:mod:`b2bhub.payloads`), so every caller works
+Same contract as the filesystem store (:mod:`b2bhub.payloads.store`), so every caller works
 with either: content-addressed (a payload is the object ``<prefix>/<sha256>``), the
-sha256 checked at the end of every read (:class:`~b2bhub.payloads.VerifiedReader`),
+sha256 checked at the end of every read (:class:`~b2bhub.payloads.store.VerifiedReader`),
 written before the transaction that references it (``put`` and ``PayloadBatch.commit``
 return only once the object is stored), streamed both ways, orphans removable.
 
@@ -29,7 +29,7 @@ commit puts them: only those of at most ``read_ahead_size`` bytes (1 MiB) each, 
 (missing, refused, unreachable) or whose length is not the size recorded for it is
 left out, and the ordinary :meth:`~S3PayloadStore.open` of it reports the error as
 ever; what is read ahead is handed out through a
-:class:`~b2bhub.payloads.VerifiedReader` all the same, so its sha256 is still checked.
+:class:`~b2bhub.payloads.store.VerifiedReader` all the same, so its sha256 is still checked.
 
 A process killed in the middle leaves at most a temporary object or an unfinished
 multipart upload (its parts), never an object under a digest that no row may reference
@@ -85,7 +85,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import quote, urlsplit
 
-from b2bhub.payloads import (
+from b2bhub.payloads.store import (
     DIGEST_RE,
     TEMP_GRACE,
     PayloadMissing,
@@ -449,7 +449,7 @@ class S3PayloadStore:
 
 
 class S3PayloadBatch:
-    """Payloads stored together (see :class:`b2bhub.payloads.PayloadBatch`): nothing is
+    """Payloads stored together (see :class:`b2bhub.payloads.store.PayloadBatch`): nothing is
     under its digest before :meth:`commit`, which stores them all in parallel and
     returns once every one is stored; use the digests in a transaction only after it."""
 

@@ -34,13 +34,14 @@ class Supervisor:
     @classmethod
     def for_config(cls, cfg, workers: int) -> Supervisor:
         bindir = Path(sys.executable).parent
-        # the Procfile's settings (b2bhub.gunicorn_conf: its SIGTERM ends event streams
+        # the Procfile's settings (b2bhub.runtime.gunicorn_conf: its SIGTERM ends event streams
         # first), with the address, processes and threads of this configuration
-        commands = {"web": [str(bindir / "gunicorn"), "--config", "python:b2bhub.gunicorn_conf",
+        commands = {"web": [str(bindir / "gunicorn"),
+                            "--config", "python:b2bhub.runtime.gunicorn_conf",
                             "--workers", str(cfg["WEB_CONCURRENCY"]),
                             "--threads", str(cfg["WEB_THREADS"]),
                             "--bind", f"{cfg['HOST']}:{cfg['PORT']}", "wsgi:app"]}
-        celery = [str(bindir / "celery"), "-A", "b2bhub.worker"]
+        celery = [str(bindir / "celery"), "-A", "b2bhub.runtime.worker"]
         for i in range(1, workers + 1):
             commands[f"worker{i}"] = celery + ["worker", "--pool", "solo", "-n",
                                                f"worker{i}@%h", "--loglevel", "INFO",
@@ -51,7 +52,7 @@ class Supervisor:
 
     def run(self) -> int:
         # this process loaded the app to migrate: out of the collector's sight, its exit
-        # does not walk those objects again (see b2bhub.tasks._freeze_startup_objects)
+        # does not walk those objects again (see b2bhub.runtime.tasks._freeze_startup_objects)
         gc.freeze()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)

@@ -1,9 +1,9 @@
 """Which payload store a process uses, and the interface every store offers.
 
 ``B2BHUB_PAYLOAD_URL`` chooses: ``s3://bucket/prefix`` is the S3-compatible object store
-(:mod:`b2bhub.payload_s3`; credentials and region from the standard AWS variables, an
+(:mod:`b2bhub.payloads.s3`; credentials and region from the standard AWS variables, an
 S3-compatible server's address from ``B2BHUB_S3_ENDPOINT_URL``); a filesystem path or a
-``file://`` URL is the filesystem store (:mod:`b2bhub.payloads`) there; unset, the
+``file://`` URL is the filesystem store (:mod:`b2bhub.payloads.store`) there; unset, the
 filesystem store in ``B2BHUB_PAYLOAD_DIR`` (default ``<data dir>/payloads``).
 
 The filesystem store is for one host (or hosts sharing a disk); the object store for
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
 
-from b2bhub.payloads import PayloadStore, StoredPayload, VerifiedReader
+from b2bhub.payloads.store import PayloadStore, StoredPayload, VerifiedReader
 
 __all__ = ["PayloadBackend", "PayloadBatchLike", "open_payload_store"]
 
@@ -83,7 +83,7 @@ def open_payload_store(url: str | None, directory: str | Path,
         return PayloadStore(directory)
     parts = urlsplit(url)
     if parts.scheme == "s3":
-        from b2bhub.payload_s3 import S3PayloadStore
+        from b2bhub.payloads.s3 import S3PayloadStore
 
         if not parts.netloc:
             raise ValueError(f"B2BHUB_PAYLOAD_URL={url!r} names no bucket "

@@ -15,8 +15,8 @@ def celery_init_app(app: Flask) -> Celery:
     celery_app = Celery(app.name, task_cls=FlaskTask)
     celery_app.config_from_object("celeryconfig")
     celery_app.conf.broker_url = app.config["BROKER_URL"]
-    from b2bhub.jobs import beat_entries
-    from b2bhub.registry import get_registry
+    from b2bhub.plugin.registry import get_registry
+    from b2bhub.runtime.jobs import beat_entries
     celery_app.conf.beat_schedule = {
         **celery_app.conf.beat_schedule,
         **beat_entries(app.config.get("PLUGIN_REGISTRY") or get_registry())}
@@ -33,8 +33,8 @@ def celery_init_app(app: Flask) -> Celery:
         celery_app.conf.broker_transport_options = dict(redis_transport_options)
     celery_app.set_default()
     app.extensions["celery"] = celery_app
-    celery_app.flask_app = app  # for the worker's signal handlers (b2bhub.tasks)
-    import b2bhub.tasks  # noqa: F401  (registers the shared tasks)
+    celery_app.flask_app = app  # for the worker's signal handlers (b2bhub.runtime.tasks)
+    import b2bhub.runtime.tasks  # noqa: F401  (registers the shared tasks)
     return celery_app
 
 

@@ -19,7 +19,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
-from b2bhub.config_schema import schema_problem
+from b2bhub.plugin.schema import schema_problem
 
 __all__ = ["GROUP", "ROLES", "PluginRegistry", "get_registry", "plugin_problem", "registry"]
 
@@ -52,7 +52,7 @@ _AT = re.compile(r"([01]\d|2[0-3]):[0-5]\d")
 
 
 def _hook_problem(cls: type) -> str | None:
-    """What is wrong with the protocol hooks a class declares (b2bhub/plugin_api.py)."""
+    """What is wrong with the protocol hooks a class declares (b2bhub/plugin/__init__.py)."""
     prefix = getattr(cls, "endpoint_prefix", None)
     if prefix is not None and (not isinstance(prefix, str) or not _PREFIX.fullmatch(prefix)):
         return f"{_qualname(cls)}.endpoint_prefix must be a URL segment of a-z, 0-9, _ . -"
@@ -166,7 +166,7 @@ def get_registry(load: bool = True) -> PluginRegistry:
     return registry
 
 
-# --- document inspectors (b2bhub.plugin_api.Inspector) -------------------------------
+# --- document inspectors (b2bhub.plugin.Inspector) -------------------------------
 
 INSPECTOR_GROUP = "b2bhub.inspectors"
 _inspectors: dict[str, Any] | None = None

@@ -1,4 +1,4 @@
-"""``celery -A b2bhub.worker worker`` / ``beat`` find ``celery_app`` here."""
+"""``celery -A b2bhub.runtime.worker worker`` / ``beat`` find ``celery_app`` here."""
 
 from b2bhub import create_app
 

@@ -11,8 +11,6 @@ from flask import current_app
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from b2bhub import hub
-from b2bhub.agent import start_agent, stop_agent
 from b2bhub.engine import presence, wakeups
 from b2bhub.engine.instances import mark_targets_running
 from b2bhub.engine.probes import ProbeRunner
@@ -22,6 +20,8 @@ from b2bhub.engine.stats import sample_minutes
 from b2bhub.engine.stopping import stop_control
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.models import InstanceState, PluginInstance, utcnow
+from b2bhub.runtime import hub
+from b2bhub.runtime.agent import start_agent, stop_agent
 
 log = logging.getLogger(__name__)
 _runner: TargetRunner | None = None
@@ -176,8 +176,8 @@ def worker_heartbeat(session: Session) -> list[str]:
 
 
 def _flask_app():
-    """The Flask app of this worker or beat (the one ``b2bhub.worker`` made), reached
-    through the Celery app it set up, so this module need not import ``b2bhub.worker``
+    """The Flask app of this worker or beat (the one ``b2bhub.runtime.worker`` made), reached
+    through the Celery app it set up, so this module need not import ``b2bhub.runtime.worker``
     (which imports the whole app, and with it this module)."""
     from celery import current_app
     return current_app.flask_app
@@ -236,7 +236,7 @@ def _stop_claiming(sig=None, how=None, **kwargs) -> None:
 
 @shared_task(name="b2bhub.plugin_job", ignore_result=True)
 def plugin_job(name: str):
-    """A periodic job a plugin type declares (b2bhub/jobs.py), run on beat's schedule or
+    """A periodic job a plugin type declares (b2bhub/runtime/jobs.py), run on beat's schedule or
     when asked for by ``run_job_soon``."""
-    from b2bhub.jobs import run_job
+    from b2bhub.runtime.jobs import run_job
     return run_job(hub.registry(), name)
