@@ -23,7 +23,8 @@ The PostgreSQL + Redis backend runs on servers the suite starts itself (a cluste
 ``initdb``, a ``redis-server``; ``--pg-port``, ``--redis-port``), never on shared ones.
 Exit status 1 when any scenario lost, duplicated or left something stuck.
 
-Fault hooks the processes honour only when set (``b2bhub/runtime/faults.py``):
+Fault hooks the processes honour only when set (``b2bhub/engine/faults.py``, the clock
+in ``b2bhub/models/base.py``):
 ``B2BHUB_FAULT_PAUSE`` (a worker pauses at a point of an attempt so it is killed there)
 and ``B2BHUB_FAKE_CLOCK_FILE`` (one process's clock stepped).
 """

@@ -208,7 +208,7 @@ def page_of(item: type[Schema], name: str) -> type[Schema]:
 
 
 def page_json(page) -> dict[str, Any]:
-    """A :class:`b2bhub.services.pages.Page` as the page schemas take it."""
+    """A :class:`b2bhub.models.pages.Page` as the page schemas take it."""
     return {"items": page.items, "next_cursor": encode_cursor(page.next_key)}
 
 

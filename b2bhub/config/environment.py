@@ -64,9 +64,9 @@ VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_WORKER_QUEUES", "deliveries,default",
      "queues a worker consumes (add an instance's own queue for dedicated workers)"),
     ("B2BHUB_FAULT_PAUSE", "", "fault suite only: POINT:SECONDS[:NTH], a worker pauses "
-     "there so it can be killed there (b2bhub/runtime/faults.py)"),
+     "there so it can be killed there (b2bhub/engine/faults.py)"),
     ("B2BHUB_FAKE_CLOCK_FILE", "", "fault suite only: a file holding seconds added to "
-     "this process's clock"),
+     "this process's clock (b2bhub/models/base.py)"),
 ]
 
 

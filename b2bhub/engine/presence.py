@@ -44,7 +44,7 @@ from sqlalchemy import delete, exists, func, insert, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from b2bhub.models import LogRecord, Process
-from b2bhub.services.pages import Page, keyset_page
+from b2bhub.models.pages import Page, keyset_page
 
 HEARTBEAT_SECONDS = 5.0
 # this process's name in the processes table and as a lease owner (b2bhub.runtime.hub.process_owner)

@@ -31,7 +31,7 @@ from b2bhub.domain import business_rules
 from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy, Strategy, merge
-from b2bhub.engine import machine
+from b2bhub.engine import faults, machine
 from b2bhub.engine.machine import Claim
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.stopping import AttemptCancelled, StopControl, stop_control
@@ -40,7 +40,6 @@ from b2bhub.models import Delivery, Message, Payload, PluginInstance, utcnow
 from b2bhub.observability import tracing
 from b2bhub.payloads.store import PayloadStore, VerifiedReader
 from b2bhub.plugin import DeliveryInfo
-from b2bhub.runtime import faults
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,10 @@ from sqlalchemy import insert, or_, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.engine import machine, presence
+from b2bhub.engine import faults, machine, presence
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import Lock
-from b2bhub.runtime import faults
 
 log = logging.getLogger(__name__)
 ADVISORY_KEY = 0x62326268  # "b2bh"

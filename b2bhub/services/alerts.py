@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from b2bhub.engine.history import add_line
 from b2bhub.models import Alert
+from b2bhub.models.pages import Page, keyset_page
 from b2bhub.services.errors import Conflict, NotFound
-from b2bhub.services.pages import Page, keyset_page
 
 log = logging.getLogger(__name__)
 

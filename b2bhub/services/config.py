@@ -13,9 +13,9 @@ from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
 from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
+from b2bhub.models.pages import Page, keyset_page
 from b2bhub.plugin.schema import ConfigError, validate_config
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
-from b2bhub.services.pages import Page, keyset_page
 
 #: how a stored secret is shown; sent back unchanged, it keeps the stored value
 SECRET_MASK = "********"

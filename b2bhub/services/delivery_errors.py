@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.engine import operator
 from b2bhub.models import Delivery, Message
+from b2bhub.models.pages import Page, keyset_page
 from b2bhub.services.errors import ServiceError
-from b2bhub.services.pages import Page, keyset_page
 
 #: what the page calls each kind of error, and the rows it stands for
 KINDS = {

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.engine import operator
 from b2bhub.models import Delivery, HistoryLine, Message, MessageAttribute
+from b2bhub.models.pages import Page, keyset_page
 from b2bhub.services.errors import NotFound, ServiceError
-from b2bhub.services.pages import Page, keyset_page
 
 
 @dataclass

@@ -10,8 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from b2bhub.models import ApiToken, User, utcnow
+from b2bhub.models.pages import Page
 from b2bhub.services.errors import Conflict, NotFound
-from b2bhub.services.pages import Page
 
 ROLES = ("viewer", "operator", "admin")
 LAST_USED_PRECISION = timedelta(minutes=1)

@@ -16,8 +16,8 @@ from werkzeug.security import check_password_hash, generate_password_hash
 
 from b2bhub.engine.history import add_line
 from b2bhub.models import User, utcnow
+from b2bhub.models.pages import Page, keyset_page
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
-from b2bhub.services.pages import Page, keyset_page
 from b2bhub.services.tokens import ROLES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")

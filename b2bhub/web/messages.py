@@ -13,11 +13,11 @@ from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.engine import operator
 from b2bhub.engine.dispatch import TEST_SOURCE
 from b2bhub.models import Delivery, utcnow
+from b2bhub.models.pages import Page
 from b2bhub.runtime import hub
 from b2bhub.services import messages as svc
 from b2bhub.services import sending
 from b2bhub.services.errors import ServiceError
-from b2bhub.services.pages import Page
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, SendForm, show_service_error
 from b2bhub.web.kit import bp, requires
