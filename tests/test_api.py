@@ -424,6 +424,19 @@ def test_message_filters(api, configured):
     error_of(api.get("/api/v1/messages?since=yesterday"), 400, "invalid")
 
 
+def test_a_text_filter_holding_a_nul_is_refused_not_a_server_error(api, configured):
+    """PostgreSQL's text takes no NUL: such a filter is the request's fault (400, naming
+    the field), on either database, for messages, deliveries, alerts and bulk actions."""
+    configured.message(from_party="acme", now=T0)
+    for path, field in (("/api/v1/messages?transaction_control=1%002", "transaction_control"),
+                        ("/api/v1/messages?from=ac%00me", "from"),
+                        ("/api/v1/messages?q=%00", "q"),
+                        ("/api/v1/deliveries?target=a%00", "target"),
+                        ("/api/v1/alerts?kind=%00", "kind")):
+        error = error_of(api.get(path), 400, "invalid")
+        assert "NUL" in error["details"][field], (path, error)
+
+
 def test_message_detail_with_deliveries_history_and_payloads(api, configured, registry):
     configured.route("inbox", "*", "*", "writer_a")
     configured.route("inbox", "acme", "*", "writer_b")

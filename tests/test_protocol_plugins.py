@@ -117,6 +117,9 @@ def test_a_third_party_profile_kind_keeps_its_secret(echo, api, login):
     assert api.get("/api/v1/partners/acme/profiles/echo").json["has_secret"] is True
     assert api.delete("/api/v1/partners/acme/profiles/echo").status_code == 204
     assert api.get("/api/v1/partners/acme/profiles/echo").status_code == 404
+    # removing it again is no error (the party has none, as asked); no such party is
+    assert api.delete("/api/v1/partners/acme/profiles/echo").status_code == 204
+    assert api.delete("/api/v1/partners/nosuch/profiles/echo").status_code == 404
 
 
 def test_a_third_party_job_is_scheduled_by_beat_and_runs(echo, app, client, session):

@@ -14,6 +14,7 @@ from b2bhub.config.extensions import db
 from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.runtime import hub
 from b2bhub.services import config as svc
+from b2bhub.services.errors import NotFound
 from b2bhub.services.profiles import profile_kind, profile_kinds, run_connection_test
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
@@ -100,7 +101,16 @@ def put_profile(collection: str, name: str, kind: str):
 
 
 def delete_profile(collection: str, name: str, kind: str):
-    profile_kind(hub.registry(), kind).delete(db.session, KINDS[collection], name)
+    """Idempotent, as a client removing a profile expects: a party that has no profile of
+    the kind (never had one, or it is deleted already) answers 204 too; an unknown party
+    is a 404."""
+    found = profile_kind(hub.registry(), kind)
+    party = svc.get_party(db.session, KINDS[collection], name)
+    try:
+        found.get(db.session, KINDS[collection], party.name)
+    except NotFound:
+        return Response(status=204)
+    found.delete(db.session, KINDS[collection], party.name)
     db.session.commit()
     return Response(status=204)
 
@@ -137,7 +147,8 @@ def document_profiles(doc: dict, registry) -> None:
                         "responses": {200: {"description": "OK", **answer}, 400: None,
                                       404: None, 409: None}},
                 "delete": {"summary": f"Delete {an} {one}'s {label}",
-                           "responses": {204: {"description": "No Content"}, 404: None}},
+                           "responses": {204: {"description": "Deleted, or the party had none"},
+                                         404: None}},
             }
             for method, operation in operations.items():
                 view = PROFILE_VIEWS[method.upper()]

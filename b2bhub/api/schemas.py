@@ -451,25 +451,35 @@ class RouteTestResult(Schema):
 
 # --- messages and deliveries ----------------------------------------------------------
 
+#: a filter's text may hold any character but NUL, which PostgreSQL's text takes none of:
+#: refused as the request's fault (400) rather than failing the query (500)
+NO_NUL = validate.Regexp("^[^\x00]*$", error="must not contain a NUL character")
+
+
+def _filter(description: str | None = None, max_length: int | None = None,
+            **kwargs) -> fields.String:
+    """A text filter of a list: a name or an exact value."""
+    checks = [NO_NUL] + ([validate.Length(min=1, max=max_length)] if max_length else [])
+    return fields.String(validate=checks, metadata={"description": description}
+                         if description else {}, **kwargs)
+
+
 def _exact(description: str) -> fields.String:
     """An envelope filter: an exact value (docs/edi.md)."""
-    return fields.String(validate=validate.Length(min=1, max=255),
-                         metadata={"description": description})
+    return _filter(description, 255)
 
 
 class MessageFilterArgs(IdPageArgs):
     status = CommaList(STATUSES)
-    from_party = fields.String(data_key="from")
-    to_party = fields.String(data_key="to")
-    source = fields.String()
-    target = fields.String(metadata={"description": "has a delivery to this target"})
+    from_party = _filter(data_key="from")
+    to_party = _filter(data_key="to")
+    source = _filter()
+    target = _filter("has a delivery to this target")
     since = UtcDateTime(metadata={"description": "created at or after (ISO 8601)"})
     until = UtcDateTime(metadata={"description": "created before (ISO 8601)"})
-    q = fields.String(validate=validate.Length(min=1, max=200), metadata={
-        "description": "a message id, or text found in the original file name "
-                       "(any case), or an external or correlation id (exact)"})
-    correlation_id = fields.String(validate=validate.Length(min=1, max=255), metadata={
-        "description": "the correlation id (exact)"})
+    q = _filter("a message id, or text found in the original file name (any case), or an "
+                "external or correlation id (exact)", 200)
+    correlation_id = _filter("the correlation id (exact)", 255)
     document_type = _exact("holds a transaction set / message of this type (850, ORDERS:D:96A)")
     sender = _exact("the envelope's sender, qualifier:id (ZZ:ACME)")
     receiver = _exact("the envelope's receiver, qualifier:id")
@@ -481,7 +491,7 @@ class MessageFilterArgs(IdPageArgs):
 
 class DeliveryFilterArgs(MessageFilterArgs):
     status = CommaList(STATUSES, metadata={"description": "of the delivery's message"})
-    target = fields.String()
+    target = _filter()
     state = CommaList(STATES)
     message = _id(metadata={"description": "deliveries of this message"})
     since = UtcDateTime(metadata={"description": "delivery created at or after"})
@@ -502,10 +512,10 @@ class BulkRedeliverArgs(Schema):
     never read as "everything"."""
 
     status = fields.List(fields.String(validate=validate.OneOf(STATUSES)))
-    from_party = fields.String(data_key="from")
-    to_party = fields.String(data_key="to")
-    source = fields.String()
-    target = fields.String()
+    from_party = _filter(data_key="from")
+    to_party = _filter(data_key="to")
+    source = _filter()
+    target = _filter()
     state = fields.List(fields.String(validate=validate.OneOf(
         ["failed", "stalled", "retrying"])))
     message = _id(strict=True)
@@ -634,7 +644,7 @@ class AlertArgs(IdPageArgs):
         ["open", "unacknowledged", "resolved", "all"]), metadata={
         "description": "open (default): not resolved; unacknowledged: open and not "
                        "acknowledged; resolved; all"})
-    kind = fields.String()
+    kind = _filter()
 
 
 class Alert(Schema):
