@@ -8,7 +8,7 @@ times (default 3), back to back:
 
 * floor: K processes (multiprocessing) loop over the engine's own two statements,
   without Celery, the ORM or any bookkeeping: the claim statement of
-  ``b2bhub/engine/machine.py``, bare (PostgreSQL ``WITH c AS (SELECT ... FOR UPDATE SKIP
+  ``b2bhub/engine/machine/claiming.py``, bare (PostgreSQL ``WITH c AS (SELECT ... FOR UPDATE SKIP
   LOCKED LIMIT 16) UPDATE ... RETURNING``, SQLite ``UPDATE ... WHERE id IN (SELECT ...
   LIMIT 16) RETURNING``), and the engine's delivered UPDATE of a whole batch (each row
   fenced by its own attempt number). Like the engine, it settles a batch and claims the
@@ -132,8 +132,8 @@ def _claim_sql(postgres: bool) -> str:
     column saying whether the claimed row was stalled (which the engine returns to
     resolve that alert), and on PostgreSQL without the join to the messages (what the
     engine's attempts read)."""
-    from b2bhub.engine import machine
-    return (machine._PG_CLAIM if postgres else machine._SQLITE_CLAIM).format(
+    from b2bhub.engine.machine import claiming
+    return (claiming._PG_CLAIM if postgres else claiming._SQLITE_CLAIM).format(
         limit=":n", ordered="", stalled="", lane="")
 
 
@@ -158,10 +158,10 @@ def floor_process(backend: Backend, owner: str, books: bool, ready, go) -> None:
 
 
 def _settle_batch(conn, rows, owner: str) -> int:
-    """The engine's delivered UPDATE of a batch (``machine.delivered_driver``, each row
+    """The engine's delivered UPDATE of a batch (``settlement.delivered_driver``, each row
     fenced by its attempt), run as the engine runs it; how many it wrote."""
-    from b2bhub.engine import machine
-    statement, params = machine.delivered_driver(
+    from b2bhub.engine.machine import settlement
+    statement, params = settlement.delivered_driver(
         [(delivery_id, attempt, "ok") for delivery_id, _message_id, attempt, _f in rows],
         owner, utcnow(), conn.dialect.name == "postgresql")
     return len(statement.run(conn, params).all())
@@ -170,7 +170,7 @@ def _settle_batch(conn, rows, owner: str) -> int:
 def floor_loop(conn, claim_sql, owner: str, books: bool = False) -> int:
     """The floor's loop on one connection; returns how many it settled. ``books``: each
     claim and settlement also writes its statuses and history lines (:func:`_book`)."""
-    from b2bhub.engine import machine
+    from b2bhub.engine.machine import claiming
     settled, rows = 0, []
     while True:
         if rows:
@@ -184,7 +184,7 @@ def floor_loop(conn, claim_sql, owner: str, books: bool = False) -> int:
         rows = claim_sql.run(conn, {
             "target": TARGET, "now": now, "owner": owner, "n": BATCH,
             "until": now + timedelta(seconds=300),
-            "queued_due": now + machine.QUEUED_SKEW}).all()
+            "queued_due": now + claiming.QUEUED_SKEW}).all()
         if books and rows:
             _book(conn, rows, owner, "in_progress", "received", "in_progress")
         conn.commit()  # the batch settled and the next one claimed: one commit
@@ -404,7 +404,7 @@ def row_write_waits(backend: Backend, workers: int, n: int, every: float = 0.05)
     """While ``workers`` real workers drain ``n`` deliveries, a writer updates the
     target's instance row every ``every`` seconds (as a probe, a stop or a change of
     its configuration would): how long each UPDATE and its commit took. Claimers hold
-    the row (FOR SHARE on PostgreSQL, b2bhub/engine/machine.py), so a writer waits for
+    the row (FOR SHARE on PostgreSQL, b2bhub/engine/machine/lanes.py), so a writer waits for
     the claims under way."""
     reset(backend, 0)
     waits: list[float] = []

@@ -11,7 +11,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from b2bhub.engine import dispatch, machine
+from b2bhub.engine import dispatch
+from b2bhub.engine.machine import claiming
 from b2bhub.models import Alert, Delivery, HistoryLine, Message
 from b2bhub.services import config as svc
 
@@ -105,9 +106,9 @@ def alerts(session: Session, kind: str, subject: str) -> list[Alert]:
 
 
 def claim_one(session: Session, target: str, owner: str, now: datetime,
-              lease_seconds: int = 300) -> machine.Claim:
+              lease_seconds: int = 300) -> claiming.Claim:
     """Claim exactly one due delivery of ``target`` and commit."""
-    claims = machine.claim(session, target, owner, now, 1, lease_seconds)
+    claims = claiming.claim(session, target, owner, now, 1, lease_seconds)
     session.commit()
     assert len(claims) == 1, f"expected one claim for {target} at {now}, got {claims}"
     return claims[0]

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Delivery, HistoryLine, Message, utcnow
 from tests.factories import digests_in
 from tests.test_api import token_client
@@ -105,8 +105,8 @@ def test_redeliver_through_the_api_names_the_operator(setup, app, session):
     setup.route("inbox", "*", "*", "writer_a")
     setup.message()
     now = utcnow()
-    [claim] = machine.claim(session, "writer_a", "w1", now, 1, 300)
-    machine.settle(session, claim, Outcome.failed("boom"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "writer_a", "w1", now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed("boom"), RetryPolicy(), now)
     session.commit()
     operator_client = _client_with_role(app, session, "operator")
 

@@ -16,8 +16,8 @@ from sqlalchemy import select
 from b2bhub.api.blueprint import ApiBlueprint, init_api
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
 from b2bhub.engine.history import raise_alert
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Alert, ApiToken, Delivery, HistoryLine, User, utcnow
 from b2bhub.services.profiles import profile_kinds
 from b2bhub.services.users import check_login, create_user
@@ -361,8 +361,8 @@ def test_deliveries_filter_on_their_message_and_state(configured_admin, hub, ses
 
 def _fail(session, target: str) -> int:
     now = utcnow()
-    [claim] = machine.claim(session, target, "w1", now, 1, 300)
-    machine.settle(session, claim, Outcome.failed("boom"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, target, "w1", now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed("boom"), RetryPolicy(), now)
     session.commit()
     return claim.delivery_id
 

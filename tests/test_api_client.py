@@ -14,7 +14,7 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Delivery, HistoryLine, utcnow
 from b2bhub.services.tokens import new_token
 
@@ -46,8 +46,8 @@ def test_a_generated_client_lists_messages_and_redelivers_one(served, hub, sessi
     hub.instance("writer", "recorder", config={"record_dir": str(record_dir)})
     hub.route("inbox", "*", "*", "writer")
     message = hub.message()
-    [claim] = machine.claim(session, "writer", "w1", utcnow(), 1, 300)
-    machine.settle(session, claim, Outcome.failed("the disk is full"), RetryPolicy(), utcnow())
+    [claim] = claiming.claim(session, "writer", "w1", utcnow(), 1, 300)
+    settlement.settle(session, claim, Outcome.failed("the disk is full"), RetryPolicy(), utcnow())
     _row, token = new_token(session, "ops-client", "operator")
     session.commit()
 

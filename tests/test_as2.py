@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
-from b2bhub.engine.machine import fail_overdue_receipts
+from b2bhub.engine.machine.receipts import fail_overdue_receipts
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
 from b2bhub.payloads.store import PayloadBatch, PayloadStore

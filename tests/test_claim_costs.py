@@ -11,8 +11,8 @@ from sqlalchemy import DateTime, Text, bindparam, cast, select, text
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
 from b2bhub.engine.history import add_line, add_lines
+from b2bhub.engine.machine import claiming, settlement, wake
 from b2bhub.engine.runner import LeaseKeeper, TargetRunner
 from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
 from b2bhub.models import Delivery, HistoryLine, PluginInstance
@@ -86,7 +86,7 @@ def test_a_claim_reads_the_rows_it_takes_not_the_whole_backlog(hub, session):
         hub.message()
     session.commit()
     postgres = session.get_bind().dialect.name == "postgresql"
-    statement = machine._claim_statement(postgres, False)
+    statement = claiming._claim_statement(postgres, False)
     params = {"target": "writer_a", "now": at(60), "owner": "w", "n": 16,
               "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 16,
               "total": 16, "lanes": 1, "lane": 0}
@@ -135,12 +135,12 @@ def test_claim_and_delivered_update_find_their_rows_by_key_with_or_without_stati
                1, 0, :t, 0, '', :t, :t, CASE WHEN g <= 1005016 THEN 'w' END
           FROM s""").bindparams(bindparam("t", type_=DateTime())), {"t": at()})
     session.commit()
-    claim = machine._claim_statement(True, False)
+    claim = claiming._claim_statement(True, False)
     claim_params = {"target": "writer_a", "now": at(60), "owner": "w2", "n": 16,
                     "until": at(360), "queued_due": at(60 + 900), "max_concurrent": 64,
                     "total": 64, "lanes": 1, "lane": 0}
     # the statement a drain sends for 16 delivered outcomes of this owner
-    delivered, delivered_params = machine.delivered_update(
+    delivered, delivered_params = settlement.delivered_update(
         [(1005001 + k, 1, "ok") for k in range(16)], "w", at(60), postgres)
     for analyzed in (False, True):
         if analyzed:
@@ -178,13 +178,13 @@ def test_the_claim_of_a_stalled_delivery_resolves_its_alert_and_no_other(hub, se
     session.query(Delivery).filter(Delivery.id == first.id).update(
         {"next_wake_at": at(), "wake_count": 1})
     session.commit()
-    assert machine.stall_unclaimed(session, at(1), settings, limit=10) == 1
+    assert wake.stall_unclaimed(session, at(1), settings, limit=10) == 1
     session.commit()
     assert [a.resolved_at for a in alerts(session, "delivery_stalled",
                                           f"delivery:{first.id}")] == [None]
 
     with counted_statements(session.get_bind()) as seen:
-        claims = machine.claim(session, "writer_a", "w", at(2), 16, 300)
+        claims = claiming.claim(session, "writer_a", "w", at(2), 16, 300)
         session.commit()
     assert {c.delivery_id for c in claims} == {first.id, second.id}
     assert [a.resolved_at for a in alerts(session, "delivery_stalled",
@@ -197,13 +197,13 @@ def test_the_claim_of_a_stalled_delivery_resolves_its_alert_and_no_other(hub, se
     assert {message(session, i).status for i in (stalled_id, fresh_id)} == {"in_progress"}
 
     # a claim of deliveries that were not stalled sends no alert UPDATE at all
-    machine.settle_many(session, [(c, Outcome.delivered("ok")) for c in claims],
-                        RetryPolicy(), at(3))
+    settlement.settle_many(session, [(c, Outcome.delivered("ok")) for c in claims],
+                           RetryPolicy(), at(3))
     session.commit()
     hub.message(now=at(3))
     session.commit()
     with counted_statements(session.get_bind()) as seen:
-        assert len(machine.claim(session, "writer_a", "w", at(4), 16, 300)) == 1
+        assert len(claiming.claim(session, "writer_a", "w", at(4), 16, 300)) == 1
         session.commit()
     assert seen["UPDATE"] == 2 * sqlite and seen["WITH"] == (0 if sqlite else 2)
 

@@ -1,4 +1,4 @@
-"""Lanes of a target's Max Concurrent Deliveries (PostgreSQL, ``machine.lock_target``):
+"""Lanes of a target's Max Concurrent Deliveries (PostgreSQL, ``lanes.lock_target``):
 claimers of one target claim side by side in different lanes instead of taking turns on
 its row, and together they never pass the maximum, also when it is lowered under live
 leases. SQLite has one writer at a time, and so one lane (``tests/test_claims.py``
@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, lanes, settlement
 from b2bhub.models import Delivery, PluginInstance
 from tests.conftest import IS_POSTGRES
 from tests.enginekit import at, standard_hub
@@ -50,16 +50,16 @@ def _set_maximum(session, maximum: int) -> None:
 def test_claimers_of_one_target_claim_side_by_side_in_different_lanes(hub, session, db):
     _queue(hub, session, 40, maximum=32)  # two lanes of 16
     first, second = Session(db.engine), Session(db.engine)
-    turn = machine.lock_target(first, "writer_a", "w1")
-    assert len(machine.claim(first, "writer_a", "w1", at(1), 16, 300, turn)) == 16
+    turn = lanes.lock_target(first, "writer_a", "w1")
+    assert len(claiming.claim(first, "writer_a", "w1", at(1), 16, 300, turn)) == 16
     # the first claimer's transaction is open, its lane held: the second claims at once
     # in the other lane (taking turns on the row, it waited for the first's commit)
     result = {}
 
     def claim_second():
-        other = machine.lock_target(second, "writer_a", "w2")
+        other = lanes.lock_target(second, "writer_a", "w2")
         result["lane"] = other.lane
-        result["claims"] = machine.claim(second, "writer_a", "w2", at(1), 16, 300, other)
+        result["claims"] = claiming.claim(second, "writer_a", "w2", at(1), 16, 300, other)
         second.commit()
 
     thread = threading.Thread(target=claim_second)
@@ -74,7 +74,7 @@ def test_claimers_of_one_target_claim_side_by_side_in_different_lanes(hub, sessi
     assert {c.lane for c in result["claims"]} == {result["lane"]}
     assert _lanes(session) == {0: 16, 1: 16}
     # the maximum is reached: a third claimer gets nothing, in either lane
-    assert machine.claim(session, "writer_a", "w3", at(2), 16, 300) == []
+    assert claiming.claim(session, "writer_a", "w3", at(2), 16, 300) == []
     session.commit()
     assert _lanes(session) == {0: 16, 1: 16}
     first.close()
@@ -86,7 +86,7 @@ def test_a_writer_of_the_instance_row_waits_for_the_claims_under_way(hub, sessio
     lanes it was split by stay until every claim made by them is committed."""
     _queue(hub, session, 40, maximum=32)
     claimer, writer = Session(db.engine), Session(db.engine)
-    turn = machine.lock_target(claimer, "writer_a", "w1")
+    turn = lanes.lock_target(claimer, "writer_a", "w1")
     done = threading.Event()
 
     def lower():
@@ -96,12 +96,12 @@ def test_a_writer_of_the_instance_row_waits_for_the_claims_under_way(hub, sessio
     thread = threading.Thread(target=lower)
     thread.start()
     assert not done.wait(0.5), "the row was written while a claimer held its turn"
-    assert len(machine.claim(claimer, "writer_a", "w1", at(1), 16, 300, turn)) == 16
+    assert len(claiming.claim(claimer, "writer_a", "w1", at(1), 16, 300, turn)) == 16
     claimer.commit()
     assert done.wait(10)
     thread.join(10)
     # now 16 live leases against a maximum of 8: nothing more until they end
-    assert machine.claim(session, "writer_a", "w2", at(2), 16, 300) == []
+    assert claiming.claim(session, "writer_a", "w2", at(2), 16, 300) == []
     session.commit()
     claimer.close()
     writer.close()
@@ -114,32 +114,32 @@ def test_a_maximum_lowered_under_live_leases_is_never_passed_by_a_claim(hub, ses
     _queue(hub, session, 120, maximum=64)
     claims = []
     for owner in ("w0", "w1", "w2", "w3"):  # each takes the least busy lane
-        claims += machine.claim(session, "writer_a", owner, at(1), 16, 300)
+        claims += claiming.claim(session, "writer_a", owner, at(1), 16, 300)
         session.commit()
     assert _lanes(session) == {0: 16, 1: 16, 2: 16, 3: 16}
 
     _set_maximum(session, 32)
-    assert machine.claim(session, "writer_a", "w4", at(2), 16, 300) == []
+    assert claiming.claim(session, "writer_a", "w4", at(2), 16, 300) == []
     session.commit()
 
     def settle(lanes: set[int], count: int | None = None) -> None:
         chosen = [c for c in claims if c.lane in lanes][:count]
-        machine.settle_many(session, [(c, Outcome.delivered("ok")) for c in chosen],
-                            RetryPolicy(), at(3))
+        settlement.settle_many(session, [(c, Outcome.delivered("ok")) for c in chosen],
+                               RetryPolicy(), at(3))
         session.commit()
         claims[:] = [c for c in claims if c not in chosen]
 
     settle({0, 2})  # lane 0 (of two) empty, lane 1 at 32: 16 over its share
-    assert machine.claim(session, "writer_a", "w5", at(4), 16, 300) == []
+    assert claiming.claim(session, "writer_a", "w5", at(4), 16, 300) == []
     session.commit()
     settle({1}, 8)  # 24 left, 8 over
-    more = machine.claim(session, "writer_a", "w6", at(5), 16, 300)
+    more = claiming.claim(session, "writer_a", "w6", at(5), 16, 300)
     session.commit()
     assert len(more) == 8 and {c.lane for c in more} == {0}
     assert sum(_lanes(session).values()) == 32
     settle({1, 3})  # lane 1 empty: the two lanes have their shares again
     claims += more
-    again = machine.claim(session, "writer_a", "w7", at(6), 16, 300)
+    again = claiming.claim(session, "writer_a", "w7", at(6), 16, 300)
     session.commit()
     assert len(again) == 16 and {c.lane for c in again} == {1}
     assert _lanes(session) == {0: 8, 1: 16}

@@ -1,6 +1,6 @@
 """Claimers of one lane of a target take turns on the lane's lock, and every claimer
 holds the instance row FOR SHARE, so a writer of the row waits for the claims under way
-(PostgreSQL, ``machine.lock_target``). A worker that settles while another holds the
+(PostgreSQL, ``lanes.lock_target``). A worker that settles while another holds the
 only lane with room, or while a writer holds the row, must not wait for it with its
 settlements' message rows locked: it commits the settlements alone, then waits for its
 turn to claim in a transaction of its own."""
@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, lanes
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.models import Delivery, PluginInstance
 from b2bhub.runtime.hub import new_session
@@ -44,7 +44,7 @@ def _hold(holder: Session, kind: str) -> None:
     """Another worker in the middle of its claim (holding the one lane of a target whose
     maximum is 16), or a writer of the instance row (a change of its configuration)."""
     if kind == "claimer":
-        turn = machine.lock_target(holder, "writer_a", "other")
+        turn = lanes.lock_target(holder, "writer_a", "other")
         assert (turn.lanes, turn.lane) == (1, 0)
     else:
         holder.execute(LOCK_ROW)
@@ -57,7 +57,7 @@ def test_a_settlement_commits_without_waiting_for_another_claimers_turn(hub, ses
     hub.route("inbox", "*", "*", "writer_a")
     first, second = hub.message(now=at()).id, hub.message(now=at()).id
     session.commit()
-    [claim] = machine.claim(session, "writer_a", "w", at(1), 1, 300)
+    [claim] = claiming.claim(session, "writer_a", "w", at(1), 1, 300)
     session.commit()
     postgres = db.engine.dialect.name == "postgresql"
 
@@ -67,7 +67,7 @@ def test_a_settlement_commits_without_waiting_for_another_claimers_turn(hub, ses
     worker = Session(db.engine)
 
     def settle():
-        result = machine.settle_and_claim(
+        result = claiming.settle_and_claim(
             worker, [(claim, Outcome.delivered("ok"))], RetryPolicy(), "writer_a", "w",
             at(2), 300, lambda instance: 16)
         worker.commit()
@@ -84,8 +84,8 @@ def test_a_settlement_commits_without_waiting_for_another_claimers_turn(hub, ses
         assert claims is None
         assert [d.state for d in deliveries(session, second)] == ["queued"]
         holder.rollback()
-        row = machine.lock_target(worker, "writer_a")
-        claims = machine.claim(worker, "writer_a", "w", at(3), 16, 300, row)
+        row = lanes.lock_target(worker, "writer_a")
+        claims = claiming.claim(worker, "writer_a", "w", at(3), 16, 300, row)
         worker.commit()
     else:  # one writer at a time: the settlement and the next claim share a commit
         assert claims is not None

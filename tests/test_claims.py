@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from b2bhub.config.extensions import db
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.models import Delivery
 from b2bhub.services import config as svc
@@ -37,14 +37,14 @@ def test_claims_never_pass_max_concurrent_deliveries(hub, session):
 
     won = []
     for i in range(4):
-        won += machine.claim(session, "writer_a", f"worker-{i}", at(1), 16, 300)
+        won += claiming.claim(session, "writer_a", f"worker-{i}", at(1), 16, 300)
         session.commit()
         assert _in_progress(session) <= 2
     assert len(won) == 2 and _in_progress(session) == 2
 
-    assert machine.settle(session, won[0], Outcome.delivered(), RetryPolicy(), at(2))
+    assert settlement.settle(session, won[0], Outcome.delivered(), RetryPolicy(), at(2))
     session.commit()
-    [third] = machine.claim(session, "writer_a", "worker-9", at(3), 16, 300)
+    [third] = claiming.claim(session, "writer_a", "worker-9", at(3), 16, 300)
     session.commit()
     assert third.delivery_id not in {c.delivery_id for c in won}
     assert _in_progress(session) == 2
@@ -60,18 +60,18 @@ def test_every_claim_increments_the_attempt(hub, session):
         won = claim_one(session, "writer_a", "worker-a", at(n))
         attempts.append(won.attempt)
         assert delivery(session, won.delivery_id).attempt == won.attempt
-        assert machine.interrupt(session, won, at(n), wire_started=False, reason="stop")
+        assert settlement.interrupt(session, won, at(n), wire_started=False, reason="stop")
         session.commit()
     assert attempts == [1, 2, 3]
     started = [t for t in texts(session, message_id) if t.endswith("started")]
     assert started == [f"writer_a: attempt {n} started" for n in (1, 2, 3)]
 
 
-def _race(claimants: int, rounds_limit: int) -> list[list[machine.Claim]]:
+def _race(claimants: int, rounds_limit: int) -> list[list[claiming.Claim]]:
     """Claimants on connections of their own start together and claim until empty."""
     engine = db.engine
     barrier = threading.Barrier(claimants)
-    results: list[list[machine.Claim]] = [[] for _ in range(claimants)]
+    results: list[list[claiming.Claim]] = [[] for _ in range(claimants)]
     errors: list[BaseException] = []
 
     def run(index: int) -> None:
@@ -79,8 +79,8 @@ def _race(claimants: int, rounds_limit: int) -> list[list[machine.Claim]]:
             with Session(engine) as own:
                 barrier.wait()
                 while True:
-                    won = machine.claim(own, "writer_a", f"worker-{index}", at(1),
-                                        rounds_limit, 300)
+                    won = claiming.claim(own, "writer_a", f"worker-{index}", at(1),
+                                         rounds_limit, 300)
                     own.commit()
                     if not won:
                         return
@@ -142,8 +142,8 @@ def test_a_late_outcome_of_an_expired_attempt_is_fenced_off(hub, session, second
     second = claim_one(session, "writer_a", second_owner, at(302))
     assert (first.attempt, second.attempt) == (1, 2)
 
-    assert machine.settle(session, first, Outcome.delivered("late"), RetryPolicy(),
-                          at(303)) is False
+    assert settlement.settle(session, first, Outcome.delivered("late"), RetryPolicy(),
+                             at(303)) is False
     session.commit()
     row = delivery(session, second.delivery_id)
     assert (row.state, row.attempt, row.lease_owner) == ("in_progress", 2, second_owner)
@@ -151,8 +151,8 @@ def test_a_late_outcome_of_an_expired_attempt_is_fenced_off(hub, session, second
     assert stale.data == {"attempt": 1, "current_attempt": 2, "outcome": "delivered"}
     assert "attempt 1 arrived after the delivery moved on" in stale.text
 
-    assert machine.settle(session, second, Outcome.delivered("on time"), RetryPolicy(),
-                          at(304)) is True
+    assert settlement.settle(session, second, Outcome.delivered("on time"), RetryPolicy(),
+                             at(304)) is True
     session.commit()
     row = delivery(session, second.delivery_id)
     assert (row.state, row.attempt, row.last_result) == ("delivered", 2, "on time")
@@ -165,7 +165,7 @@ def test_an_outcome_past_the_lease_time_stands_until_the_sweep_puts_it_back(hub,
     _messages(hub, 1)
     won = claim_one(session, "writer_a", "worker-a", at(0), lease_seconds=300)
 
-    assert machine.settle(session, won, Outcome.delivered(), RetryPolicy(), at(400))
+    assert settlement.settle(session, won, Outcome.delivered(), RetryPolicy(), at(400))
     session.commit()
     assert delivery(session, won.delivery_id).state == "delivered"
     assert run_sweep(session, at(401), "sweeper").leases_expired == 0
@@ -179,7 +179,7 @@ def test_a_disabled_target_claims_nothing(hub, session):
                       existing=svc.get_instance(session, "writer_a"))
     session.commit()
 
-    assert machine.claim(session, "writer_a", "worker-a", at(1), 16, 300) == []
+    assert claiming.claim(session, "writer_a", "worker-a", at(1), 16, 300) == []
 
 
 def test_a_delivery_is_claimable_at_the_exact_moment_it_falls_due(hub, session):
@@ -205,16 +205,16 @@ def test_a_queued_delivery_from_a_clock_ahead_is_claimed_a_retry_waits(hub, sess
     standard_hub(hub)
     hub.route("inbox", "*", "*", "writer_a")
     ahead = _messages(hub, 1, now=at(minutes=10))
-    [claim] = machine.claim(session, "writer_a", "w1", at(), 16, 300)
+    [claim] = claiming.claim(session, "writer_a", "w1", at(), 16, 300)
     session.commit()
     assert claim.message_id == ahead[0]
-    machine.settle(session, claim, Outcome.retry("busy", at=at(minutes=10)), RetryPolicy(),
-                   at())
+    settlement.settle(session, claim, Outcome.retry("busy", at=at(minutes=10)), RetryPolicy(),
+                      at())
     session.commit()
-    assert machine.claim(session, "writer_a", "w1", at(minutes=9), 16, 300) == []
-    assert len(machine.claim(session, "writer_a", "w1", at(minutes=10), 16, 300)) == 1
+    assert claiming.claim(session, "writer_a", "w1", at(minutes=9), 16, 300) == []
+    assert len(claiming.claim(session, "writer_a", "w1", at(minutes=10), 16, 300)) == 1
     session.commit()
     far = _messages(hub, 1, now=at(minutes=30))  # beyond any skew: not claimed before
-    assert machine.claim(session, "writer_a", "w2", at(minutes=10), 16, 300) == []
-    assert machine.claim(session, "writer_a", "w2", at(minutes=15, seconds=1), 16,
-                         300)[0].message_id == far[0]
+    assert claiming.claim(session, "writer_a", "w2", at(minutes=10), 16, 300) == []
+    assert claiming.claim(session, "writer_a", "w2", at(minutes=15, seconds=1), 16,
+                          300)[0].message_id == far[0]

@@ -13,8 +13,8 @@ from sqlalchemy import func, select
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retention import BatchSizer
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
 from b2bhub.engine.cleanup import cleanup_due, run_cleanup
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.engine.settings import DeliverySettings, load_settings, save_settings
 from b2bhub.engine.sweep import SweepGuard
 from b2bhub.models import (
@@ -46,10 +46,10 @@ def digests_of(session, message_id: int) -> list[str]:
 
 
 def settle_all(session, target: str, outcome: Outcome, policy: RetryPolicy, now) -> None:
-    while claims := machine.claim(session, target, "worker", now, 16, 300):
+    while claims := claiming.claim(session, target, "worker", now, 16, 300):
         session.commit()
         for claim in claims:
-            assert machine.settle(session, claim, outcome, policy, now)
+            assert settlement.settle(session, claim, outcome, policy, now)
         session.commit()
 
 
@@ -87,9 +87,9 @@ def scene(hub, session, store):
     # error on writer_a but writer_b retrying: the status is Error, a delivery is open
     m["error_open"] = hub.message(now=T0, from_party="globex", body=b"half").id
     claim = claim_one(session, "writer_a", "worker", at(3))
-    assert machine.settle(session, claim, Outcome.error("x", "no"), NO_RETRY, at(3))
+    assert settlement.settle(session, claim, Outcome.error("x", "no"), NO_RETRY, at(3))
     claim = claim_one(session, "writer_b", "worker", at(3))
-    assert machine.settle(session, claim, Outcome.error("x", "no"), RETRY, at(3))
+    assert settlement.settle(session, claim, Outcome.error("x", "no"), RETRY, at(3))
     session.commit()
     m["not_routed"] = hub.message(now=T0, from_party="mycompany", to_party="acme",
                                   body=b"nobody").id

@@ -15,8 +15,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
 from b2bhub.engine.driver import DriverSQL
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Delivery
 from tests.enginekit import at, standard_hub
 
@@ -33,14 +33,14 @@ def test_claim_and_delivered_update_write_whole_seconds_as_the_orm_does(hub, ses
         hub.message()
     session.commit()
     claimed_at, settled_at = at(60).replace(microsecond=0), at(120).replace(microsecond=0)
-    claims = machine.claim(session, "writer_a", "w", claimed_at, 16, 300)
+    claims = claiming.claim(session, "writer_a", "w", claimed_at, 16, 300)
     session.commit()
     assert len(claims) == 3
     # the lease and update times the claim wrote equal the ORM's form of the same times
     assert _count_at(session, "lease_until", at(360).replace(microsecond=0)) == 3
     assert _count_at(session, "updated_at", claimed_at) == 3
-    written = machine.settle_many(session, [(c, Outcome.delivered("ok")) for c in claims],
-                                  RetryPolicy(), settled_at)
+    written = settlement.settle_many(session, [(c, Outcome.delivered("ok")) for c in claims],
+                                     RetryPolicy(), settled_at)
     session.commit()
     assert written == [True, True, True]
     assert _count_at(session, "settled_at", settled_at) == 3
@@ -58,12 +58,12 @@ def test_a_stale_claim_is_still_fenced_on_the_driver_path(hub, session):
     for _ in range(2):
         hub.message()
     session.commit()
-    claims = machine.claim(session, "writer_a", "w", at(60), 16, 300)
+    claims = claiming.claim(session, "writer_a", "w", at(60), 16, 300)
     session.commit()
     old = dataclasses.replace(claims[0], attempt=claims[0].attempt - 1)
-    written = machine.settle_many(session, [(old, Outcome.delivered("late")),
-                                            (claims[1], Outcome.delivered("ok"))],
-                                  RetryPolicy(), at(61))
+    written = settlement.settle_many(session, [(old, Outcome.delivered("late")),
+                                               (claims[1], Outcome.delivered("ok"))],
+                                     RetryPolicy(), at(61))
     session.commit()
     assert written == [False, True]
     states = dict(session.execute(select(Delivery.id, Delivery.state)).all())

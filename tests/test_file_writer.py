@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from b2bhub.engine import machine, operator
+from b2bhub.engine import operator
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
+from b2bhub.engine.machine import claiming, recovery
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.models import Alert, Delivery, HistoryLine, Message
 from b2bhub.plugin import DeliveryInfo
@@ -231,12 +232,12 @@ def test_a_reattempt_finding_exactly_the_payload_counts_as_written(
     and attempt 2 finds the file holding the payload."""
     writer()
     message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
-    claims = machine.claim(session, "writer", "dead-worker", clock(), 1, 300)
+    claims = claiming.claim(session, "writer", "dead-worker", clock(), 1, 300)
     session.commit()
     out.mkdir()
     (out / "order1.xml").write_bytes(BODY)
     clock.advance(301)
-    assert machine.expire_leases(session, clock(), 10) == 1
+    assert recovery.expire_leases(session, clock(), 10) == 1
     session.commit()
     drain(hub, registry, clock)
 
@@ -252,12 +253,12 @@ def test_a_reattempt_finding_other_content_of_the_same_size_fails(
         hub, session, registry, clock, writer, out):
     writer()
     message = hub.message(source="inbox", body=BODY, filename="order1.xml", now=clock())
-    machine.claim(session, "writer", "dead-worker", clock(), 1, 300)
+    claiming.claim(session, "writer", "dead-worker", clock(), 1, 300)
     session.commit()
     out.mkdir()
     (out / "order1.xml").write_bytes(BODY.upper())  # same size, other bytes
     clock.advance(301)
-    machine.expire_leases(session, clock(), 10)
+    recovery.expire_leases(session, clock(), 10)
     session.commit()
     drain(hub, registry, clock)
 

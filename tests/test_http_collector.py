@@ -21,7 +21,7 @@ from werkzeug.wrappers import Request, Response
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.engine.scans import SourceRunner
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, Payload, utcnow
 from b2bhub.runtime.hub import new_session
@@ -364,8 +364,8 @@ def test_collection_errors_are_listed_apart_from_delivery_errors(
     hub.instance("writer", "recorder", config={"record_dir": str(record_dir)})
     hub.route("inbox", "*", "*", "writer")
     failed = hub.message(filename="order-7.edi")
-    [claim] = machine.claim(session, "writer", "w1", utcnow(), 1, 300)
-    machine.settle(session, claim, Outcome.failed("disk full"), RetryPolicy(), utcnow())
+    [claim] = claiming.claim(session, "writer", "w1", utcnow(), 1, 300)
+    settlement.settle(session, claim, Outcome.failed("disk full"), RetryPolicy(), utcnow())
     session.commit()
 
     def listed(status):

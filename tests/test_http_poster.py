@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 from standardwebhooks import Webhook
 
-from b2bhub.engine import machine
+from b2bhub.engine.machine import receipts
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.models import Delivery, HistoryLine, Message
 from b2bhub.runtime import hub as hub_module
@@ -341,7 +341,7 @@ def test_a_late_callback_is_refused_after_the_deadline_failed_it(hub, session, r
     poster(accepted_means="awaiting_receipt", receipt_timeout=60)
     message = hub.message(body=BODY, now=clock())
     drain(registry, clock)
-    machine.fail_overdue_receipts(session, clock.now + timedelta(seconds=61), 100)
+    receipts.fail_overdue_receipts(session, clock.now + timedelta(seconds=61), 100)
     session.commit()
     assert the_delivery(session, message).state == "failed"
     assert history(session, message)[-1] == "poster: no receipt within 1m"

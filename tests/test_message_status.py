@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 from b2bhub.config.extensions import db
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy, Strategy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import HistoryLine, Message
 from tests.enginekit import T0, at, claim_one, lines, message, standard_hub
 
@@ -30,7 +30,7 @@ def test_the_status_commits_or_rolls_back_with_the_delivery_change(hub, session)
     before = _seen_elsewhere(sent.id)
     assert before[0] == "received"
 
-    assert len(machine.claim(session, "writer_a", "worker-a", at(1), 1, 300)) == 1
+    assert len(claiming.claim(session, "writer_a", "worker-a", at(1), 1, 300)) == 1
     session.flush()
     assert session.scalar(select(Message.status).where(Message.id == sent.id)) == \
         "in_progress"
@@ -55,13 +55,13 @@ def test_every_status_change_is_one_history_line(hub, session):
     policy = RetryPolicy(strategy=Strategy.FIXED, base_delay=60, max_attempts=3)
 
     a = claim_one(session, "writer_a", "worker-a", at(1))            # in progress
-    assert machine.settle(session, a, Outcome.delivered(), policy, at(2))
+    assert settlement.settle(session, a, Outcome.delivered(), policy, at(2))
     session.commit()                                                  # still in progress (b)
     b = claim_one(session, "writer_b", "worker-b", at(3))
-    assert machine.settle(session, b, Outcome.error("timeout", "slow"), policy, at(4))
+    assert settlement.settle(session, b, Outcome.error("timeout", "slow"), policy, at(4))
     session.commit()                                                  # retrying
     b = claim_one(session, "writer_b", "worker-b", at(64))           # in progress
-    assert machine.settle(session, b, Outcome.delivered(), policy, at(65))
+    assert settlement.settle(session, b, Outcome.delivered(), policy, at(65))
     session.commit()                                                  # delivered
 
     changes = [(line.data["from"], line.data["to"])

@@ -18,8 +18,9 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine, notifications
+from b2bhub.engine import notifications
 from b2bhub.engine.history import raise_alert, resolve_alert
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Alert, HistoryLine, Notification, utcnow
 from tests.procs import free_port, wait_until
 from tests.test_api import error_of, token_client
@@ -102,8 +103,8 @@ def failed_message(hub, session, record_dir):
     hub.route("inbox", "*", "*", "writer")
     message = hub.message(filename="order-7.edi")
     now = utcnow()
-    [claim] = machine.claim(session, "writer", "w1", now, 1, 300)
-    machine.settle(session, claim, Outcome.failed("disk full"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "writer", "w1", now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed("disk full"), RetryPolicy(), now)
     session.commit()
     [alert] = session.scalars(select(Alert).where(Alert.kind == "message_failed")).all()
     return message, alert

@@ -10,7 +10,8 @@ from sqlalchemy import event, select, update
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine, operator
+from b2bhub.engine import operator
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, utcnow
 
 OWNER = "worker-a"
@@ -34,8 +35,8 @@ def _lines(session, message_id, type_=None):
 
 def _fail(session, message_id, target="writer_a"):
     now = utcnow()
-    [claim] = machine.claim(session, target, OWNER, now, 1, 300)
-    machine.settle(session, claim, Outcome.failed("disk on fire"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, target, OWNER, now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed("disk on fire"), RetryPolicy(), now)
     session.commit()
     return claim.delivery_id
 
@@ -104,7 +105,7 @@ def test_redeliver_a_failed_delivery_queues_it_and_clears_the_failure(setup, ses
     assert _lines(session, message.id, "redeliver_requested")[0].actor == "bob"
     assert session.scalar(select(Alert.id).where(Alert.kind == "message_failed",
                                                  Alert.resolved_at.is_(None))) is None
-    [claim] = machine.claim(session, "writer_a", OWNER, utcnow(), 1, 300)
+    [claim] = claiming.claim(session, "writer_a", OWNER, utcnow(), 1, 300)
     assert claim.attempt == 2
 
 
@@ -112,8 +113,8 @@ def test_redeliver_refuses_a_delivered_delivery_and_changes_nothing(setup, sessi
     setup.route("inbox", "*", "*", "writer_a")
     message = setup.message()
     now = utcnow()
-    [claim] = machine.claim(session, "writer_a", OWNER, now, 1, 300)
-    machine.settle(session, claim, Outcome.delivered("ok"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "writer_a", OWNER, now, 1, 300)
+    settlement.settle(session, claim, Outcome.delivered("ok"), RetryPolicy(), now)
     session.commit()
     before = len(_lines(session, message.id))
 
@@ -179,13 +180,13 @@ def test_cancel_in_progress_delivery_refuses_the_late_outcome(setup, session):
     setup.route("inbox", "*", "*", "writer_a")
     message = setup.message()
     now = utcnow()
-    [claim] = machine.claim(session, "writer_a", OWNER, now, 1, 300)
+    [claim] = claiming.claim(session, "writer_a", OWNER, now, 1, 300)
     session.commit()
 
     operator.cancel_delivery(session, claim.delivery_id, "carol", now)
     session.commit()
-    assert not machine.settle(session, claim, Outcome.delivered("late"), RetryPolicy(),
-                              now + timedelta(seconds=1))
+    assert not settlement.settle(session, claim, Outcome.delivered("late"), RetryPolicy(),
+                                 now + timedelta(seconds=1))
     session.commit()
 
     assert session.get(Delivery, claim.delivery_id).state == "cancelled"
@@ -199,8 +200,8 @@ def test_cancel_message_cancels_open_deliveries_and_keeps_delivered_ones(setup, 
     setup.route("inbox", "*", "*", "writer_b")
     message = setup.message()
     now = utcnow()
-    [claim] = machine.claim(session, "writer_a", OWNER, now, 1, 300)
-    machine.settle(session, claim, Outcome.delivered("ok"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "writer_a", OWNER, now, 1, 300)
+    settlement.settle(session, claim, Outcome.delivered("ok"), RetryPolicy(), now)
     session.commit()
 
     operator.cancel_message(session, message.id, "carol", now)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import DateTime, bindparam, event, text
 
-from b2bhub.engine import machine
+from b2bhub.engine.machine import receipts, recovery, wake
 from b2bhub.engine.settings import DeliverySettings
 from b2bhub.services.messages import MessageFilter, list_messages
 from tests.enginekit import at, standard_hub
@@ -109,9 +109,9 @@ def test_the_sweep_and_the_list_find_their_rows_through_the_partial_indexes(
     now = at(60)
     settings = DeliverySettings()
     runs = {
-        "ix_deliveries_state_wake": lambda: machine.wake_due(session, now, settings, 100),
-        "ix_deliveries_state_lease": lambda: machine.expire_leases(session, now, 100),
-        "ix_deliveries_state_receipt": lambda: machine.fail_overdue_receipts(
+        "ix_deliveries_state_wake": lambda: wake.wake_due(session, now, settings, 100),
+        "ix_deliveries_state_lease": lambda: recovery.expire_leases(session, now, 100),
+        "ix_deliveries_state_receipt": lambda: receipts.fail_overdue_receipts(
             session, now, 100),
         "ix_messages_correlation_id": lambda: list_messages(
             session, MessageFilter(correlation_id="order-4711"), 50),
@@ -134,9 +134,9 @@ def test_the_sweep_still_acts_on_the_rows_it_finds(hub, session):
     standard_hub(hub)
     _load(session)
     now = at(60)
-    assert len(machine.wake_due(session, now, DeliverySettings(), 100)) >= 1
-    assert machine.expire_leases(session, now, 100) == 3
-    assert machine.fail_overdue_receipts(session, now, 100) == 4
+    assert len(wake.wake_due(session, now, DeliverySettings(), 100)) >= 1
+    assert recovery.expire_leases(session, now, 100) == 3
+    assert receipts.fail_overdue_receipts(session, now, 100) == 4
     session.commit()
     states = dict(session.execute(text(
         "SELECT state, count(*) FROM deliveries GROUP BY state")).all())

@@ -7,7 +7,7 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import settlement
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.models import HistoryLine
 from tests.enginekit import at, claim_one, delivery, message, standard_hub
@@ -19,7 +19,7 @@ def _awaiting(hub, session):
     hub.route("inbox", "*", "*", "writer_a")
     sent = hub.message(now=at(0))
     won = claim_one(session, "writer_a", "worker-a", at(0))
-    machine.settle(session, won, Outcome.awaiting_receipt("JOB-7"), RetryPolicy(), at(1))
+    settlement.settle(session, won, Outcome.awaiting_receipt("JOB-7"), RetryPolicy(), at(1))
     session.commit()
     return sent.id, won.delivery_id
 

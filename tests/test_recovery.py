@@ -14,8 +14,9 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine, presence
+from b2bhub.engine import presence
 from b2bhub.engine import wakeups as wakeup_module
+from b2bhub.engine.machine import claiming, recovery, settlement
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.models import Delivery, Process, utcnow
 from b2bhub.runtime.agent import Agent
@@ -53,7 +54,7 @@ def _beat(session, process_id: str, seen: datetime, steady_since: datetime | Non
     session.commit()
 
 
-def _claimed(hub, session, owner: str, now: datetime) -> machine.Claim:
+def _claimed(hub, session, owner: str, now: datetime) -> claiming.Claim:
     """One delivery of writer_a, claimed by ``owner`` with the default 300 s lease."""
     standard_hub(hub)
     hub.route("inbox", "*", "*", "writer_a")
@@ -82,7 +83,7 @@ def test_a_dead_owners_lease_is_put_back_by_the_next_sweep_and_fenced(hub, sessi
     assert broker.take() == [(won.delivery_id, "writer_a")]  # woken by the same sweep
 
     # the dead attempt's outcome, arriving late after all, is refused
-    assert not machine.settle(session, won, Outcome.delivered("late"), RetryPolicy(), now)
+    assert not settlement.settle(session, won, Outcome.delivered("late"), RetryPolicy(), now)
     session.commit()
     assert delivery(session, won.delivery_id).state == "queued"
     again = claim_one(session, "writer_a", ALIVE, now)
@@ -97,7 +98,7 @@ def test_a_live_owner_keeps_its_lease_however_long_the_attempt(hub, session, bro
 
     assert run_sweep(session, now, "sweeper").owners_gone == 0
     assert delivery(session, won.delivery_id).state == "in_progress"
-    assert machine.settle(session, won, Outcome.delivered("done"), RetryPolicy(), now)
+    assert settlement.settle(session, won, Outcome.delivered("done"), RetryPolicy(), now)
 
 
 def test_a_silent_owner_is_not_dead_while_no_other_process_beats_steadily(
@@ -155,12 +156,12 @@ def test_the_step_is_bounded_and_the_sweep_loops_until_done(hub, session, broker
     hub.route("inbox", "*", "*", "writer_a")
     for i in range(5):
         hub.message(now=now, filename=f"order-{i}.edi")
-    assert len(machine.claim(session, "writer_a", DEAD, now, 16, 300)) == 5
+    assert len(claiming.claim(session, "writer_a", DEAD, now, 16, 300)) == 5
     session.commit()
     _beat(session, DEAD, _ago(now, 30))
     _beat(session, WITNESS, now, steady_since=_ago(now, 60), kind="beat")
 
-    assert machine.put_back_from_dead_owners(session, now, now, 2) == 2
+    assert recovery.put_back_from_dead_owners(session, now, now, 2) == 2
     session.rollback()
     assert run_sweep(session, now, "sweeper", batch=2).owners_gone == 5
 

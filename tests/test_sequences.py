@@ -10,7 +10,8 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine, operator
+from b2bhub.engine import operator
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.engine.settings import DeliverySettings
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, utcnow
@@ -39,11 +40,11 @@ def _send(hub, n, from_party="acme"):
 
 
 def _claim(session, limit=10):
-    return machine.claim(session, "ordered_out", OWNER, utcnow(), limit, 300)
+    return claiming.claim(session, "ordered_out", OWNER, utcnow(), limit, 300)
 
 
 def _settle(session, claim, outcome):
-    machine.settle(session, claim, outcome, RetryPolicy(max_attempts=1), utcnow())
+    settlement.settle(session, claim, outcome, RetryPolicy(max_attempts=1), utcnow())
     session.commit()
 
 
@@ -124,8 +125,8 @@ def test_resubmit_and_skip_refuse_a_delivery_that_blocks_nothing(hub, session, r
     hub.route("inbox", "*", "*", "plain")
     delivery_id = hub.message().deliveries[0].id
     now = utcnow()
-    [claim] = machine.claim(session, "plain", OWNER, now, 1, 300)
-    machine.settle(session, claim, Outcome.failed("x"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "plain", OWNER, now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed("x"), RetryPolicy(), now)
     session.commit()
     for action in (operator.resubmit, operator.skip):
         with pytest.raises(operator.ActionRefused, match="blocks its sequence"):
@@ -142,10 +143,10 @@ def test_a_business_rule_blocking_the_sequence_parks_it_on_an_unordered_target(
     hub.route("inbox", "*", "*", "plain")
     ids = [hub.message(filename=f"{i}.edi").deliveries[0].id for i in range(3)]
     now = utcnow()
-    [claim] = machine.claim(session, "plain", OWNER, now, 1, 300)
-    machine.settle(session, claim, Outcome.business_error("R1", "bad totals",
-                                                          block="sequence"),
-                   RetryPolicy(), now)
+    [claim] = claiming.claim(session, "plain", OWNER, now, 1, 300)
+    settlement.settle(session, claim, Outcome.business_error("R1", "bad totals",
+                                                             block="sequence"),
+                      RetryPolicy(), now)
     session.commit()
     assert _states(session, ids) == ["failed", "deferred", "deferred"]
     operator.skip(session, ids[0], "carol", utcnow())
@@ -155,7 +156,7 @@ def test_a_business_rule_blocking_the_sequence_parks_it_on_an_unordered_target(
 
 def test_waiting_behind_an_open_delivery_is_neither_woken_nor_stalled(seq, session):
     ids = _send(seq, 2)
-    [head] = machine.claim(session, "ordered_out", OWNER, utcnow(), 1, 30 * 86400)
+    [head] = claiming.claim(session, "ordered_out", OWNER, utcnow(), 1, 30 * 86400)
     session.commit()
     settings = DeliverySettings(stall_after=2)
     later = utcnow() + timedelta(hours=2)

@@ -7,7 +7,7 @@ import pytest
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy, merge
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.engine.sweep import run_sweep
 from b2bhub.services import config as svc
 from tests.enginekit import T0, alerts, at, claim_one, delivery, message, standard_hub, texts
@@ -23,7 +23,7 @@ def _one_message(hub, session, **target_fields) -> tuple[int, RetryPolicy]:
 
 
 def _settle(session, claim, outcome, policy, now) -> None:
-    assert machine.settle(session, claim, outcome, policy, now)
+    assert settlement.settle(session, claim, outcome, policy, now)
     session.commit()
 
 
@@ -37,7 +37,7 @@ def test_errors_are_retried_by_the_policy_then_fail(hub, session):
     row = delivery(session, first.delivery_id)
     assert (row.state, row.due_at, row.failures) == ("retrying", at(31), 1)
     assert message(session, message_id).status == "retrying"
-    assert machine.claim(session, "writer_a", "worker-a", at(30), 1, 300) == []  # not due
+    assert claiming.claim(session, "writer_a", "worker-a", at(30), 1, 300) == []  # not due
 
     second = claim_one(session, "writer_a", "worker-a", at(31))
     _settle(session, second, Outcome.error("connection", "refused"), policy, at(32))
@@ -120,8 +120,8 @@ def test_an_interrupted_attempt_is_put_back_never_failed(hub, session, wire_star
     message_id, policy = _one_message(hub, session, retry_policy={"max_attempts": 1})
 
     won = claim_one(session, "writer_a", "worker-a", at(0))
-    assert machine.interrupt(session, won, at(5), wire_started=wire_started,
-                             reason="worker stopping", policy=policy)
+    assert settlement.interrupt(session, won, at(5), wire_started=wire_started,
+                                reason="worker stopping", policy=policy)
     session.commit()
 
     row = delivery(session, won.delivery_id)

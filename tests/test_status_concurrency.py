@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import HistoryLine, Message, utcnow
 
 
@@ -40,16 +40,16 @@ def test_concurrent_settlements_of_one_message_store_the_status_of_both(hub, ses
     message = hub.message()
     engine, now = db.engine, utcnow()
     with Session(engine) as claimer:
-        left = machine.claim(claimer, "left", "worker-1", now, 1, 300)[0]
-        right = machine.claim(claimer, "right", "worker-2", now, 1, 300)[0]
+        left = claiming.claim(claimer, "left", "worker-1", now, 1, 300)[0]
+        right = claiming.claim(claimer, "right", "worker-2", now, 1, 300)[0]
         claimer.commit()
 
     first = Session(engine)
-    assert machine.settle(first, left, Outcome.delivered("ok"), RetryPolicy(), now)
+    assert settlement.settle(first, left, Outcome.delivered("ok"), RetryPolicy(), now)
 
     def settle_right() -> None:
         with Session(engine) as second:
-            machine.settle(second, right, Outcome.delivered("ok"), RetryPolicy(), now)
+            settlement.settle(second, right, Outcome.delivered("ok"), RetryPolicy(), now)
             second.commit()
 
     worker = threading.Thread(target=settle_right)

@@ -13,8 +13,9 @@ from sqlalchemy.orm import Session
 from b2bhub.config.extensions import db
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy, Strategy
-from b2bhub.engine import machine, settings
+from b2bhub.engine import settings
 from b2bhub.engine import wakeups as wakeup_module
+from b2bhub.engine.machine import claiming, recovery, settlement
 from b2bhub.engine.sweep import SweepGuard, run_sweep
 from b2bhub.models import Delivery
 from tests.enginekit import (
@@ -131,7 +132,7 @@ def test_a_retry_that_falls_due_is_woken(hub, session, broker):
     row = _lost_wakeup(hub, session, broker)
     won = claim_one(session, "writer_a", "worker-a", at(1))
     policy = RetryPolicy(strategy=Strategy.FIXED, base_delay=120)
-    assert machine.settle(session, won, Outcome.error("timeout", "no answer"), policy, at(2))
+    assert settlement.settle(session, won, Outcome.error("timeout", "no answer"), policy, at(2))
     session.commit()
 
     assert _sweep_woke(session, broker, at(121)) == []
@@ -159,11 +160,11 @@ def test_steps_are_bounded_and_the_sweep_loops_until_done(hub, session):
     hub.route("inbox", "*", "*", "writer_a")
     for i in range(5):
         hub.message(now=T0, filename=f"order-{i}.edi")
-    claims = machine.claim(session, "writer_a", "worker-a", at(1), 16, 60)
+    claims = claiming.claim(session, "writer_a", "worker-a", at(1), 16, 60)
     session.commit()
     assert len(claims) == 5
 
-    assert machine.expire_leases(session, at(100), 2) == 2  # one bounded step
+    assert recovery.expire_leases(session, at(100), 2) == 2  # one bounded step
     session.rollback()
     report = run_sweep(session, at(100), "sweeper", batch=2)
 

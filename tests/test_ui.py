@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.engine.settings import load_settings
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, PluginInstance, Route, utcnow
 from b2bhub.services.users import create_user
@@ -60,8 +60,8 @@ def setup(hub, record_dir):
 def failed_delivery(hub, session) -> Delivery:
     message = hub.message()
     now = utcnow()
-    [claim] = machine.claim(session, "writer_a", "w1", now, 1, 300)
-    machine.settle(session, claim, Outcome.failed("disk full"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "writer_a", "w1", now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed("disk full"), RetryPolicy(), now)
     session.commit()
     return session.get(Delivery, message.deliveries[0].id)
 
@@ -177,8 +177,8 @@ def test_a_blocked_sequence_offers_resubmit_and_skip(hub, login, session, record
     hub.route("inbox", "*", "*", "ordered_out")
     first, second = (hub.message(filename=f"{i}.edi") for i in range(2))
     now = utcnow()
-    [claim] = machine.claim(session, "ordered_out", "w1", now, 1, 300)
-    machine.settle(session, claim, Outcome.failed("down"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "ordered_out", "w1", now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed("down"), RetryPolicy(), now)
     session.commit()
     client = login("operator", "olga")
     page = client.get(f"/ui/messages/{first.id}").text
@@ -454,8 +454,8 @@ def test_delivery_errors_bulk_redeliver_all_matching(setup, login, session, reco
         ids += [d.id for d in message.deliveries]
     now = utcnow()
     for target in ("writer_a", "writer_b"):
-        for claim in machine.claim(session, target, "w1", now, 10, 300):
-            machine.settle(session, claim, Outcome.failed("no disk"), RetryPolicy(), now)
+        for claim in claiming.claim(session, target, "w1", now, 10, 300):
+            settlement.settle(session, claim, Outcome.failed("no disk"), RetryPolicy(), now)
     session.commit()
     client = login("operator", "olga")
     page = client.get("/ui/delivery-errors?target=writer_b").text

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Delivery, HistoryLine, Party, PluginInstance, Route, utcnow
 from tests import test_ui
 from tests.test_ui_as2 import PARTNER, as2_types, pairs, partner_form, post, upload  # noqa: F401
@@ -130,8 +130,8 @@ def test_bulk_redeliver_asks_with_the_count_and_carries_the_selection(
     hub = setup
     ids = [hub.message().deliveries[0].id for _ in range(3)]
     now = utcnow()
-    for claim in machine.claim(session, "writer_a", "w1", now, 10, 300):
-        machine.settle(session, claim, Outcome.failed("no disk"), RetryPolicy(), now)
+    for claim in claiming.claim(session, "writer_a", "w1", now, 10, 300):
+        settlement.settle(session, claim, Outcome.failed("no disk"), RetryPolicy(), now)
     session.commit()
     client = login("operator", "olga")
     csrf()

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Alert, Delivery, utcnow
 from b2bhub.runtime.agent import Agent
 from tests import test_ui
@@ -37,8 +37,8 @@ def agent(app):
 
 def settle_one(session, outcome: Outcome, policy: RetryPolicy) -> Delivery:
     now = utcnow()
-    [claim] = machine.claim(session, "writer_a", "w1", now, 1, 300)
-    machine.settle(session, claim, outcome, policy, now)
+    [claim] = claiming.claim(session, "writer_a", "w1", now, 1, 300)
+    settlement.settle(session, claim, outcome, policy, now)
     session.commit()
     return session.get(Delivery, claim.delivery_id)
 
@@ -62,9 +62,9 @@ def test_changes_actions_failures_retries_and_alerts_are_in_the_logs(
     operator = login("operator", "olga")
     assert operator.post(f"/ui/deliveries/{gone.id}/redeliver").status_code == 302
     now = utcnow()
-    [claim] = [c for c in machine.claim(session, "writer_a", "w1", now, 5, 300)
+    [claim] = [c for c in claiming.claim(session, "writer_a", "w1", now, 5, 300)
                if c.delivery_id == gone.id]
-    machine.settle(session, claim, Outcome.delivered("written"), RetryPolicy(), now)
+    settlement.settle(session, claim, Outcome.delivered("written"), RetryPolicy(), now)
     session.commit()
     alert = session.scalar(select(Alert).where(Alert.kind == "message_failed"))
     assert alert.resolved_at is not None

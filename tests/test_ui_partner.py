@@ -12,8 +12,8 @@ from sqlalchemy import event, select
 from b2bhub.config.extensions import db
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
 from b2bhub.engine.history import add_line, raise_alert
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Certificate, Party, PluginInstance, ProtocolProfile, utcnow
 from b2bhub.services import partner
 from plugins.as2.plugin import As2Receiver, As2Sender
@@ -45,9 +45,9 @@ def a_partners_day(hub, session):
                 "quick": (Outcome.delivered(), now), "slow": (Outcome.delivered(), now),
                 "broken": (Outcome.failed("partner disk full"), now),
                 "other": (Outcome.failed("globex is down"), now)}
-    claims = {c.message_id: c for c in machine.claim(session, "writer_a", "w1", now, 50, 300)}
+    claims = {c.message_id: c for c in claiming.claim(session, "writer_a", "w1", now, 50, 300)}
     for name, (outcome, at) in outcomes.items():
-        machine.settle(session, claims[seen[name].id], outcome, RetryPolicy(), at)
+        settlement.settle(session, claims[seen[name].id], outcome, RetryPolicy(), at)
     session.commit()
     seen["waiting"] = hub.message(to_party="acme", from_party="mycompany",
                                   filename="waiting.edi")

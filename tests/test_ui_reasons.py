@@ -11,7 +11,7 @@ from sqlalchemy import select
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import HistoryLine, utcnow
 from tests import test_ui
 
@@ -24,8 +24,8 @@ LONG = "connection refused by 10.0.0.7:21 after 3 tries; " + "the partner's serv
 def fail(hub, session, text: str):
     message = hub.message()
     now = utcnow()
-    [claim] = machine.claim(session, "writer_a", "w1", now, 1, 300)
-    machine.settle(session, claim, Outcome.failed(text), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "writer_a", "w1", now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed(text), RetryPolicy(), now)
     session.commit()
     return message.id, message.deliveries[0].id
 
@@ -93,8 +93,8 @@ def test_the_message_page_leads_from_error_to_the_delivery_and_its_history_line(
 def test_a_delivered_message_has_no_why(setup, login, session, record_dir):
     message = setup.message()
     now = utcnow()
-    [claim] = machine.claim(session, "writer_a", "w1", now, 1, 300)
-    machine.settle(session, claim, Outcome.delivered("written"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "writer_a", "w1", now, 1, 300)
+    settlement.settle(session, claim, Outcome.delivered("written"), RetryPolicy(), now)
     session.commit()
     page = login("viewer").get(f"/ui/messages/{message.id}").text
     assert 'id="why"' not in page and "Delivered" in page

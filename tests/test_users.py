@@ -8,7 +8,7 @@ from sqlalchemy import select
 from b2bhub.cli import main
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine import machine
+from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import HistoryLine, User, utcnow
 from b2bhub.services.errors import Conflict, ServiceError
 from b2bhub.services.tokens import create_token
@@ -75,8 +75,8 @@ def test_a_users_token_names_the_user_in_history_and_follows_the_users_role(
     hub.route("inbox", "*", "*", "writer")
     hub.message()
     now = utcnow()
-    [claim] = machine.claim(session, "writer", "w1", now, 1, 300)
-    machine.settle(session, claim, Outcome.failed("boom"), RetryPolicy(), now)
+    [claim] = claiming.claim(session, "writer", "w1", now, 1, 300)
+    settlement.settle(session, claim, Outcome.failed("boom"), RetryPolicy(), now)
     user = create_user(session, "erin", "long enough pw", "operator")
     token = create_token(session, "erin-laptop", "admin", user=user)
     session.commit()

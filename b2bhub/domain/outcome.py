@@ -1,7 +1,7 @@
 """What a target reports about one delivery attempt.
 
 A plugin returns an :class:`Outcome`; it never writes a status. The state machine
-(:mod:`b2bhub.engine.machine`) turns the outcome into a transition, applying the
+(:mod:`b2bhub.engine.machine.settlement`) turns the outcome into a transition, applying the
 target's retry policy to errors. Plain Python: no Flask, no Celery.
 """
 

@@ -2,7 +2,7 @@
 "block the Interface, holding back further messages until someone intervenes").
 
 When a business-error rule with ``block: "instance"`` fails a delivery, the settlement
-(:mod:`b2bhub.engine.machine`) calls :func:`block` in its own transaction: the instance
+(:mod:`b2bhub.engine.machine.settlement`) calls :func:`block` in its own transaction: the instance
 row names that delivery in ``blocked_by_delivery_id``. From then on:
 
 - the claim takes nothing for the instance, so every further delivery waits where it

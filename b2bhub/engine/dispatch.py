@@ -23,7 +23,7 @@ from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
 from b2bhub.domain.status import derive_status
 from b2bhub.engine.dispatch_rows import insert_batch
 from b2bhub.engine.history import add_lines, connection, raise_alert
-from b2bhub.engine.machine import wakeups_per_target
+from b2bhub.engine.machine.wake import wakeups_per_target
 from b2bhub.engine.rows import insert_rows
 from b2bhub.engine.settings import KEY as SETTINGS_KEY
 from b2bhub.engine.settings import DeliverySettings, bump_version

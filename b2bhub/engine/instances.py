@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.engine.history import add_line, raise_alert, resolve_alert
-from b2bhub.engine.machine import wake_target
+from b2bhub.engine.machine.wake import wake_target
 from b2bhub.engine.operator import ActionRefused, UnknownObject
 from b2bhub.models import InstanceState, PluginInstance
 

@@ -38,9 +38,10 @@ from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
-from b2bhub.engine import blocking, machine
+from b2bhub.engine import blocking
 from b2bhub.engine.dispatch import TEST_SOURCE, create_deliveries, route_cache
 from b2bhub.engine.history import add_line, resolve_alert
+from b2bhub.engine.machine import receipts, sequence, wake
 from b2bhub.engine.sequences import blocks_sequence
 from b2bhub.engine.settings import load_settings
 from b2bhub.engine.status import refresh_statuses
@@ -128,7 +129,7 @@ def skip(session: Session, delivery_id: int, actor: str, now: datetime) -> Actio
              delivery_id=delivery_id, now=now)
     _move(session, delivery, S.SKIPPED, now, actor, f"{delivery.target}: skipped",
           settled_at=now, next_wake_at=None)
-    released = machine.release(session, delivery, now, actor, load_settings(session))
+    released = sequence.release(session, delivery, now, actor, load_settings(session))
     unblocked = _release_instance(session, delivery, actor, "skip", now)
     refresh_statuses(session, [delivery.message_id], now, actor)
     text = f"skipped; {released} parked delivery(ies) released"
@@ -148,8 +149,8 @@ def record_receipt(session: Session, delivery_id: int, completed: bool, text: st
     delivery = _delivery(session, delivery_id)
     result = "completed" if completed else "failed"
     said = f"{actor} reported the receipt: {result}" + (f": {text}" if text else "")
-    if not machine.settle_receipt(session, delivery_id, delivery.receipt_ref, completed,
-                                  said, now, actor, kind="receipt"):
+    if not receipts.settle_receipt(session, delivery_id, delivery.receipt_ref, completed,
+                                   said, now, actor, kind="receipt"):
         raise ReceiptRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: only a "
                              "delivery awaiting its receipt takes one (the refusal is in "
                              "its history)")
@@ -269,7 +270,7 @@ def _requeue(session: Session, delivery_id: int, actor: str, now: datetime,
                 settled_at=None, due_at=min(first, now) if first else now)
     if blocks:
         # never parked behind itself: the parked ones queue again behind it
-        machine.release(session, delivery, now, actor, load_settings(session))
+        sequence.release(session, delivery, now, actor, load_settings(session))
     if holds:
         _release_instance(session, delivery, actor, verb, now)
     refresh_statuses(session, [delivery.message_id], now, actor)
@@ -281,7 +282,7 @@ def _release_instance(session: Session, delivery: Delivery, actor: str, verb: st
     """Release the instance the delivery blocks (if it does) and wake its deliveries."""
     if not blocking.release(session, delivery, actor, verb, now):
         return False
-    machine.wake_target(session, delivery.target, now)
+    wake.wake_target(session, delivery.target, now)
     return True
 
 
@@ -300,7 +301,7 @@ def _wake_again(session: Session, delivery: Delivery, now: datetime, actor: str,
 def _move(session: Session, delivery: Delivery, to: str, now: datetime, actor: str,
           text: str, **values) -> None:
     """One guarded transition through the state machine; refused if the row changed."""
-    if not machine.move(session, delivery, to, now, actor, text, **values):
+    if not sequence.move(session, delivery, to, now, actor, text, **values):
         raise ActionRefused(f"delivery {delivery.id} changed meanwhile; try again")
 
 

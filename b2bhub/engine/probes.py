@@ -29,7 +29,7 @@ the probe began) and ``probe_text``, unless a probe that began later was recorde
 already (a slow answer never overwrites a newer one). Going offline raises
 ``target_offline`` once (it stays open while offline). Meanwhile the target's
 deliveries are not claimed, so no attempt goes out and none is used up, and the sweep
-neither wakes nor stalls them (``b2bhub.engine.machine``). Online again (or no probe any
+neither wakes nor stalls them (``b2bhub.engine.machine.wake``). Online again (or no probe any
 more) resolves the alert and wakes the due deliveries once the transaction commits.
 Probe results never enter history: the changes go to the log, the alerts and the
 instance's own fields (Services, Plugins, dashboard, API, ``/stats``, ``/metrics``).

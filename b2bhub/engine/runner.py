@@ -31,8 +31,9 @@ from b2bhub.domain import business_rules
 from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy, Strategy, merge
-from b2bhub.engine import faults, machine
-from b2bhub.engine.machine import Claim
+from b2bhub.engine import faults
+from b2bhub.engine.machine import claiming, lanes, settlement
+from b2bhub.engine.machine.claiming import Claim
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.stopping import AttemptCancelled, StopControl, stop_control
 from b2bhub.engine.writelock import serialized_writes
@@ -221,7 +222,7 @@ class TargetRunner:
         """Claim and run the target's due deliveries until none is due or time is up.
 
         The outcomes a batch ends with are settled in the transaction that claims the
-        next batch (:func:`machine.settle_and_claim`); the last batch's alone."""
+        next batch (:func:`claiming.settle_and_claim`); the last batch's alone."""
         report = DrainReport()
         session = self.session_factory()
         held = _hold_connection(session)
@@ -272,10 +273,10 @@ class TargetRunner:
         try:
             settings = settings or load_settings(session)
             with serialized_writes(session):
-                turn = machine.lock_target(session, target, self.owner)
+                turn = lanes.lock_target(session, target, self.owner)
                 instance = turn.instance if turn is not None else None
                 plugin = self._plugin(instance) if instance is not None else None
-                found = None if plugin is None else machine.claim_delivery(
+                found = None if plugin is None else claiming.claim_delivery(
                     session, delivery_id, target, self.owner, self.clock(),
                     settings.lease_seconds, turn)
                 # what the attempt reads of the message, in the claim's transaction: a
@@ -301,13 +302,13 @@ class TargetRunner:
                 outcomes = pending.take()
                 now = self.clock()
                 with serialized_writes(session):
-                    [written] = machine.settle_many(session, outcomes, policy, now)
+                    [written] = settlement.settle_many(session, outcomes, policy, now)
                     session.commit()
             finally:
                 self.leases.drop(held)
             outcome = outcomes[0][1]
             if written:
-                state = machine.settled_state(found, outcome, policy, now)
+                state = settlement.settled_state(found, outcome, policy, now)
             else:  # someone moved it on meanwhile: what it is now
                 state = session.scalar(select(Delivery.state).where(Delivery.id == delivery_id))
                 session.commit()
@@ -332,19 +333,19 @@ class TargetRunner:
         with tracing.span("claim", **{"b2bhub.target": target,
                                       "b2bhub.settled": len(outcomes)}) as span:
             with self.stop.settling(), serialized_writes(session):
-                written, claims, instance = machine.settle_and_claim(
+                written, claims, instance = claiming.settle_and_claim(
                     session, outcomes, last.policy if last is not None else None, target,
                     self.owner, self.clock(), settings.lease_seconds, batch_size)
                 if outcomes:
                     faults.pause("settling")
                 session.commit()
                 if claims is None:  # no lane was free: settled alone, now claim
-                    turn = machine.lock_target(session, target, self.owner,
-                                               outcomes[0][0].lane)
+                    turn = lanes.lock_target(session, target, self.owner,
+                                             outcomes[0][0].lane)
                     instance = turn.instance if turn is not None else None
                     limit = batch_size(instance) if instance is not None else 0
-                    claims = machine.claim(session, target, self.owner, self.clock(), limit,
-                                           settings.lease_seconds, turn) if limit else []
+                    claims = claiming.claim(session, target, self.owner, self.clock(), limit,
+                                            settings.lease_seconds, turn) if limit else []
                     session.commit()
             if span is not None:
                 span.set_attribute("b2bhub.claimed", len(claims))
@@ -440,7 +441,7 @@ class TargetRunner:
         if not outcomes:
             return
         with self.stop.settling(), serialized_writes(session):
-            written = machine.settle_many(session, outcomes, policy, self.clock())
+            written = settlement.settle_many(session, outcomes, policy, self.clock())
             faults.pause("settling")
             session.commit()
         report.settled += sum(written)
@@ -450,7 +451,7 @@ class TargetRunner:
                    policy: RetryPolicy) -> None:
         session.rollback()
         with self.stop.settling():
-            machine.interrupt(session, claim, self.clock(), wire, "worker stopping", policy)
+            settlement.interrupt(session, claim, self.clock(), wire, "worker stopping", policy)
             session.commit()
 
     def _give_back(self, session: Session, claims: list[Claim], exc: Exception) -> None:
@@ -470,7 +471,7 @@ class TargetRunner:
     def _release(self, session: Session, claims: list[Claim], reason: str) -> None:
         with self.stop.settling():
             for claim in claims:
-                machine.interrupt(session, claim, self.clock(), False, reason)
+                settlement.interrupt(session, claim, self.clock(), False, reason)
             session.commit()
 
     def running(self) -> list[str]:

@@ -1,11 +1,12 @@
 """Ordered sequences (SPEC 7): one delivery at a time per (target, sequence key).
 
 On a target instance marked ``ordered`` the claim takes a delivery only when no earlier
-delivery of its sequence is still open (:data:`b2bhub.engine.machine._ORDERED`), so
+delivery of its sequence is still open (:data:`b2bhub.engine.machine.claiming._ORDERED`), so
 later deliveries wait in dispatch order. The rest lives here:
 
 The queries are here; the writes (parking, releasing) are transitions of the state
-machine (:mod:`b2bhub.engine.machine`), the one module that writes ``deliveries.state``.
+machine (:mod:`b2bhub.engine.machine.sequence`; the package
+:mod:`b2bhub.engine.machine` alone writes ``deliveries.state``).
 
 - A delivery that fails for good blocks its sequence: the later deliveries of the
   sequence are parked (``deferred``, no wake-ups) at once by the settlement, and the

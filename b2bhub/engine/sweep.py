@@ -20,7 +20,8 @@ from sqlalchemy import insert, or_, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from b2bhub.engine import faults, machine, presence
+from b2bhub.engine import faults, presence
+from b2bhub.engine.machine import receipts, recovery, sequence, wake
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.wakeups import after_commit
 from b2bhub.models import Lock
@@ -53,13 +54,13 @@ def run_sweep(session: Session, now: datetime, owner: str,
         report.ran = True
         faults.pause("sweeping")
         settings = settings or load_settings(session)
-        report.leases_expired = _loop(session, lambda: machine.expire_leases(
+        report.leases_expired = _loop(session, lambda: recovery.expire_leases(
             session, now, batch))
         report.owners_gone = _put_back_from_dead_owners(session, now, batch)
-        report.receipts_overdue = _loop(session, lambda: machine.fail_overdue_receipts(
+        report.receipts_overdue = _loop(session, lambda: receipts.fail_overdue_receipts(
             session, now, batch))
-        report.parked = _loop(session, lambda: machine.park_blocked(session, now, batch))
-        report.stalled = _loop(session, lambda: machine.stall_unclaimed(
+        report.parked = _loop(session, lambda: sequence.park_blocked(session, now, batch))
+        report.stalled = _loop(session, lambda: wake.stall_unclaimed(
             session, now, settings, batch))
         report.woken = _loop(session, lambda: _wake(session, now, settings, batch))
     return report
@@ -69,12 +70,12 @@ def _put_back_from_dead_owners(session: Session, now: datetime, batch: int) -> i
     """Deliveries of processes known dead go back at once (``presence.known_dead``); the
     database's clock judges the heartbeats."""
     db_now = presence.database_now(session)
-    return _loop(session, lambda: machine.put_back_from_dead_owners(session, now, db_now,
-                                                                    batch))
+    return _loop(session, lambda: recovery.put_back_from_dead_owners(session, now, db_now,
+                                                                     batch))
 
 
 def _wake(session: Session, now: datetime, settings: DeliverySettings, batch: int) -> int:
-    wakeups = machine.wake_due(session, now, settings, batch)
+    wakeups = wake.wake_due(session, now, settings, batch)
     after_commit(session, wakeups)
     return len(wakeups)
 

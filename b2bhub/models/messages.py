@@ -113,7 +113,7 @@ class Delivery(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     settled_at: Mapped[datetime | None] = mapped_column(default=None)
     #: the lane of its target's Max Concurrent Deliveries its last claim counted in
-    #: (``b2bhub.engine.machine``, PostgreSQL); NULL counts as lane 0
+    #: (``b2bhub.engine.machine.lanes``, PostgreSQL); NULL counts as lane 0
     lane: Mapped[int | None] = mapped_column(SmallInteger, default=None)
 
     message: Mapped[Message] = relationship(back_populates="deliveries")

@@ -522,7 +522,7 @@ _PROTOCOL_API = {
     "store_test_message": "b2bhub.engine.dispatch:store_test_message",
     "finish_test_message": "b2bhub.engine.dispatch:finish_test_message",
     # a receipt settled; history lines and alerts
-    "settle_receipt": "b2bhub.engine.machine:settle_receipt",
+    "settle_receipt": "b2bhub.engine.machine.receipts:settle_receipt",
     "DeliveryState": "b2bhub.domain.states:DeliveryState",
     "add_line": "b2bhub.engine.history:add_line",
     "raise_alert": "b2bhub.engine.history:raise_alert",
