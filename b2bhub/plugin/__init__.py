@@ -509,6 +509,10 @@ _PROTOCOL_API = {
     "PayloadStore": "b2bhub.payloads.store:PayloadStore",
     "PayloadBatch": "b2bhub.payloads.store:PayloadBatch",
     "StoredPayload": "b2bhub.payloads.store:StoredPayload",
+    # what an endpoint reads before it stores a message, in one statement, compiled
+    # once: its instance, parties, settings rows and values of its own tables
+    "EndpointLookup": "b2bhub.engine.endpoint_lookup:EndpointLookup",
+    "Looked": "b2bhub.engine.endpoint_lookup:Looked",
     # a received message stored and dispatched (or refused)
     "INTAKE_KEYS": "b2bhub.engine.dispatch:INTAKE_KEYS",
     "NewMessage": "b2bhub.engine.dispatch:NewMessage",
@@ -517,6 +521,11 @@ _PROTOCOL_API = {
     "writes_in_one_statement": "b2bhub.engine.dispatch:writes_in_one_statement",
     "store_and_dispatch_grouped": "b2bhub.engine.grouped:store_and_dispatch_grouped",
     "store_refused": "b2bhub.engine.dispatch:store_refused",
+    # a source's synchronous mode: the delivery attempted inside the request
+    "deliver_in_request": "b2bhub.engine.in_request:deliver_in_request",
+    "delivery_standing": "b2bhub.engine.in_request:delivery_standing",
+    # the core's rows a plugin reads or writes (b2bhub.services.protocol)
+    "instance_type": "b2bhub.services.protocol:instance_type",
     # a connection test's message: stored never routed, then given its outcome
     "TEST_SOURCE": "b2bhub.engine.dispatch:TEST_SOURCE",
     "store_test_message": "b2bhub.engine.dispatch:store_test_message",
