@@ -75,11 +75,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Any, ClassVar, Protocol
 
-from b2bhub.domain.outcome import Answer, Outcome
-from b2bhub.domain.retry import RetryPolicy
+from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome, OutcomeKind
+from b2bhub.domain.retry import FILE_WRITER_DEFAULT, RetryPolicy
 
-__all__ = ["PREREAD", "Answer", "ConnectionTest", "DeliveryInfo", "EndpointReply",
-           "EndpointRequest", "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
+__all__ = ["ANSWER_BODY_LIMIT", "FILE_WRITER_DEFAULT", "OutcomeKind", "PREREAD", "Answer",
+           "ConnectionTest", "DeliveryInfo", "EndpointReply", "EndpointRequest",
+           "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
            "PickedFile", "Plugin", "PluginStartError", "ProfileKind", "SourceContext",
            "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP"]
 
@@ -507,6 +508,10 @@ _PROTOCOL_API = {
     "bump_version": "b2bhub.engine.settings:bump_version",
     "PROFILES_VERSION_KEY": "b2bhub.engine.settings:PROFILES_VERSION_KEY",
     "PayloadStore": "b2bhub.payloads.store:PayloadStore",
+    # a payload that cannot be read (missing, or not the bytes recorded)
+    "PayloadError": "b2bhub.payloads.store:PayloadError",
+    # one syncfs(2) for a file system (False where there is none: fsync each file)
+    "syncfs": "b2bhub.payloads.store:syncfs",
     "PayloadBatch": "b2bhub.payloads.store:PayloadBatch",
     "StoredPayload": "b2bhub.payloads.store:StoredPayload",
     # what an endpoint reads before it stores a message, in one statement, compiled
@@ -558,6 +563,11 @@ _PROTOCOL_API = {
     "ServiceError": "b2bhub.services.errors:ServiceError",
     "Conflict": "b2bhub.services.errors:Conflict",
     "NotFound": "b2bhub.services.errors:NotFound",
+    # the patterns of file sources and targets (modules): a poller's path pattern,
+    # a writer's file name pattern; the name rule of parties and instances
+    "path_pattern": "b2bhub.domain.path_pattern:",
+    "filename_pattern": "b2bhub.domain.filename_pattern:",
+    "validate_name": "b2bhub.domain.routing:validate_name",
     # configuration fields and retry schedules
     "Field": "b2bhub.plugin.schema:Field",
     "RetryPolicy": "b2bhub.domain.retry:RetryPolicy",
@@ -578,7 +588,9 @@ def __getattr__(name: str) -> Any:
         module, _, attr = _PROTOCOL_API[name].partition(":")
     except KeyError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
+    value = importlib.import_module(module)
+    if attr:  # "module:" names the module itself
+        value = getattr(value, attr)
     globals()[name] = value
     return value
 
