@@ -529,8 +529,26 @@ _PROTOCOL_API = {
     # a source's synchronous mode: the delivery attempted inside the request
     "deliver_in_request": "b2bhub.engine.in_request:deliver_in_request",
     "delivery_standing": "b2bhub.engine.in_request:delivery_standing",
-    # the core's rows a plugin reads or writes (b2bhub.services.protocol)
+    # the core's rows a plugin reads or writes, as plain values (b2bhub.services.protocol)
     "instance_type": "b2bhub.services.protocol:instance_type",
+    "MessageView": "b2bhub.services.protocol:MessageView",
+    "message_view": "b2bhub.services.protocol:message_view",
+    "record_stage": "b2bhub.services.protocol:record_stage",
+    "DeliveryView": "b2bhub.services.protocol:DeliveryView",
+    "delivery_of": "b2bhub.services.protocol:delivery_of",
+    "LineView": "b2bhub.services.protocol:LineView",
+    "latest_line": "b2bhub.services.protocol:latest_line",
+    # parties' protocol profiles (``protocol_profiles``) and their certificates
+    "StoredProfile": "b2bhub.services.protocol:StoredProfile",
+    "StoredCertificate": "b2bhub.services.protocol:StoredCertificate",
+    "NewCertificate": "b2bhub.services.protocol:NewCertificate",
+    "get_protocol_profile": "b2bhub.services.protocol:get_protocol_profile",
+    "save_protocol_profile": "b2bhub.services.protocol:save_protocol_profile",
+    "delete_protocol_profile": "b2bhub.services.protocol:delete_protocol_profile",
+    "find_protocol_profile": "b2bhub.services.protocol:find_protocol_profile",
+    "address_holder": "b2bhub.services.protocol:address_holder",
+    "profile_parties": "b2bhub.services.protocol:profile_parties",
+    "profile_certificates": "b2bhub.services.protocol:profile_certificates",
     # a connection test's message: stored never routed, then given its outcome
     "TEST_SOURCE": "b2bhub.engine.dispatch:TEST_SOURCE",
     "store_test_message": "b2bhub.engine.dispatch:store_test_message",
@@ -542,23 +560,16 @@ _PROTOCOL_API = {
     "raise_alert": "b2bhub.engine.history:raise_alert",
     "resolve_alert": "b2bhub.engine.history:resolve_alert",
     "run_job_soon": "b2bhub.runtime.jobs:run_job_soon",
-    # the tables a protocol reads and its models build on
+    # a plugin's own tables: their base, id type and clock (the core's tables are
+    # reached only through the functions above and below)
     "Base": "b2bhub.models:Base",
     "BigId": "b2bhub.models.base:BigId",
     "utcnow": "b2bhub.models:utcnow",
+    # the kinds of parties
     "ORGANIZATION": "b2bhub.models:ORGANIZATION",
     "PARTNER": "b2bhub.models:PARTNER",
-    "Certificate": "b2bhub.models:Certificate",
     # how soon a certificate's end is flagged (Parties page, dashboard, the alert)
     "CERTIFICATE_WARNING": "b2bhub.services.profiles:CERTIFICATE_WARNING",
-    "Delivery": "b2bhub.models:Delivery",
-    "HistoryLine": "b2bhub.models:HistoryLine",
-    "Message": "b2bhub.models:Message",
-    "Party": "b2bhub.models:Party",
-    "Payload": "b2bhub.models:Payload",
-    "PluginInstance": "b2bhub.models:PluginInstance",
-    "ProtocolProfile": "b2bhub.models:ProtocolProfile",
-    "Setting": "b2bhub.models:Setting",
     # refusals (the API's and the UI's error shape)
     "ServiceError": "b2bhub.services.errors:ServiceError",
     "Conflict": "b2bhub.services.errors:Conflict",
@@ -579,7 +590,7 @@ _PROTOCOL_API = {
     "render_plugin_template": "b2bhub.web.kit:render_plugin_template",
     "ui_saved_line": "b2bhub.web.parties:saved_line",
     "ui_whole_number": "b2bhub.web.forms:_whole",
-    "db": "b2bhub.config.extensions:db",
+    "ui_session": "b2bhub.web.kit:request_session",
 }
 
 
