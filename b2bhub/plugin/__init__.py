@@ -61,10 +61,36 @@ AS2 (``plugins/as2/``) is built from them alone:
   ``down_revision = None``, ``branch_labels = ("<name>",)``, ``depends_on`` the core
   revision it needs). ``b2bhub db upgrade`` applies the core's and every plugin's.
 
-What a protocol needs of the core is re-exported here under stable names (the section
-"The core for protocols" at the end): sessions, the payload store, store-and-dispatch of
-a received message, settling a receipt, history lines and alerts, settings. A protocol
-imports those from this module, not from ``b2bhub.engine``.
+**Only through this interface.** A plugin imports this module (and
+:mod:`b2bhub.plugin.schema`) and nothing else of b2bhub, and writes no SQL over the
+core's tables; this module exports none of the core's ORM models. What a plugin needs of
+the core is offered here under stable names (the section "The core for protocols" at the
+end), each the core's own object:
+
+* **the intake fast path**, offered to every source: :class:`EndpointLookup`
+  (``b2bhub.engine.endpoint_lookup``), declared once by a type with the settings keys,
+  party roles and values of its own tables it needs, reads an endpoint's instance
+  (enabled, configuration), parties' kinds, settings rows and those values in one
+  statement, built once per shape and run as the driver's own SQL on PostgreSQL
+  (``run_read``); ``store_and_dispatch_many`` / ``store_and_dispatch_grouped`` (grouped
+  commits of requests arriving together), ``writes_in_one_statement``,
+  ``store_refused``; ``deliver_in_request`` and ``delivery_standing`` for a source that
+  delivers inside its request;
+* sessions (``new_session``, ``connection``), the payload store (``payload_store``,
+  ``PayloadStore``, ``PayloadBatch``, ``StoredPayload``, ``PayloadError``, ``syncfs``);
+* the core's rows as plain values (``b2bhub.services.protocol``): ``instance_type``,
+  ``message_view``, ``record_stage``, ``delivery_of``, ``latest_line``; parties' protocol
+  profiles with their certificates (``get_protocol_profile``, ``save_protocol_profile``,
+  ``delete_protocol_profile``, ``find_protocol_profile``, ``address_holder``,
+  ``profile_parties``, ``profile_certificates``);
+* settling a receipt (``settle_receipt``), history lines and alerts (``add_line``,
+  ``raise_alert``, ``resolve_alert``), settings versions (``bump_version``), jobs
+  (``run_job_soon``), connection tests' messages, refusals (``ServiceError``,
+  ``NotFound``, ``Conflict``), the file plugins' patterns (``path_pattern``,
+  ``filename_pattern``, ``validate_name``) and a plugin page's helpers (``ui_*``);
+* for a plugin's own tables: ``Base``, ``BigId``, ``utcnow``.
+
+``tests/test_plugin_imports.py`` holds the built-in plugins (``plugins/``) to this.
 """
 
 from __future__ import annotations
