@@ -38,6 +38,7 @@ from b2bhub.plugin import (
     finish_test_message,
     latest_line,
     profile_parties,
+    record_stage,
     store_test_message,
     utcnow,
 )
@@ -277,8 +278,8 @@ def _build(session, store, steps: _Steps, message_id: int, org, partner, data: b
                       digest_alg=message.digest_alg,
                       mdn_signed=bool(partner.get("mdn_signed")))
     session.add(row)
-    mdn_in.record_stage(session, message_id, "sent", store.put(lib.wire(headers.items(), body)),
-                        utcnow())
+    record_stage(session, message_id, "sent", store.put(lib.wire(headers.items(), body)),
+                 utcnow())
     add_line(session, message_id, "connection_test_sent",
              f"test message <{message.message_id}> built ({_security(partner)})",
              now=utcnow())
