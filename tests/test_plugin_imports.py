@@ -163,8 +163,11 @@ def _sql_over(tables: set[str]) -> re.Pattern:
 
 
 def sql_over_core_tables(paths: list[Path]) -> list[str]:
-    """Every string (but docstrings) that reads like SQL over a core table."""
-    pattern, problems = _sql_over(core_tables()), []
+    """Every string (but docstrings) that reads like SQL over a core table, and every
+    core table named to SQLAlchemy by its name (``table("parties")``,
+    ``Table("parties", ...)``, ``metadata.tables["parties"]``)."""
+    tables = core_tables()
+    pattern, problems = _sql_over(tables), []
     for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         docs = _docstrings(tree)
@@ -173,6 +176,17 @@ def sql_over_core_tables(paths: list[Path]) -> list[str]:
                     and id(node) not in docs and (found := pattern.search(node.value)):
                 problems.append(f"{_shown(path)}:{node.lineno}: SQL over a core "
                                 f"table: {found.group(0)!r}")
+            named = None
+            if isinstance(node, ast.Call) and node.args and (
+                    getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            ) in ("table", "Table"):
+                named = node.args[0]
+            elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "tables":
+                named = node.slice
+            if isinstance(named, ast.Constant) and named.value in tables:
+                problems.append(f"{_shown(path)}:{node.lineno}: names the core table "
+                                f"{named.value!r}")
     return problems
 
 
@@ -307,9 +321,14 @@ def test_sql_over_a_core_table_is_caught(tmp_path):
     probe = _probe(tmp_path, '"""Reads FROM parties in its docstring: fine."""\n'
                              'Q = "SELECT kind FROM parties WHERE name = :n"\n'
                              'OWN = "SELECT id FROM as2_inbound"\n'
-                             'FK = "messages.id"\n')
+                             'FK = "messages.id"\n'
+                             'T = sqlalchemy.table("settings")\n'
+                             'M = Base.metadata.tables["deliveries"]\n'
+                             'O = Base.metadata.tables["as2_outbound"]\n')
     problems = sql_over_core_tables([probe])
-    assert len(problems) == 1 and "FROM parties" in problems[0], problems
+    assert len(problems) == 3, problems
+    assert "FROM parties" in problems[0] and "'settings'" in problems[1] \
+        and "'deliveries'" in problems[2], problems
 
 
 def test_an_import_cycle_is_caught(tmp_path):
