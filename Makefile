@@ -43,7 +43,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): setup.cfg pyproject.toml packaging/oscrypto/pyproject.toml \
-		tests/plugin_pkgs/b2bhub_echo/pyproject.toml | $(BIN)/python
+		tests/plugin_pkgs/b2bhub_echo/pyproject.toml \
+		$(wildcard tests/plugin_pkgs/b2bhub_echo/b2bhub_echo/*.py) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet ./packaging/oscrypto -e '.$(if $(EXTRAS),[$(EXTRAS)])'
 	$(if $(EXTRAS),$(BIN)/python -m pip install --quiet --no-deps ./tests/plugin_pkgs/b2bhub_echo)

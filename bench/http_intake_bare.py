@@ -4,7 +4,8 @@
 Per request, what the hub's ``POST /in/inbox`` must do and nothing of how it is built:
 
 * the receiver's lookups, in the hub's own statement (token, instance, parties, the
-  settings a message needs; ``plugins.http_receiver._lookups_query``), one round trip;
+  settings a message needs; the core's ``EndpointLookup`` as the receiver declares it,
+  ``plugins.http_receiver.LOOKUP``), one round trip;
 * the body written to a temporary file of the payload store, its sha256 taken, fsynced
   and renamed into its place by digest;
 * the message, its payload row, its queued delivery and its two history lines
@@ -45,13 +46,13 @@ from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from b2bhub.engine.dispatch_rows import _statement
 from b2bhub.engine.driver import _literals
 from b2bhub.engine.history import packed_line
-from plugins.http_receiver import _lookups_query
+from plugins.http_receiver import LOOKUP
 
 URL = os.environ["B2BHUB_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
 STORE = os.environ["B2BHUB_PAYLOAD_DIR"]
 TEMP = os.path.join(STORE, "tmp-bare")
 os.makedirs(TEMP, exist_ok=True)
-_COMPILED = _lookups_query(False).compile(dialect=postgresql_psycopg.dialect())
+_COMPILED = LOOKUP.statement(look_up_instance=True).compile(dialect=postgresql_psycopg.dialect())
 LOOKUPS, LOOKUP_VALUES = str(_COMPILED), _literals(_COMPILED)
 MESSAGE_COLUMNS = ("source", "from_party", "to_party", "direction", "original_filename",
                    "external_id", "correlation_id", "status", "status_text", "sequence_key",
@@ -83,13 +84,13 @@ def app(environ, start_response):
     token = environ.get("HTTP_AUTHORIZATION", "").partition(" ")[2].strip()
     conn = _connection()
     with conn.cursor(row_factory=namedtuple_row) as cur:
-        cur.execute(LOOKUPS, {**LOOKUP_VALUES, "instance": "inbox", "from_party": None,
-                              "to_party": None,
+        cur.execute(LOOKUPS, {**LOOKUP_VALUES, "instance": "inbox", "party_0": None,
+                              "party_1": None,
                               "token": hashlib.sha256(token.encode()).hexdigest()})
         found = cur.fetchone()
-    if found.token is None or not found.enabled:
+    if found.x0 is None or not found.enabled:  # x0: the token's row
         return _answer(start_response, "401 Unauthorized", b'{"error": "token"}\n')
-    if not (found.from_kind and found.to_kind):
+    if not (found.kind_0 and found.kind_1):
         return _answer(start_response, "422 Unprocessable Entity", b'{"error": "party"}\n')
     body = environ["wsgi.input"].read()
     digest = hashlib.sha256(body).hexdigest()
@@ -99,9 +100,10 @@ def app(environ, start_response):
     os.makedirs(shard, exist_ok=True)
     os.replace(temp, os.path.join(shard, digest))
     now = datetime.utcnow()
-    pair = f"{found.from_party}>{found.to_party}"
-    messages = [{"source": "bare", "from_party": found.from_party,
-                 "to_party": found.to_party, "direction": "inbound",
+    from_party, to_party = found.party_0, found.party_1
+    pair = f"{from_party}>{to_party}"
+    messages = [{"source": "bare", "from_party": from_party,
+                 "to_party": to_party, "direction": "inbound",
                  "original_filename": None, "external_id": None, "correlation_id": None,
                  "status": "received", "status_text": "", "sequence_key": pair,
                  "sha256": digest, "size": len(body), "trace_parent": None}]

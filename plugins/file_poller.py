@@ -29,11 +29,18 @@ from pathlib import Path
 from time import monotonic
 from typing import IO, Any
 
-from b2bhub.domain import path_pattern
-from b2bhub.domain.path_pattern import UNROUTABLE, Match, PatternError
-from b2bhub.domain.routing import validate_name
-from b2bhub.plugin import FileChanged, Plugin, PluginStartError, SourceContext
+from b2bhub.plugin import (
+    FileChanged,
+    Plugin,
+    PluginStartError,
+    SourceContext,
+    path_pattern,
+    validate_name,
+)
 from b2bhub.plugin.schema import Field
+
+UNROUTABLE, Match, PatternError = (path_pattern.UNROUTABLE, path_pattern.Match,
+                                   path_pattern.PatternError)
 
 log = logging.getLogger(__name__)
 MAX_PATH_TEXT = 1024  # bytes of a relative path as recorded

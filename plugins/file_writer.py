@@ -47,17 +47,24 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from b2bhub.domain.filename_pattern import (
-    FilenamePattern,
-    PatternError,
-    parse,
-    placeholder_values,
+from b2bhub.plugin import (
+    FILE_WRITER_DEFAULT,
+    DeliveryInfo,
+    Outcome,
+    OutcomeKind,
+    PayloadError,
+    PayloadReader,
+    Plugin,
+    TargetContext,
+    filename_pattern,
+    syncfs,
 )
-from b2bhub.domain.outcome import OutcomeKind
-from b2bhub.domain.retry import FILE_WRITER_DEFAULT
-from b2bhub.payloads.store import PayloadError, syncfs
-from b2bhub.plugin import DeliveryInfo, Outcome, PayloadReader, Plugin, TargetContext
 from b2bhub.plugin.schema import Field
+
+FilenamePattern = filename_pattern.FilenamePattern
+PatternError = filename_pattern.PatternError
+parse = filename_pattern.parse
+placeholder_values = filename_pattern.placeholder_values
 
 DEFAULT_PATTERN = "{original_filename|message_id}"
 STAGES = ("raw", "unpacked", "sent")

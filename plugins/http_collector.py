@@ -37,8 +37,7 @@ from urllib.parse import unquote, urlsplit
 
 import requests
 
-from b2bhub.domain.routing import validate_name
-from b2bhub.plugin import Plugin, PluginStartError, SourceContext
+from b2bhub.plugin import Plugin, PluginStartError, SourceContext, validate_name
 from b2bhub.plugin.schema import Field
 from plugins.http_poster import (
     AUTH_FIELDS,

@@ -57,9 +57,17 @@ from urllib.parse import urlsplit
 import requests
 from requests.adapters import HTTPAdapter
 
-from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome, OutcomeKind
-from b2bhub.payloads.store import PayloadError
-from b2bhub.plugin import DeliveryInfo, PayloadReader, Plugin, TargetContext
+from b2bhub.plugin import (
+    ANSWER_BODY_LIMIT,
+    Answer,
+    DeliveryInfo,
+    Outcome,
+    OutcomeKind,
+    PayloadError,
+    PayloadReader,
+    Plugin,
+    TargetContext,
+)
 from b2bhub.plugin.schema import Field
 
 STAGES = ("raw", "unpacked", "sent")

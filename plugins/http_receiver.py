@@ -44,13 +44,10 @@ disabled instance answers 404 like a missing one (the core's endpoint hook).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
 import secrets
-import threading
-import time
 from datetime import datetime, timedelta
 from typing import IO
 
@@ -59,13 +56,9 @@ from sqlalchemy import (
     LargeBinary,
     String,
     UniqueConstraint,
-    and_,
     bindparam,
     delete,
-    func,
     insert,
-    literal,
-    null,
     select,
     update,
 )
@@ -77,20 +70,21 @@ from b2bhub.plugin import (
     PREREAD,
     Base,
     BigId,
+    Conflict,
+    EndpointLookup,
     EndpointReply,
     EndpointRequest,
     Field,
-    Message,
     NewMessage,
-    Party,
+    NotFound,
     PeriodicJob,
     Plugin,
-    PluginInstance,
-    Setting,
+    ServiceError,
     add_line,
-    connection,
+    deliver_in_request,
+    delivery_standing,
     direction_of,
-    run_read,
+    instance_type,
     store_and_dispatch_grouped,
     store_and_dispatch_many,
     utcnow,
@@ -147,18 +141,14 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _receiver(session, instance: str) -> PluginInstance:
-    from b2bhub.plugin import NotFound
-    row = session.scalar(select(PluginInstance).where(PluginInstance.name == instance))
-    if row is None or row.type != TYPE:
+def _receiver(session, instance: str) -> None:
+    if instance_type(session, instance) != TYPE:
         raise NotFound(f"no {TYPE} instance named '{instance}'")
-    return row
 
 
 def create_token(session, instance: str, name: str, actor: str) -> str:
     """Make a named token for the instance; returns it (shown this once). The caller
     commits. A history line names the operator."""
-    from b2bhub.plugin import Conflict, ServiceError
     _receiver(session, instance)
     if not name or len(name) > 64:
         raise ServiceError("a token needs a name of 1 to 64 characters", {"name": "invalid"})
@@ -175,7 +165,6 @@ def create_token(session, instance: str, name: str, actor: str) -> str:
 
 
 def revoke_token(session, instance: str, name: str, actor: str) -> None:
-    from b2bhub.plugin import NotFound
     _receiver(session, instance)
     gone = session.execute(delete(IntakeToken).where(IntakeToken.instance == instance,
                                                      IntakeToken.name == name)).rowcount
@@ -262,6 +251,16 @@ def _correlation(headers: dict[str, str]) -> str | None:
     return found.group(1) if found else None
 
 
+#: what a request reads before the body is stored, in one statement (the core's
+#: intake fast path): the settings rows a new message needs, the parties' kinds and
+#: the token's row (ours)
+LOOKUP = EndpointLookup(TYPE, settings=INTAKE_KEYS, parties=("from_party", "to_party"),
+                        extra={"token": select(IntakeToken.id).where(
+                            IntakeToken.instance == bindparam("instance"),
+                            IntakeToken.token_sha256 == bindparam("token"))
+                            .scalar_subquery()})
+
+
 def _lookups(session, request: EndpointRequest, token: str, from_header: str | None,
              to_header: str | None):
     """What a request reads before the body is stored, in one statement (each is a round
@@ -272,63 +271,18 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
     parties that exist, the settings rows, the token's id or None)."""
     given = request.config is not None
     config = request.config or {}
-    params = {
-        "instance": request.instance, "token": _hash(token),
+    parties = {
         "from_party": from_header or (config.get("from_party") or None if given else None),
         "to_party": to_header or (config.get("to_party") or None if given else None),
     }
-    conn = connection(session)
-    row = run_read(conn, _lookups_query(given), params).one()
+    looked = LOOKUP.run(session, request.instance, look_up_instance=not given,
+                        parties=parties, token=_hash(token))
     if not given:
-        if not row.enabled:
+        if not looked.enabled:
             return None
-        config = dict(row.config or {})
-    kinds = {name: kind for name, kind in ((row.from_party, row.from_kind),
-                                            (row.to_party, row.to_kind)) if kind}
-    known = {key: getattr(row, f"s{i}") for i, key in enumerate(INTAKE_KEYS)}
-    return config, row.from_party, row.to_party, kinds, known, row.token
-
-
-@functools.cache
-def _lookups_query(config_given: bool):
-    """The one row of :func:`_lookups`, built once a shape. The instance (when not
-    given) and the two parties are outer joins on one row, so each table is read once
-    and a missing row reads as NULL: scalar subqueries, the instance's repeated for
-    each value of it, took twice the planning (still paid at a connection's first
-    executions and after each replan, :mod:`b2bhub.config.database`).
-    On PostgreSQL it runs as psycopg's own SQL (:func:`run_read`): its columns are json,
-    text and numbers, which psycopg reads as SQLAlchemy would."""
-    instances, parties = PluginInstance.__table__, Party.__table__
-
-    def party(role: str):
-        given = bindparam(role, type_=String)
-        if config_given:
-            return given
-        configured = instances.c.config[role].as_string()
-        return func.coalesce(given, func.nullif(configured, ""))
-
-    wanted = select(party("from_party").label("from_party"),
-                    party("to_party").label("to_party"),
-                    *(() if config_given else (instances.c.enabled, instances.c.config)))
-    if not config_given:
-        one = select(literal(1).label("one")).subquery("one")
-        wanted = wanted.select_from(one.outerjoin(instances, and_(
-            instances.c.name == bindparam("instance"), instances.c.type == TYPE)))
-    wanted = wanted.subquery("wanted")
-    sender, recipient = parties.alias("sender"), parties.alias("recipient")
-    columns = [select(Setting.value).where(Setting.key == key).scalar_subquery()
-               .label(f"s{i}") for i, key in enumerate(INTAKE_KEYS)]
-    columns += [
-        select(IntakeToken.id).where(IntakeToken.instance == bindparam("instance"),
-                                     IntakeToken.token_sha256 == bindparam("token"))
-        .scalar_subquery().label("token"),
-        wanted.c.from_party, wanted.c.to_party,
-        sender.c.kind.label("from_kind"), recipient.c.kind.label("to_kind"),
-        (null() if config_given else wanted.c.enabled).label("enabled"),
-        (null() if config_given else wanted.c.config).label("config")]
-    return select(*columns).select_from(
-        wanted.outerjoin(sender, sender.c.name == wanted.c.from_party)
-        .outerjoin(recipient, recipient.c.name == wanted.c.to_party))
+        config = looked.config
+    return (config, looked.parties["from_party"], looked.parties["to_party"], looked.kinds,
+            looked.settings, looked.extra["token"])
 
 
 def handle(request: EndpointRequest) -> EndpointReply:
@@ -512,58 +466,21 @@ def _claim_key(session, instance: str, key: str, digest: str, config: dict,
 
 # --- sync mode ---------------------------------------------------------------------------
 
-_runner_lock = threading.Lock()
-_runner = None
-
-
-def _sync_runner():
-    """The web process's runner for in-request attempts (one per process and app)."""
-    global _runner
-    from b2bhub.engine.runner import TargetRunner
-    from b2bhub.runtime.hub import callback_tokens, new_session, process_owner, registry, store
-    made_for = (registry(), store())
-    with _runner_lock:
-        if _runner is None or (_runner.registry, _runner.store) != made_for:
-            _runner = TargetRunner(new_session, *made_for, process_owner(),
-                                   callbacks=callback_tokens())
-        return _runner
-
-
 def _deliver_in_request(session, message_id: int, delivery_id: int, target: str,
                         known: dict) -> EndpointReply:
-    """Attempts 1 s apart while the last one left the delivery Retrying, up to the
-    attempts the target's policy allows (the first attempt tells them). The delivery's id
-    came from the dispatch and the settings from the request's lookups: nothing is read
-    before the claim. Once the delivery was claimed here, the wake-up its intake queued
-    is dropped: it was settled, or left Retrying with a wake-up time of its own (a worker
-    woken now would find it not due); one never claimed keeps it, for a worker."""
-    from b2bhub.engine.settings import KEY, DeliverySettings
-    from b2bhub.engine.wakeups import forget as forget_wakeups
-    settings = DeliverySettings.from_dict(known.get(KEY))
-    runner, result, made = _sync_runner(), None, 0
-    while True:
-        got = runner.attempt_now(delivery_id, target, keep_retrying=True, settings=settings)
-        if got is None:
-            break
-        made, result = made + 1, got
-        if got.state != "retrying" or made >= got.attempts_allowed:
-            break
-        time.sleep(SYNC_INTERVAL)
-    if made:
-        forget_wakeups(session, [delivery_id])
-    return _sync_answer(session, message_id, target, result, made)
+    """Attempts 1 s apart inside the request (the core's :func:`deliver_in_request`);
+    the delivery's id came from the dispatch and the settings from the request's
+    lookups: nothing is read before the claim."""
+    done = deliver_in_request(session, delivery_id, target, known, interval=SYNC_INTERVAL)
+    return _sync_answer(session, message_id, target, done.result, done.attempts)
 
 
 def _sync_answer(session, message_id: int, target: str, result, made: int) -> EndpointReply:
-    from b2bhub.plugin import Delivery
     state = None if result is None else result.state  # what the last attempt settled
     online = None
     if state in (None, "queued", "retrying"):  # not attempted, or left for the worker
         _statement_at_a_time(session)
-        state, online = session.execute(
-            select(Delivery.state, PluginInstance.online)
-            .join(PluginInstance, PluginInstance.name == Delivery.target)
-            .where(Delivery.message_id == message_id, Delivery.target == target)).one()
+        state, online = delivery_standing(session, message_id, target)
         session.commit()
     if result is None or (state in ("queued", "retrying") and online is False):
         why = "offline" if online is False else "not taking deliveries now"
@@ -645,5 +562,5 @@ class HttpReceiver(Plugin):
         return handle(request)
 
 
-__all__ = ["HttpReceiver", "IdempotencyKey", "IntakeToken", "Message", "create_token",
+__all__ = ["HttpReceiver", "IdempotencyKey", "IntakeToken", "create_token",
            "list_tokens", "remove_expired_keys", "revoke_token"]

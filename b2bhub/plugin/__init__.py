@@ -61,10 +61,36 @@ AS2 (``plugins/as2/``) is built from them alone:
   ``down_revision = None``, ``branch_labels = ("<name>",)``, ``depends_on`` the core
   revision it needs). ``b2bhub db upgrade`` applies the core's and every plugin's.
 
-What a protocol needs of the core is re-exported here under stable names (the section
-"The core for protocols" at the end): sessions, the payload store, store-and-dispatch of
-a received message, settling a receipt, history lines and alerts, settings. A protocol
-imports those from this module, not from ``b2bhub.engine``.
+**Only through this interface.** A plugin imports this module (and
+:mod:`b2bhub.plugin.schema`) and nothing else of b2bhub, and writes no SQL over the
+core's tables; this module exports none of the core's ORM models. What a plugin needs of
+the core is offered here under stable names (the section "The core for protocols" at the
+end), each the core's own object:
+
+* **the intake fast path**, offered to every source: :class:`EndpointLookup`
+  (``b2bhub.engine.endpoint_lookup``), declared once by a type with the settings keys,
+  party roles and values of its own tables it needs, reads an endpoint's instance
+  (enabled, configuration), parties' kinds, settings rows and those values in one
+  statement, built once per shape and run as the driver's own SQL on PostgreSQL
+  (``run_read``); ``store_and_dispatch_many`` / ``store_and_dispatch_grouped`` (grouped
+  commits of requests arriving together), ``writes_in_one_statement``,
+  ``store_refused``; ``deliver_in_request`` and ``delivery_standing`` for a source that
+  delivers inside its request;
+* sessions (``new_session``, ``connection``), the payload store (``payload_store``,
+  ``PayloadStore``, ``PayloadBatch``, ``StoredPayload``, ``PayloadError``, ``syncfs``);
+* the core's rows as plain values (``b2bhub.services.protocol``): ``instance_type``,
+  ``message_view``, ``record_stage``, ``delivery_of``, ``latest_line``; parties' protocol
+  profiles with their certificates (``get_protocol_profile``, ``save_protocol_profile``,
+  ``delete_protocol_profile``, ``find_protocol_profile``, ``address_holder``,
+  ``profile_parties``, ``profile_certificates``);
+* settling a receipt (``settle_receipt``), history lines and alerts (``add_line``,
+  ``raise_alert``, ``resolve_alert``), settings versions (``bump_version``), jobs
+  (``run_job_soon``), connection tests' messages, refusals (``ServiceError``,
+  ``NotFound``, ``Conflict``), the file plugins' patterns (``path_pattern``,
+  ``filename_pattern``, ``validate_name``) and a plugin page's helpers (``ui_*``);
+* for a plugin's own tables: ``Base``, ``BigId``, ``utcnow``.
+
+``tests/test_plugin_imports.py`` holds the built-in plugins (``plugins/``) to this.
 """
 
 from __future__ import annotations
@@ -75,11 +101,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Any, ClassVar, Protocol
 
-from b2bhub.domain.outcome import Answer, Outcome
-from b2bhub.domain.retry import RetryPolicy
+from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome, OutcomeKind
+from b2bhub.domain.retry import FILE_WRITER_DEFAULT, RetryPolicy
 
-__all__ = ["PREREAD", "Answer", "ConnectionTest", "DeliveryInfo", "EndpointReply",
-           "EndpointRequest", "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
+__all__ = ["ANSWER_BODY_LIMIT", "FILE_WRITER_DEFAULT", "OutcomeKind", "PREREAD", "Answer",
+           "ConnectionTest", "DeliveryInfo", "EndpointReply", "EndpointRequest",
+           "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
            "PickedFile", "Plugin", "PluginStartError", "ProfileKind", "SourceContext",
            "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP"]
 
@@ -507,8 +534,16 @@ _PROTOCOL_API = {
     "bump_version": "b2bhub.engine.settings:bump_version",
     "PROFILES_VERSION_KEY": "b2bhub.engine.settings:PROFILES_VERSION_KEY",
     "PayloadStore": "b2bhub.payloads.store:PayloadStore",
+    # a payload that cannot be read (missing, or not the bytes recorded)
+    "PayloadError": "b2bhub.payloads.store:PayloadError",
+    # one syncfs(2) for a file system (False where there is none: fsync each file)
+    "syncfs": "b2bhub.payloads.store:syncfs",
     "PayloadBatch": "b2bhub.payloads.store:PayloadBatch",
     "StoredPayload": "b2bhub.payloads.store:StoredPayload",
+    # what an endpoint reads before it stores a message, in one statement, compiled
+    # once: its instance, parties, settings rows and values of its own tables
+    "EndpointLookup": "b2bhub.engine.endpoint_lookup:EndpointLookup",
+    "Looked": "b2bhub.engine.endpoint_lookup:Looked",
     # a received message stored and dispatched (or refused)
     "INTAKE_KEYS": "b2bhub.engine.dispatch:INTAKE_KEYS",
     "NewMessage": "b2bhub.engine.dispatch:NewMessage",
@@ -517,6 +552,29 @@ _PROTOCOL_API = {
     "writes_in_one_statement": "b2bhub.engine.dispatch:writes_in_one_statement",
     "store_and_dispatch_grouped": "b2bhub.engine.grouped:store_and_dispatch_grouped",
     "store_refused": "b2bhub.engine.dispatch:store_refused",
+    # a source's synchronous mode: the delivery attempted inside the request
+    "deliver_in_request": "b2bhub.engine.in_request:deliver_in_request",
+    "delivery_standing": "b2bhub.engine.in_request:delivery_standing",
+    # the core's rows a plugin reads or writes, as plain values (b2bhub.services.protocol)
+    "instance_type": "b2bhub.services.protocol:instance_type",
+    "MessageView": "b2bhub.services.protocol:MessageView",
+    "message_view": "b2bhub.services.protocol:message_view",
+    "record_stage": "b2bhub.services.protocol:record_stage",
+    "DeliveryView": "b2bhub.services.protocol:DeliveryView",
+    "delivery_of": "b2bhub.services.protocol:delivery_of",
+    "LineView": "b2bhub.services.protocol:LineView",
+    "latest_line": "b2bhub.services.protocol:latest_line",
+    # parties' protocol profiles (``protocol_profiles``) and their certificates
+    "StoredProfile": "b2bhub.services.protocol:StoredProfile",
+    "StoredCertificate": "b2bhub.services.protocol:StoredCertificate",
+    "NewCertificate": "b2bhub.services.protocol:NewCertificate",
+    "get_protocol_profile": "b2bhub.services.protocol:get_protocol_profile",
+    "save_protocol_profile": "b2bhub.services.protocol:save_protocol_profile",
+    "delete_protocol_profile": "b2bhub.services.protocol:delete_protocol_profile",
+    "find_protocol_profile": "b2bhub.services.protocol:find_protocol_profile",
+    "address_holder": "b2bhub.services.protocol:address_holder",
+    "profile_parties": "b2bhub.services.protocol:profile_parties",
+    "profile_certificates": "b2bhub.services.protocol:profile_certificates",
     # a connection test's message: stored never routed, then given its outcome
     "TEST_SOURCE": "b2bhub.engine.dispatch:TEST_SOURCE",
     "store_test_message": "b2bhub.engine.dispatch:store_test_message",
@@ -528,27 +586,25 @@ _PROTOCOL_API = {
     "raise_alert": "b2bhub.engine.history:raise_alert",
     "resolve_alert": "b2bhub.engine.history:resolve_alert",
     "run_job_soon": "b2bhub.runtime.jobs:run_job_soon",
-    # the tables a protocol reads and its models build on
+    # a plugin's own tables: their base, id type and clock (the core's tables are
+    # reached only through the functions above and below)
     "Base": "b2bhub.models:Base",
     "BigId": "b2bhub.models.base:BigId",
     "utcnow": "b2bhub.models:utcnow",
+    # the kinds of parties
     "ORGANIZATION": "b2bhub.models:ORGANIZATION",
     "PARTNER": "b2bhub.models:PARTNER",
-    "Certificate": "b2bhub.models:Certificate",
     # how soon a certificate's end is flagged (Parties page, dashboard, the alert)
     "CERTIFICATE_WARNING": "b2bhub.services.profiles:CERTIFICATE_WARNING",
-    "Delivery": "b2bhub.models:Delivery",
-    "HistoryLine": "b2bhub.models:HistoryLine",
-    "Message": "b2bhub.models:Message",
-    "Party": "b2bhub.models:Party",
-    "Payload": "b2bhub.models:Payload",
-    "PluginInstance": "b2bhub.models:PluginInstance",
-    "ProtocolProfile": "b2bhub.models:ProtocolProfile",
-    "Setting": "b2bhub.models:Setting",
     # refusals (the API's and the UI's error shape)
     "ServiceError": "b2bhub.services.errors:ServiceError",
     "Conflict": "b2bhub.services.errors:Conflict",
     "NotFound": "b2bhub.services.errors:NotFound",
+    # the patterns of file sources and targets (modules): a poller's path pattern,
+    # a writer's file name pattern; the name rule of parties and instances
+    "path_pattern": "b2bhub.domain.path_pattern:",
+    "filename_pattern": "b2bhub.domain.filename_pattern:",
+    "validate_name": "b2bhub.domain.routing:validate_name",
     # configuration fields and retry schedules
     "Field": "b2bhub.plugin.schema:Field",
     "RetryPolicy": "b2bhub.domain.retry:RetryPolicy",
@@ -560,7 +616,7 @@ _PROTOCOL_API = {
     "render_plugin_template": "b2bhub.web.kit:render_plugin_template",
     "ui_saved_line": "b2bhub.web.parties:saved_line",
     "ui_whole_number": "b2bhub.web.forms:_whole",
-    "db": "b2bhub.config.extensions:db",
+    "ui_session": "b2bhub.web.kit:request_session",
 }
 
 
@@ -569,7 +625,9 @@ def __getattr__(name: str) -> Any:
         module, _, attr = _PROTOCOL_API[name].partition(":")
     except KeyError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attr)
+    value = importlib.import_module(module)
+    if attr:  # "module:" names the module itself
+        value = getattr(value, attr)
     globals()[name] = value
     return value
 

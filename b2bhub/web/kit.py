@@ -171,6 +171,12 @@ def _done(text: str, record: bool = True) -> None:
     flash(text[:1].upper() + text[1:])
 
 
+def request_session():
+    """The web request's database session, the one the core's pages write through: a
+    plugin's own page (``ProfileKind.ui_page``) saves on it, the core commits."""
+    return db.session
+
+
 def render_plugin_template(path: str, **context) -> str:
     """Render a template file a plugin ships (it may extend ``ui/base.html`` and use
     ``ui/_form.html``), with the UI's globals and filters."""

@@ -21,17 +21,18 @@ from sqlalchemy.orm import Session
 
 from b2bhub.plugin import (
     TEST_SOURCE,
-    Delivery,
     DeliveryState,
-    HistoryLine,
-    Message,
+    DeliveryView,
     NewMessage,
-    Payload,
     PayloadStore,
     StoredPayload,
     add_line,
+    delivery_of,
     finish_test_message,
+    latest_line,
+    message_view,
     raise_alert,
+    record_stage,
     settle_receipt,
     store_refused,
 )
@@ -140,18 +141,6 @@ def record_receipt(session: Session, message_id: int, stored: StoredPayload,
     record_stage(session, message_id, "receipt", stored, now)
 
 
-def record_stage(session: Session, message_id: int, stage: str, stored: StoredPayload,
-                 now: datetime) -> None:
-    """Record (or replace, on a Send again) a stage of a message after its intake."""
-    row = session.scalar(select(Payload).where(Payload.message_id == message_id,
-                                               Payload.stage == stage))
-    if row is None:
-        session.add(Payload(message_id=message_id, stage=stage, digest=stored.digest,
-                            size=stored.size, created_at=now))
-    else:
-        row.digest, row.size, row.created_at = stored.digest, stored.size, now
-
-
 def receive_mdn(session: Session, store: PayloadStore, raw: bytes, stored_raw, found: dict,
                 now: datetime, instance: str = "as2"):
     context: dict = {}
@@ -215,10 +204,8 @@ def _test_mdn(session: Session, row: As2Outbound, receipt: Receipt, ok: bool, te
 
 def finish_pending_test(session: Session, message_id: int, now: datetime) -> None:
     """End a test message that awaits its asynchronous MDN, by the MDN recorded."""
-    message = session.get(Message, message_id)
-    line = session.scalar(select(HistoryLine).where(
-        HistoryLine.message_id == message_id, HistoryLine.type == TEST_MDN_LINE)
-        .order_by(HistoryLine.id.desc()).limit(1))
+    message = message_view(session, message_id)
+    line = latest_line(session, message_id, TEST_MDN_LINE)
     if message is None or line is None or message.status != "awaiting_receipt":
         return
     finish_test_message(session, message_id, bool(line.data.get("ok")),
@@ -258,18 +245,17 @@ def _unmatched(session: Session, instance: str, found: dict, stored_raw: StoredP
                       "kept as unattributable", message_id=message_id)
 
 
-def _org_of(session: Session, row: As2Outbound) -> str:
-    from b2bhub.plugin import Message
-    return session.scalar(select(Message.from_party).where(Message.id == row.message_id))
+def _org_of(session: Session, row: As2Outbound) -> str | None:
+    message = message_view(session, row.message_id)
+    return None if message is None else message.from_party
 
 
-def _wait_settled(session: Session, row: As2Outbound) -> Delivery | None:
+def _wait_settled(session: Session, row: As2Outbound) -> DeliveryView | None:
     """The delivery, once the attempt that sent the message has settled (an MDN posted
     at once may arrive before that settlement commits)."""
     deadline = time.monotonic() + SETTLE_WAIT
     while True:
-        delivery = session.scalar(select(Delivery).where(
-            Delivery.message_id == row.message_id, Delivery.target == row.target))
+        delivery = delivery_of(session, row.message_id, row.target)
         if delivery is None or delivery.state != DeliveryState.IN_PROGRESS \
                 or time.monotonic() > deadline:
             return delivery

@@ -34,22 +34,27 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from b2bhub.plugin import (
     CERTIFICATE_WARNING,
     ORGANIZATION,
     PROFILES_VERSION_KEY,
-    Certificate,
     Conflict,
+    NewCertificate,
     NotFound,
-    Party,
-    ProtocolProfile,
     ServiceError,
+    StoredCertificate,
+    StoredProfile,
+    address_holder,
     bump_version,
+    delete_protocol_profile,
+    find_protocol_profile,
+    get_protocol_profile,
+    profile_certificates,
     raise_alert,
     resolve_alert,
+    save_protocol_profile,
     utcnow,
 )
 from plugins.as2.certs import CertificateError, read_upload
@@ -318,37 +323,26 @@ def _check_as2_id(value: Any) -> str:
     return value
 
 
-def _party(session: Session, kind: str, name: str) -> Party:
-    party = session.scalar(select(Party).where(Party.name == name, Party.kind == kind))
-    if party is None:
-        raise NotFound(f"no {kind} named '{name}'")
-    return party
-
-
-def get_profile(session: Session, kind: str, name: str) -> ProtocolProfile:
-    party = _party(session, kind, name)
-    profile = next((p for p in party.profiles if p.protocol == PROTOCOL), None)
+def get_profile(session: Session, kind: str, name: str) -> StoredProfile:
+    profile = get_protocol_profile(session, PROTOCOL, kind, name)
     if profile is None:
         raise NotFound(f"{kind} '{name}' has no AS2 profile")
     return profile
 
 
-def save_profile(session: Session, kind: str, name: str, body: dict) -> ProtocolProfile:
+def save_profile(session: Session, kind: str, name: str, body: dict) -> StoredProfile:
     """Create or update the AS2 profile of a party from the API shape; all or nothing."""
     unknown = set(body) - FIELDS
     if unknown:
         raise ServiceError(f"unknown fields: {', '.join(sorted(unknown))}",
                            {f: "unknown" for f in unknown})
-    party = _party(session, kind, name)
-    profile = next((p for p in party.profiles if p.protocol == PROTOCOL), None)
+    profile = get_protocol_profile(session, PROTOCOL, kind, name)  # NotFound: no party
     as2_id = _check_as2_id(body.get("as2_id", profile.address if profile else None))
-    clash = session.scalar(select(ProtocolProfile).where(
-        ProtocolProfile.protocol == PROTOCOL, ProtocolProfile.address == as2_id,
-        ProtocolProfile.party_id != party.id))
-    if clash is not None:
-        raise Conflict(f"AS2 ID '{as2_id}' belongs to '{clash.party.name}' already",
+    holder = address_holder(session, PROTOCOL, as2_id)
+    if holder is not None and holder != name:
+        raise Conflict(f"AS2 ID '{as2_id}' belongs to '{holder}' already",
                        {"as2_id": "taken"})
-    settings = dict(profile.settings or {}) if profile else {}
+    settings = dict(profile.settings) if profile else {}
     problems = {}
     for choice, (_default, check) in CHOICES.items():
         if choice in body:
@@ -383,36 +377,29 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> Protocol
                            {"certificate": "required"})
     if kind != ORGANIZATION and settings.get("url") is None and profile is None:
         raise ServiceError("a partner's AS2 profile needs its url", {"url": "required"})
-    if profile is None:
-        profile = ProtocolProfile(party=party, protocol=PROTOCOL, address=as2_id,
-                                  settings=settings)
-        session.add(profile)
-    profile.address, profile.settings = as2_id, settings
-    if replace is not None:
-        for cert in as2_certs(profile):
-            profile.certificates.remove(cert)
-    if "tls_client_certificate" in body:  # a new one, or null: none
-        for cert in [c for c in profile.certificates if c.usage == TLS_CLIENT]:
-            profile.certificates.remove(cert)
-    saved = []
-    for pair, role in (replace or []) + added + ([tls_client] if tls_client else []):
-        cert = Certificate(
-            usage=role, pem=pair.pem, private_key_pem=pair.private_key_pem,
-            subject=pair.subject[:500], issuer=pair.issuer[:500],
-            not_before=pair.not_before, not_after=pair.not_after)
-        profile.certificates.append(cert)
-        saved.append(cert)
-    if saved:
-        session.flush()
+    remove = set()
+    if profile is not None and replace is not None:
+        remove |= {cert.id for cert in as2_certs(profile)}
+    if profile is not None and "tls_client_certificate" in body:  # a new one, or null
+        remove |= {cert.id for cert in profile.certificates if cert.usage == TLS_CLIENT}
+    new = [NewCertificate(usage=role, pem=pair.pem, private_key_pem=pair.private_key_pem,
+                          subject=pair.subject[:500], issuer=pair.issuer[:500],
+                          not_before=pair.not_before, not_after=pair.not_after)
+           for pair, role in (replace or []) + added + ([tls_client] if tls_client else [])]
+    before = {cert.id for cert in profile.certificates} if profile else set()
+    saved = save_protocol_profile(session, PROTOCOL, kind, name, as2_id, settings,
+                                  remove=remove, add=new)
+    if new:
         now = utcnow()
-        for cert in saved:
-            _expiry_alert(session, party.name, cert, now)
+        for cert in saved.certificates:
+            if cert.id not in before:
+                _expiry_alert(session, name, cert, now)
     bump_profiles_version(session)
     session.flush()
-    return profile
+    return saved
 
 
-def as2_certs(profile: ProtocolProfile) -> list[Certificate]:
+def as2_certs(profile: StoredProfile) -> list[StoredCertificate]:
     """The profile's AS2 certificates (signing, encryption), not its TLS client one."""
     return [c for c in profile.certificates if c.usage != TLS_CLIENT]
 
@@ -428,22 +415,23 @@ def _read_cert(upload, own: bool):
 
 
 def delete_profile(session: Session, kind: str, name: str) -> None:
-    session.delete(get_profile(session, kind, name))
+    get_profile(session, kind, name)  # NotFound, in the AS2 profile's words
+    delete_protocol_profile(session, PROTOCOL, kind, name)
     bump_profiles_version(session)
     session.flush()
 
 
-def profile_json(profile: ProtocolProfile, now: datetime) -> dict:
+def profile_json(profile: StoredProfile, now: datetime) -> dict:
     """The API shape: choices with their defaults filled in, certificates without keys."""
-    settings = {choice: (profile.settings or {}).get(choice, default)
+    settings = {choice: profile.settings.get(choice, default)
                 for choice, (default, _c) in CHOICES.items()}
     tls = next((c for c in profile.certificates if c.usage == TLS_CLIENT), None)
-    return {"party": profile.party.name, "kind": profile.party.kind, "as2_id": profile.address,
+    return {"party": profile.party, "kind": profile.kind, "as2_id": profile.address,
             **settings, "certificates": [_cert_json(c, now) for c in as2_certs(profile)],
             "tls_client_certificate": _cert_json(tls, now) if tls is not None else None}
 
 
-def _cert_json(cert: Certificate, now: datetime) -> dict:
+def _cert_json(cert: StoredCertificate, now: datetime) -> dict:
     left = (cert.not_after - now) if cert.not_after else None
     return {"id": cert.id, "usage": cert.usage,
             "role": "both" if cert.usage in _LEGACY_BOTH else cert.usage,
@@ -462,42 +450,32 @@ def _iso(moment: datetime | None) -> str | None:
 
 # --- lookup for receiving and sending ----------------------------------------------
 
-_LOOKUP = (select(Party.name, Party.kind, ProtocolProfile.address, ProtocolProfile.settings,
-                  ProtocolProfile.updated_at, Certificate.id, Certificate.pem,
-                  Certificate.private_key_pem, Certificate.usage, Certificate.subject,
-                  Certificate.not_before, Certificate.not_after)
-           .join(ProtocolProfile, ProtocolProfile.party_id == Party.id)
-           .outerjoin(Certificate, Certificate.profile_id == ProtocolProfile.id)
-           .where(ProtocolProfile.protocol == PROTOCOL)
-           .order_by(Certificate.id.desc()))
-
-
-def _lookup(session: Session, *where) -> As2Profile | None:
-    """One statement per lookup (a row per certificate): each AS2 request looks up two
-    profiles."""
-    rows = session.execute(_LOOKUP.where(*where)).all()
-    if not rows:
+def _lookup(session: Session, **where) -> As2Profile | None:
+    """One statement per lookup (the core's, a row per certificate): each AS2 request
+    looks up two profiles."""
+    found = find_protocol_profile(session, PROTOCOL, **where)
+    if found is None:
         return None
-    every = [CertInfo(r.id, r.pem, r.private_key_pem,
-                      "both" if r.usage in _LEGACY_BOTH else r.usage, r.subject,
-                      r.not_before, r.not_after) for r in rows if r.id is not None]
+    every = [CertInfo(c.id, c.pem, c.private_key_pem,
+                      "both" if c.usage in _LEGACY_BOTH else c.usage, c.subject,
+                      c.not_before, c.not_after)
+             for c in sorted(found.certificates, key=lambda c: c.id, reverse=True)]
     certs = tuple(c for c in every if c.role != TLS_CLIENT)
-    row = rows[0]
     newest = certs[0] if certs else None
-    return As2Profile(party=row.name, kind=row.kind, as2_id=row.address,
-                      settings=dict(row.settings or {}),
+    return As2Profile(party=found.party, kind=found.kind, as2_id=found.address,
+                      settings=dict(found.settings),
                       cert_pem=newest.pem if newest else None,
                       key_pem=newest.key_pem if newest else None,
-                      updated_at=row.updated_at, certs=certs,
+                      updated_at=found.updated_at, certs=certs,
                       tls_client=next((c for c in every if c.role == TLS_CLIENT), None))
 
 
 def by_as2_id(session: Session, as2_id: str, kind: str) -> As2Profile | None:
-    return _lookup(session, ProtocolProfile.address == as2_id, Party.kind == kind)
+    return _lookup(session, address=as2_id, kind=kind)
 
 
-def by_party(session: Session, name: str) -> As2Profile | None:
-    return _lookup(session, Party.name == name)
+def by_party(session: Session, name: str | None) -> As2Profile | None:
+    return None if name is None else _lookup(session, party=name)
 
 
 # --- the per-process cache of the AS2 receiver ------------------------------------------
@@ -562,14 +540,13 @@ def check_certificates(session: Session, now: datetime) -> int:
     """Raise ``certificate_expiring`` for each certificate that expires within 30 days
     (or has expired); resolve it for one renewed. Returns how many are expiring."""
     expiring = 0
-    rows = session.execute(select(Certificate, Party.name).join(
-        ProtocolProfile, Certificate.profile_id == ProtocolProfile.id).join(Party)).all()
-    for cert, party in rows:
+    for party, cert in profile_certificates(session):
         expiring += _expiry_alert(session, party, cert, now)
     return expiring
 
 
-def _expiry_alert(session: Session, party: str, cert: Certificate, now: datetime) -> bool:
+def _expiry_alert(session: Session, party: str, cert: StoredCertificate, now: datetime
+                  ) -> bool:
     """Raise ``certificate_expiring`` for a certificate that has expired or ends within
     30 days, else resolve it; True when raised. Called by the daily check and when a
     certificate is saved."""

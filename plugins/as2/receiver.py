@@ -26,7 +26,6 @@ input. The order of work:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -41,7 +40,7 @@ from typing import IO
 
 from pyas2lib.exceptions import IntegrityError as SignatureError
 from pyas2lib.exceptions import PartnerNotFound
-from sqlalchemy import bindparam, insert, null, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -49,14 +48,12 @@ from b2bhub.plugin import (
     INTAKE_KEYS,
     ORGANIZATION,
     PARTNER,
+    EndpointLookup,
     NewMessage,
     PayloadStore,
-    PluginInstance,
-    Setting,
     StoredPayload,
     add_line,
     connection,
-    run_read,
     store_and_dispatch_many,
     store_refused,
 )
@@ -332,35 +329,23 @@ class _Looked:
 _KEYS = (profiles.VERSION_KEY, *INTAKE_KEYS)
 
 
+#: what a request reads before parsing, in one statement (the core's intake fast path):
+#: the settings rows of :data:`_KEYS` and the ``as2_inbound`` row of an accepted key
+LOOKUP = EndpointLookup(TYPE, settings=_KEYS, extra={
+    "duplicate": select(As2Inbound.id).where(
+        As2Inbound.accepted_key == bindparam("accepted_key")).scalar_subquery()})
+
+
 def _lookups(session: Session, instance: str | None, accepted_key: str | None) -> _Looked:
     """What a request reads before parsing, in one statement (each is a round trip to
     PostgreSQL, where the hub's own work per message is mostly waiting): the receiver
     instance (when ``instance`` is given), the settings rows of :data:`_KEYS`, and the
     ``as2_inbound`` row holding ``accepted_key`` (when given)."""
-    conn, shape = connection(session), (instance is not None, accepted_key is not None)
-    params = {"instance": instance, "accepted_key": accepted_key}
-    row = run_read(conn, _lookups_query(*shape), params).one()
-    return _Looked(enabled=bool(row.enabled), config=dict(row.config or {}),
-                   settings={key: getattr(row, f"s{i}") for i, key in enumerate(_KEYS)},
-                   duplicate=row.duplicate)
-
-
-@functools.cache
-def _lookups_query(instance: bool, accepted_key: bool):
-    """One row of scalar subqueries (a missing row reads as NULL), built once a shape; on
-    PostgreSQL it runs as psycopg's own SQL (:func:`run_read`: json, booleans and numbers,
-    read by psycopg's loaders as SQLAlchemy would)."""
-    def of_instance(column):
-        return select(column).where(PluginInstance.name == bindparam("instance"),
-                                    PluginInstance.type == TYPE).scalar_subquery()
-    columns = [select(Setting.value).where(Setting.key == key).scalar_subquery()
-               .label(f"s{i}") for i, key in enumerate(_KEYS)]
-    columns += [(of_instance(PluginInstance.enabled) if instance else null()).label("enabled"),
-                (of_instance(PluginInstance.config) if instance else null()).label("config"),
-                (select(As2Inbound.id).where(As2Inbound.accepted_key == bindparam(
-                    "accepted_key")).scalar_subquery() if accepted_key else null()
-                 ).label("duplicate")]
-    return select(*columns)
+    looked = LOOKUP.run(session, instance, look_up_instance=instance is not None,
+                        extra=("duplicate",) if accepted_key is not None else (),
+                        accepted_key=accepted_key)
+    return _Looked(enabled=bool(looked.enabled), config=dict(looked.config or {}),
+                   settings=dict(looked.settings), duplicate=looked.extra["duplicate"])
 
 
 def _duplicate_id(session: Session, partner: str, msgid: str) -> int | None:

@@ -26,20 +26,19 @@ from urllib.parse import urlsplit
 
 import requests
 from cryptography import x509
-from sqlalchemy import select
 
 from b2bhub.plugin import (
     TEST_SOURCE,
     ConnectionTest,
-    HistoryLine,
     NewMessage,
     NotFound,
-    Party,
-    ProtocolProfile,
     ServiceError,
     TestStep,
     add_line,
     finish_test_message,
+    latest_line,
+    profile_parties,
+    record_stage,
     store_test_message,
     utcnow,
 )
@@ -121,10 +120,7 @@ def _profiles(session, name: str, organization: str | None):
         if org is None or org.kind != "organization":
             raise NotFound(f"organization '{organization}' has no AS2 profile")
         return partner, org
-    names = list(session.scalars(
-        select(Party.name).join(ProtocolProfile, ProtocolProfile.party_id == Party.id)
-        .where(ProtocolProfile.protocol == profiles.PROTOCOL, Party.kind == "organization")
-        .order_by(Party.name)))
+    names = profile_parties(session, profiles.PROTOCOL, "organization")
     if len(names) != 1:
         raise ServiceError("name the organization that sends the test "
                            f"({', '.join(names) or 'no organization has an AS2 profile'})",
@@ -282,8 +278,8 @@ def _build(session, store, steps: _Steps, message_id: int, org, partner, data: b
                       digest_alg=message.digest_alg,
                       mdn_signed=bool(partner.get("mdn_signed")))
     session.add(row)
-    mdn_in.record_stage(session, message_id, "sent", store.put(lib.wire(headers.items(), body)),
-                        utcnow())
+    record_stage(session, message_id, "sent", store.put(lib.wire(headers.items(), body)),
+                 utcnow())
     add_line(session, message_id, "connection_test_sent",
              f"test message <{message.message_id}> built ({_security(partner)})",
              now=utcnow())
@@ -336,9 +332,8 @@ def _wait_async(session, message_id: int, wait: float) -> mdn_in.Receipt | None:
 def recorded_receipt(session, message_id: int) -> mdn_in.Receipt | None:
     """The MDN the receiver recorded for a test message, if one came (a fresh read)."""
     session.rollback()
-    data = session.scalar(select(HistoryLine.data).where(
-        HistoryLine.message_id == message_id, HistoryLine.type == mdn_in.TEST_MDN_LINE)
-        .order_by(HistoryLine.id.desc()).limit(1))
+    line = latest_line(session, message_id, mdn_in.TEST_MDN_LINE)
+    data = line.data if line is not None else None
     return mdn_in.Receipt(**data["receipt"]) if data and data.get("receipt") else None
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 from sqlalchemy import select
 
-from b2bhub.plugin import DeliveryInfo, Outcome, PayloadReader, add_line
+from b2bhub.plugin import DeliveryInfo, Outcome, PayloadReader, add_line, record_stage
 from plugins.as2 import lib, mdn_in, profiles, stream, tls
 from plugins.as2.models import As2Outbound
 
@@ -146,7 +146,7 @@ def _send(delivery, context, config, session, org, partner, previous, roles, mes
         session.add(previous)
     previous.mic, previous.digest_alg = mic, digest_alg
     previous.mdn_signed = bool(partner.get("mdn_signed"))
-    mdn_in.record_stage(session, delivery.message_id, "sent", sent, context.now)
+    record_stage(session, delivery.message_id, "sent", sent, context.now)
     for p, r, on in roles:
         for warning in lib.warnings_of(p, r) if on else ():
             add_line(session, delivery.message_id, "warning", f"{delivery.target}: "

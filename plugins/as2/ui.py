@@ -14,10 +14,10 @@ from wtforms import BooleanField, PasswordField, SelectField, StringField, TextA
 
 from b2bhub.plugin import (
     ServiceError,
-    db,
     render_plugin_template,
     ui_form_status,
     ui_saved_line,
+    ui_session,
     ui_submit,
     ui_whole_number,
 )
@@ -171,7 +171,7 @@ def as2_profile_data(form: FlaskForm) -> dict:
 
 def _save(kind: str, name: str, form) -> tuple:
     data = as2_profile_data(form)
-    return profiles.save_profile(db.session, kind, name, data), data
+    return profiles.save_profile(ui_session(), kind, name, data), data
 
 
 def _saved(found, kind: str, name: str, created: bool, profile, data: dict) -> str:

@@ -10,7 +10,7 @@ import hashlib
 import hmac
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from b2bhub.plugin import (
     PARTNER,
@@ -19,12 +19,14 @@ from b2bhub.plugin import (
     Field,
     NewMessage,
     NotFound,
-    Party,
     PeriodicJob,
     Plugin,
     ProfileKind,
-    ProtocolProfile,
     ServiceError,
+    delete_protocol_profile,
+    find_protocol_profile,
+    get_protocol_profile,
+    save_protocol_profile,
     store_and_dispatch_many,
 )
 
@@ -40,39 +42,30 @@ class EchoProfiles(ProfileKind):
                        Field("secret", "secret", help="the shared secret it sends")]
 
     def _row(self, session, party_kind: str, name: str, need: bool = True):
-        party = session.scalar(select(Party).where(Party.name == name,
-                                                   Party.kind == party_kind))
-        if party is None:
-            raise NotFound(f"no {party_kind} named '{name}'")
-        row = next((p for p in party.profiles if p.protocol == KIND), None)
+        row = get_protocol_profile(session, KIND, party_kind, name)  # NotFound: no party
         if row is None and need:
             raise NotFound(f"{party_kind} '{name}' has no Echo profile")
-        return party, row
+        return row
 
     def get(self, session, party_kind, name):
-        party, row = self._row(session, party_kind, name)
+        row = self._row(session, party_kind, name)
         return {"party": name, "kind": party_kind, "echo_id": row.address,
-                "has_secret": bool((row.settings or {}).get("secret"))}
+                "has_secret": bool(row.settings.get("secret"))}
 
     def save(self, session, party_kind, name, body):
-        party, row = self._row(session, party_kind, name, need=False)
+        row = self._row(session, party_kind, name, need=False)
         echo_id = (body.get("echo_id") or (row.address if row else "") or "").strip()
         if not echo_id:
             raise ServiceError("an Echo profile needs its echo_id", {"echo_id": "required"})
-        settings = dict(row.settings or {}) if row else {}
+        settings = dict(row.settings) if row else {}
         if body.get("secret"):
             settings["secret"] = hashlib.sha256(body["secret"].encode()).hexdigest()
-        if row is None:
-            row = ProtocolProfile(party=party, protocol=KIND, address=echo_id,
-                                  settings=settings)
-            session.add(row)
-        row.address, row.settings = echo_id, settings
-        session.flush()
+        save_protocol_profile(session, KIND, party_kind, name, echo_id, settings)
         return self.get(session, party_kind, name)
 
     def delete(self, session, party_kind, name):
-        session.delete(self._row(session, party_kind, name)[1])
-        session.flush()
+        self._row(session, party_kind, name)
+        delete_protocol_profile(session, KIND, party_kind, name)
 
     def describe(self, profile):
         return f"Echo ID {profile['echo_id']}"
@@ -108,13 +101,10 @@ class EchoIntake(Plugin):
         from b2bhub_echo.models import EchoReceipt
         headers = {k.lower(): v for k, v in request.headers}
         session = request.session
-        row = session.execute(
-            select(Party.name, ProtocolProfile.settings).join(ProtocolProfile)
-            .where(ProtocolProfile.protocol == KIND, Party.kind == PARTNER,
-                   ProtocolProfile.address == headers.get("echo-from", ""))).first()
+        row = find_protocol_profile(session, KIND, address=headers.get("echo-from", ""),
+                                    kind=PARTNER)
         secret = hashlib.sha256(headers.get("echo-secret", "").encode()).hexdigest()
-        if row is None or not hmac.compare_digest(secret, (row.settings or {}).get("secret")
-                                                  or ""):
+        if row is None or not hmac.compare_digest(secret, row.settings.get("secret") or ""):
             return _plain(403, "unknown Echo-From or wrong Echo-Secret")
         body = request.read()
         if body is None:
@@ -123,7 +113,7 @@ class EchoIntake(Plugin):
         stored = batch.put(body)
         batch.commit()
         [message_id] = store_and_dispatch_many(session, [NewMessage(
-            source=request.instance, from_party=row.name,
+            source=request.instance, from_party=row.party,
             to_party=headers.get("echo-to", ""), stages={"raw": (stored.digest, stored.size)},
             external_id=headers.get("echo-id"))], request.now)
         session.add(EchoReceipt(instance=request.instance, message_id=message_id,
