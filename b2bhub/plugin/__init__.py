@@ -553,8 +553,8 @@ _PROTOCOL_API = {
     "store_and_dispatch_grouped": "b2bhub.engine.grouped:store_and_dispatch_grouped",
     "store_refused": "b2bhub.engine.dispatch:store_refused",
     # a source's synchronous mode: the delivery attempted inside the request
-    "deliver_in_request": "b2bhub.engine.in_request:deliver_in_request",
-    "delivery_standing": "b2bhub.engine.in_request:delivery_standing",
+    "deliver_in_request": "b2bhub.runtime.in_request:deliver_in_request",
+    "delivery_standing": "b2bhub.runtime.in_request:delivery_standing",
     # the core's rows a plugin reads or writes, as plain values (b2bhub.services.protocol)
     "instance_type": "b2bhub.services.protocol:instance_type",
     "MessageView": "b2bhub.services.protocol:MessageView",

@@ -2,7 +2,9 @@
 synchronous mode, the HTTP receiver's ``mode = sync``), offered to every source through
 :mod:`b2bhub.plugin`.
 
-The attempts are the engine's own claim, attempt and settlement
+It lives with the processes because it uses the web process's own services (its
+runner, sessions, payload store and callback tokens, :mod:`b2bhub.runtime.hub`). The
+attempts are the engine's own claim, attempt and settlement
 (:meth:`b2bhub.engine.runner.TargetRunner.attempt_now`) on the web process's runner:
 nothing of the delivery is read before the claim, the settings come from the request's
 lookups (:mod:`b2bhub.engine.endpoint_lookup`).
