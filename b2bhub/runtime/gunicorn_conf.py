@@ -22,6 +22,18 @@ threads = int(_os.environ.get("B2BHUB_WEB_THREADS") or 64)
 graceful_timeout = 10
 
 
+def worker_int(worker):
+    """On SIGINT or SIGQUIT (gunicorn's quick stop: a terminal's Ctrl-C reaches every
+    process of its group, the worker's own SIGINT and then its master's SIGQUIT) the
+    worker ends its open event streams before it exits. Without this the exit waited
+    for the threads serving streams, which never end on their own, until the master
+    killed the worker with SIGKILL after ``graceful_timeout`` (a Ctrl-C of ``make run``
+    with the UI open took 11 s and logged "was sent SIGKILL!")."""
+    from b2bhub.services.streams import close_streams
+
+    close_streams()
+
+
 def post_worker_init(worker):
     """On SIGTERM the worker first ends its open event streams, then stops as gunicorn
     does: without this a stop waited ``graceful_timeout`` for streams, which never end
