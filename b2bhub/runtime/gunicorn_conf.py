@@ -37,19 +37,36 @@ def worker_int(worker):
 def post_worker_init(worker):
     """On SIGTERM the worker first ends its open event streams, then stops as gunicorn
     does: without this a stop waited ``graceful_timeout`` for streams, which never end
-    on their own, and gunicorn then killed the worker with SIGKILL."""
+    on their own, and gunicorn then killed the worker with SIGKILL.
+
+    Of SIGINT and SIGQUIT only the first is acted on. A Ctrl-C brings both, a few
+    milliseconds apart (the terminal's SIGINT, then the master's SIGQUIT), and
+    gunicorn's quick exit run again inside the first one, wherever that was, could
+    block for good: it takes the thread pool's lock, which the first one may hold just
+    then. The first one ends the streams and exits; the master's SIGKILL after
+    ``graceful_timeout`` stays the last resort."""
     import signal
 
     from b2bhub.services.streams import close_streams
 
     stop = signal.getsignal(signal.SIGTERM)
+    quit_now = signal.getsignal(signal.SIGQUIT)
 
     def on_term(signum, frame):
         close_streams()
         if callable(stop):
             stop(signum, frame)
 
+    def on_quit(signum, frame):
+        for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        if callable(quit_now):
+            quit_now(signum, frame)  # calls worker_int: the streams end
+
     signal.signal(signal.SIGTERM, on_term)
+    if callable(quit_now):
+        signal.signal(signal.SIGQUIT, on_quit)
+        signal.signal(signal.SIGINT, on_quit)
     # the app is loaded: its objects live as long as the worker, out of the collector's
     # sight (see b2bhub.runtime.tasks._freeze_startup_objects)
     import gc
