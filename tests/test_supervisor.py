@@ -143,12 +143,12 @@ def test_a_ctrl_c_of_the_whole_group_ends_streams_and_every_process_at_once(proc
     assert os.getpgid(hub.pid) == hub.pid
     token = procs.cli("token", "create", "stream-reader", "--role", "viewer")
     assert token.returncode == 0, token.stderr
-    url = f"http://127.0.0.1:{port}/api/v1/events"
     headers = {"Authorization": f"Bearer {token.stdout.strip()}"}
     connected = threading.Semaphore(0)
     ended: list[tuple[str, float]] = []
 
-    def listen():
+    def listen(path: str):
+        url = f"http://127.0.0.1:{port}/api/v1/{path}"
         try:
             with requests.get(url, headers=headers, stream=True, timeout=30) as answer:
                 assert answer.status_code == 200
@@ -159,7 +159,10 @@ def test_a_ctrl_c_of_the_whole_group_ends_streams_and_every_process_at_once(proc
         except Exception as exc:
             ended.append((repr(exc), time.monotonic()))
 
-    streams = [threading.Thread(target=listen, daemon=True) for _ in range(3)]
+    # the history lines (the UI's live pages) on the shared feed, the log records on a
+    # poll of their own: both kinds of stream
+    streams = [threading.Thread(target=listen, args=(path,), daemon=True)
+               for path in ("events", "events", "logs/stream")]
     for stream in streams:
         stream.start()
     for _ in streams:
@@ -186,5 +189,5 @@ def test_a_ctrl_c_of_the_whole_group_ends_streams_and_every_process_at_once(proc
     for stream in streams:
         stream.join(5)
     # every stream's connection ended, cleanly (its chunked body closed) and at once
-    assert [how for how, _ in ended] == ["ended"] * 3, ended
+    assert [how for how, _ in ended] == ["ended"] * len(streams), ended
     assert all(at - started < 5.0 for _, at in ended), ended
