@@ -405,6 +405,13 @@ def test_deletes_ask_first_and_a_form_shows_every_error_at_once(browser, hub_url
                       ("/ui/no-such-page", "47-not-found")):
         page.goto(url)
         shot(page, name)
+    # an address that is no page: the site's 404 page, with the menu to go on from
+    answer = page.goto("/ui/no-such-page")
+    assert answer.status == 404
+    assert page.locator("h1").inner_text() == "404 Not Found"
+    assert page.locator("header.top nav a").count() > 5
+    page.click("header.top nav >> text=Routes")
+    assert page.url.endswith("/ui/routes")
     page.set_viewport_size({"width": 1024, "height": 768})
     page.goto("/ui/messages")
     link = page.locator("header.top nav a").first.bounding_box()

@@ -112,3 +112,82 @@ def test_a_stop_ends_open_event_streams_first_and_kills_nothing(procs, sig):
         stream.join(5)
     assert len(ended) == 3  # every stream ended cleanly, not cut off
     assert all(_gone(pid) for pid in children.values())
+
+
+def _group(pgid: int) -> list[int]:
+    """The pids of the processes in process group ``pgid`` (zombies included: a
+    process not yet reaped has not ended as far as a terminal can tell)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        if int(fields[2]) == pgid:  # after the name: state, ppid, pgrp
+            pids.append(int(entry))
+    return pids
+
+
+def test_a_ctrl_c_of_the_whole_group_ends_streams_and_every_process_at_once(procs):
+    """A terminal's Ctrl-C sends SIGINT to every process of its foreground group at
+    once: the hub, gunicorn's master and workers, the Celery worker, beat. Each takes
+    its own quick way out (gunicorn's workers its SIGINT and then the master's SIGQUIT),
+    and an open event stream must end at once on that way too: every process gone
+    within 5 s, no SIGKILL. It once took 11 s, the workers killed by their master
+    after graceful_timeout. The stop time is printed (pytest -s) as measured."""
+    port = free_port()
+    hub, children = _hub(procs, port)  # started in a session, so a group, of its own
+    assert os.getpgid(hub.pid) == hub.pid
+    token = procs.cli("token", "create", "stream-reader", "--role", "viewer")
+    assert token.returncode == 0, token.stderr
+    headers = {"Authorization": f"Bearer {token.stdout.strip()}"}
+    connected = threading.Semaphore(0)
+    ended: list[tuple[str, float]] = []
+
+    def listen(path: str):
+        url = f"http://127.0.0.1:{port}/api/v1/{path}"
+        try:
+            with requests.get(url, headers=headers, stream=True, timeout=30) as answer:
+                assert answer.status_code == 200
+                for number, _ in enumerate(answer.iter_content(chunk_size=None)):
+                    if number == 0:
+                        connected.release()  # ": connected", the stream is served
+            ended.append(("ended", time.monotonic()))
+        except Exception as exc:
+            ended.append((repr(exc), time.monotonic()))
+
+    # the history lines (the UI's live pages) on the shared feed, the log records on a
+    # poll of their own: both kinds of stream
+    streams = [threading.Thread(target=listen, args=(path,), daemon=True)
+               for path in ("events", "events", "logs/stream")]
+    for stream in streams:
+        stream.start()
+    for _ in streams:
+        assert connected.acquire(timeout=30), "a stream did not connect"
+    group = _group(hub.pid)
+    assert set(children.values()) < set(group) and len(group) >= 5  # + gunicorn's workers
+
+    started = time.monotonic()
+    os.killpg(hub.pid, signal.SIGINT)
+    status = None
+    while time.monotonic() - started < 30:
+        status = hub.popen.poll()  # reaps the hub, which reaps its children
+        if status is not None and not _group(hub.pid):
+            break
+        time.sleep(0.05)
+    took = time.monotonic() - started
+    print(f"\nevery process of the group gone {took:.2f} s after the SIGINT")
+
+    left = _group(hub.pid)
+    assert not left, f"still running after {took:.1f} s: {left}\n{hub.output()[-3000:]}"
+    assert took < 5.0, f"the stop took {took:.1f} s\n{hub.output()[-3000:]}"
+    assert status == 0, hub.output()[-3000:]
+    assert "SIGKILL" not in hub.output(), hub.output()[-3000:]
+    for stream in streams:
+        stream.join(5)
+    # every stream's connection ended, cleanly (its chunked body closed) and at once
+    assert [how for how, _ in ended] == ["ended"] * len(streams), ended
+    assert all(at - started < 5.0 for _, at in ended), ended

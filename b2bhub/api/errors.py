@@ -53,10 +53,16 @@ def _integrity_error(exc: IntegrityError):
     return error_response(409, "conflict", "the change conflicts with data saved meanwhile")
 
 
+#: the web UI's addresses: their errors are its pages (``b2bhub.web.kit``), not JSON
+UI_PREFIX = "/ui"
+
+
 @bp.app_errorhandler(HTTPException)
 def http_error(exc: HTTPException):
     # App-wide, because a URL that matches no rule never reaches the blueprint's handlers.
-    if not request.path.startswith(bp.url_prefix + "/") and request.path != bp.url_prefix:
+    # Outside the UI the asker is a program (an API client, a partner's system at an
+    # endpoint, a typo of either): it gets the API's JSON, not Werkzeug's bare page.
+    if request.path == UI_PREFIX or request.path.startswith(UI_PREFIX + "/"):
         return exc
     code = (exc.name or "error").lower().replace(" ", "_")
     body, status = error_response(exc.code or 500, code, exc.description or exc.name)

@@ -24,7 +24,8 @@ import logging
 from flask import Blueprint, Flask, Response, request
 from flask.sessions import SecureCookieSessionInterface
 from sqlalchemy import bindparam, select
-from werkzeug.routing import BaseConverter, ValidationError
+from werkzeug.exceptions import MethodNotAllowed
+from werkzeug.routing import BaseConverter, Rule, ValidationError
 from werkzeug.wrappers import Request
 
 from b2bhub.config.environment import name_the_server
@@ -44,7 +45,13 @@ DEFAULT_MAX_SIZE = 100 * 1024 * 1024
 class EndpointPrefix(BaseConverter):
     """Matches only a prefix some registered type declares, looked up per request (a
     type registered after the app was made is served), so other URLs keep their 404 and
-    405."""
+    405.
+
+    Werkzeug checks a rule's methods before its converters: a rule of POST alone made
+    every two-segment path a "405 Method Not Allowed" for a GET (``/ui/nosuch``,
+    ``/foo/bar``). The rule therefore takes any method (:func:`endpoints_init_app`), this
+    converter refuses an unknown prefix first (the app's own 404, the view never runs),
+    and the view refuses a method other than POST for a registered one."""
 
     regex = r"[A-Za-z0-9_.-]+"
 
@@ -91,10 +98,17 @@ def endpoint_at(path: str) -> tuple[type, str] | None:
     return None if cls is None else (cls, named[1])
 
 
+#: the methods an endpoint answers (its 405 names them in ``Allow``)
+ALLOWED = ("OPTIONS", "POST")
+
+
 def endpoints_init_app(app, csrf) -> None:
     app.url_map.converters["endpoint_prefix"] = EndpointPrefix
     if type(app.session_interface) is SecureCookieSessionInterface:
         app.session_interface = _NoSessionAtEndpoints()
+    # methods=None, any method: see EndpointPrefix (Flask's add_url_rule cannot say it)
+    app.url_map.add(Rule("/<endpoint_prefix:cls>/<instance>", endpoint="endpoints.receive"))
+    app.view_functions["endpoints.receive"] = receive
     app.register_blueprint(bp)
     csrf.exempt(bp)  # authenticated by the protocol, not by a session
     if not tracing.enabled():
@@ -106,9 +120,14 @@ def plain(status: int, text: str) -> EndpointReply:
                          (text + "\n").encode())
 
 
-@bp.post("/<endpoint_prefix:cls>/<instance>")
 def receive(cls: type, instance: str):
-    return answer(cls, instance, request)
+    """The view of ``/<prefix>/<instance>`` of a registered prefix, whatever the method
+    (an unknown prefix never gets here: :class:`EndpointPrefix`)."""
+    if request.method == "POST":
+        return answer(cls, instance, request)
+    if request.method == "OPTIONS":  # as Flask's automatic OPTIONS answered
+        return Response(status=200, headers={"Allow": ", ".join(ALLOWED)})
+    raise MethodNotAllowed(valid_methods=list(ALLOWED))
 
 
 class EndpointsFirst:

@@ -103,8 +103,14 @@ def _failure_page(exc: HTTPException):
 def _unknown_address(exc: HTTPException):
     """An address under /ui/ that matches no page gets the site's own 404 page, with
     its navigation (a URL that matches no rule never reaches the blueprint's
-    handlers); any other address is answered as before."""
+    handlers); any other address is answered as the API answers.
+
+    A visitor not logged in is sent to the login page first, as from any page of the
+    UI: no page is shown to them, not even which addresses exist, and once logged in
+    they land on the 404 page with the navigation to go on from."""
     if request.path == bp.url_prefix or request.path.startswith(bp.url_prefix + "/"):
+        if not current_user.is_authenticated:
+            return redirect(url_for("ui.login", next=request.full_path.rstrip("?")))
         return _error_page(exc)
     return http_error(exc)
 
