@@ -29,15 +29,7 @@ from b2bhub.engine.settings import KEY as SETTINGS_KEY
 from b2bhub.engine.settings import DeliverySettings, bump_version
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
-from b2bhub.models import (
-    PARTNER,
-    Delivery,
-    Message,
-    Party,
-    Payload,
-    Route,
-    Setting,
-)
+from b2bhub.models import PARTNER, Delivery, Message, Party, Payload, Route, Setting
 from b2bhub.observability import tracing
 
 ROUTES_VERSION_KEY = "routes_version"
@@ -65,8 +57,8 @@ class RouteCache:
             if version != self._version:
                 rows = session.scalars(select(Route).order_by(Route.id)).all()
                 self._table = routing.RouteTable(
-                    routing.Route(r.id, r.source, r.from_party, r.to_party, r.target)
-                    for r in rows)
+                    routing.Route(r.id, r.source, r.from_party, r.to_party, r.target,
+                                  r.document_type) for r in rows)
                 self._version = version
             return self._table
 
@@ -155,7 +147,16 @@ def _received_text(new: NewMessage) -> str:
 
 
 def _not_routed_text(new: NewMessage) -> str:
-    return f"no route from {new.source} matches {new.from_party} → {new.to_party}"
+    types = ", ".join(sorted(routing.type_names(document_types(new))))
+    return (f"no route from {new.source} matches {new.from_party} → {new.to_party}"
+            + (f" for {types}" if types else ""))
+
+
+def document_types(new: NewMessage) -> list[str]:
+    """The document types the inspection at intake found (its ``message_attributes``
+    rows among the message's rows): what a route's document type is matched against."""
+    return [row["value"] for table, row in new.rows
+            if table.name == "message_attributes" and row.get("name") == "document_type"]
 
 
 def create_deliveries(session: Session, message: Message, targets: list[str],
@@ -179,7 +180,6 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
                         for r in rows], now)
     after_commit(session, [(r.id, r.target) for r in rows])
     return rows
-
 
 
 # --- a batch of messages in a handful of statements ---------------------------------
@@ -332,7 +332,7 @@ def _targets_of(session: Session, batch: list[NewMessage], known: dict
              else None)
     return [list(dict.fromkeys(new.targets if new.targets is not None
                                else table.targets(new.source, new.from_party,
-                                                  new.to_party)))
+                                                  new.to_party, document_types(new))))
             for new in batch]
 
 

@@ -57,6 +57,8 @@ class Route(Base):
         String(64), ForeignKey("plugin_instances.name", ondelete="RESTRICT"))
     from_party: Mapped[str] = mapped_column(String(64))  # a party name or "*"
     to_party: Mapped[str] = mapped_column(String(64))
+    #: a document type (850, ORDERS) the message's envelope must hold, or "*" (any)
+    document_type: Mapped[str] = mapped_column(String(35), default="*", server_default="*")
     target: Mapped[str] = mapped_column(
         String(64), ForeignKey("plugin_instances.name", ondelete="RESTRICT"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -111,8 +111,8 @@ def _refuse_while_routed(session: Session, condition, what: str) -> None:
 
 
 def _describe(row: Route) -> str:
-    return routing.Route(row.id, row.source, row.from_party, row.to_party,
-                         row.target).describe()
+    return routing.Route(row.id, row.source, row.from_party, row.to_party, row.target,
+                         row.document_type).describe()
 
 
 # --- plugin instances ---------------------------------------------------------------
@@ -311,21 +311,24 @@ def delete_instance(session: Session, name: str) -> None:
 # --- routes -------------------------------------------------------------------------
 
 def create_route(session: Session, registry, source: str, from_party: str, to_party: str,
-                 target: str, actor: str = "") -> Route:
+                 target: str, actor: str = "", document_type: str = routing.ANY) -> Route:
     """Validate and save a route; refuses one redundant with a route already there."""
     _check_route_fields(source=source, **{"from": from_party, "to": to_party}, target=target)
+    problem = routing.validate_document_type(document_type)
+    if problem:
+        raise ServiceError(problem, {"document_type": "invalid"})
     _check_route_end(session, registry, source, "source")
     _check_route_end(session, registry, target, "target")
     for field, name in (("from", from_party), ("to", to_party)):
         if name != routing.ANY and not _name_taken(session, Party, name):
             raise ServiceError(f"{field}: no party named {name!r}", {field: "unknown party"})
-    new = routing.Route(None, source, from_party, to_party, target)
+    new = routing.Route(None, source, from_party, to_party, target, document_type)
     in_the_way = routing.redundant_with(new, route_cache.table(session).routes)
     if in_the_way is not None:
         raise Conflict(f"redundant with {in_the_way.describe()}",
                        {"route": in_the_way.id}, code="redundant_route")
     row = Route(source=source, from_party=from_party, to_party=to_party, target=target,
-                created_by=actor)
+                document_type=document_type, created_by=actor)
     session.add(row)
     bump_routes_version(session)
     session.flush()
@@ -365,17 +368,21 @@ def delete_route(session: Session, route_id: int) -> None:
 
 
 def replace_route(session: Session, registry, route_id: int, source: str, from_party: str,
-                  to_party: str, target: str, actor: str = "") -> Route:
+                  to_party: str, target: str, actor: str = "",
+                  document_type: str = routing.ANY) -> Route:
     """Edit a route: the old one goes and the new one is checked as if it were new (so
     it may not be redundant with any other route), in the caller's transaction."""
     delete_route(session, route_id)
     session.flush()
-    return create_route(session, registry, source, from_party, to_party, target, actor)
+    return create_route(session, registry, source, from_party, to_party, target, actor,
+                        document_type)
 
 
-def test_route(session: Session, source: str, from_party: str, to_party: str) -> dict:
-    """The route tester: which targets a message would reach, and why."""
+def test_route(session: Session, source: str, from_party: str, to_party: str,
+               document_types: list[str] | None = None) -> dict:
+    """The route tester: which targets a message would reach, and why;
+    ``document_types``: those of the message's envelope (none: a message without one)."""
     _check_route_fields(source=source, **{"from": from_party, "to": to_party})
     table = route_cache.table(session)
-    return {"targets": table.targets(source, from_party, to_party),
-            "routes": table.explain(source, from_party, to_party)}
+    return {"targets": table.targets(source, from_party, to_party, document_types),
+            "routes": table.explain(source, from_party, to_party, document_types)}

@@ -36,7 +36,8 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
         source, target = (_field(route, k, "routes", n) for k in ("source", "target"))
         with _naming(f"route {n}"):
             svc.create_route(session, registry, source, route.get("from", "*"),
-                             route.get("to", "*"), target, actor)
+                             route.get("to", "*"), target, actor,
+                             route.get("document_type", "*"))
     # profiles are reported when the file has them (older files name four sections)
     return {key: len(sections[key]) for key in SECTIONS
             if key != "profiles" or sections[key]}
