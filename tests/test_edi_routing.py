@@ -1,6 +1,7 @@
 """Routing by document type (docs/edi.md): a route may require a type the envelope holds;
 messages go through the core's intake (inspected there, then dispatched), the services
-refuse redundant routes with types, and fixture files carry the type.
+refuse redundant routes with types, and the API, the UI and fixture files carry the type
+and test routes with it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from b2bhub.models import Alert, HistoryLine, Message, Route
 from b2bhub.services import config as svc
 from b2bhub.services.errors import Conflict, ServiceError
 from tests.enginekit import T0, deliveries, standard_hub
+from tests.test_api import error_of
 from tests.test_edi_inspect import EDIFACT, X12, x12
+from tests.test_ui import login  # noqa: F401
 
 ACK = x12(groups=[("FA", "102", [("997", "0001", "")])])
 TWO = x12(groups=[("PO", "7", [("850", "0001", "PO-1")]),
@@ -176,3 +179,64 @@ def test_a_fixture_file_may_give_a_route_its_type(app, hub, session, tmp_path):
     assert result.exit_code == 0, result.output
     session.expire_all()
     assert session.scalar(select(Route.document_type)) == "850"
+
+
+# --- the API and the UI ----------------------------------------------------------------
+
+def test_the_api_saves_lists_and_tests_routes_with_a_type(erp, api):
+    made = api.post("/api/v1/routes", json={"source": "inbox", "target": "archive",
+                                            "document_type": "ORDERS"})
+    assert made.status_code == 201, made.get_json()
+    assert made.get_json()["document_type"] == "ORDERS"
+    listed = api.get("/api/v1/routes").get_json()["items"]
+    assert [(r["document_type"], r["target"]) for r in listed] == [
+        ("850", "erp"), ("810", "billing"), ("ORDERS", "archive")]
+    untyped = api.post("/api/v1/routes", json={"source": "inbox", "target": "erp"})
+    error = error_of(untyped, 409, "redundant_route")  # any type covers the 850s
+    assert error["message"] == f"redundant with route {listed[0]['id']}: inbox, * -> *, " \
+                               "850, erp"
+    error_of(api.post("/api/v1/routes", json={"source": "inbox", "target": "archive",
+                                              "document_type": "orders"}), 400, "invalid")
+
+    tested = api.post("/api/v1/routes/test", json={
+        "source": "inbox", "document_types": ["ORDERS:D:96A"]}).get_json()
+    assert tested["targets"] == ["archive"]
+    assert tested["routes"][0]["reason"] == (
+        "document type '850' is not among the message's types (ORDERS)")
+    bare = api.post("/api/v1/routes/test", json={"source": "inbox"}).get_json()
+    assert bare["targets"] == []
+    assert bare["routes"][0]["reason"] == (
+        "document type '850' wanted, and the message has no envelope")
+
+
+def test_the_ui_saves_edits_shows_and_tests_a_route_type(erp, login, session):  # noqa: F811
+    client = login("admin", "ada")
+    refused = client.post("/ui/routes/new", data={
+        "source": "inbox", "from_party": "*", "to_party": "*", "target": "archive",
+        "document_type": "orders"})
+    assert refused.status_code == 400
+    assert "document type &#39;orders&#39; must be" in refused.text
+    assert 'value="orders"' in refused.text  # kept as typed
+    assert client.post("/ui/routes/new", data={
+        "source": "inbox", "from_party": "*", "to_party": "*", "target": "archive",
+        "document_type": "ORDERS"}).status_code == 302
+    route = session.scalar(select(Route).where(Route.target == "archive"))
+    assert route.document_type == "ORDERS"
+    form = client.get(f"/ui/routes/{route.id}/edit").text
+    assert 'value="ORDERS"' in form
+    assert client.post(f"/ui/routes/{route.id}/edit", data={
+        "source": "inbox", "from_party": "*", "to_party": "*", "target": "archive",
+        "document_type": "INVOIC"}).status_code == 302
+    session.expire_all()
+    [edited] = session.scalars(select(Route).where(Route.target == "archive")).all()
+    assert edited.document_type == "INVOIC"
+    page = client.get("/ui/routes").text
+    assert "<th>Document type</th>" in page and "<td>INVOIC</td>" in page
+    tested = client.get("/ui/routes?test_source=inbox&test_from=*&test_to=*"
+                        "&test_types=INVOIC:D:96A")
+    assert "Targets reached:</strong> archive" in tested.text
+    assert "document type &#39;850&#39; is not among the message&#39;s types (INVOIC)" \
+        in tested.text
+    lines = session.scalars(select(HistoryLine.text).where(
+        HistoryLine.type == "config_changed", HistoryLine.actor == "ada")).all()
+    assert any(", INVOIC, archive" in t for t in lines)

@@ -150,6 +150,8 @@ def _id(**kwargs) -> fields.Integer:
 NAME_PATTERN = f"^{routing.NAME_RE.pattern}$"
 #: a route's ``from`` or ``to``: a party's name, or ``*`` for any
 PARTY_OR_ANY = f"^(\\*|{routing.NAME_RE.pattern})$"
+#: a route's ``document_type``: an envelope's document type, or ``*`` for any message
+DOCUMENT_TYPE_OR_ANY = f"^(\\*|{routing.DOCUMENT_TYPE_RE.pattern})$"
 
 
 def _name(**kwargs) -> fields.String:
@@ -421,6 +423,10 @@ class RouteCreate(Schema):
     from_party = _party_or_any(data_key="from")
     to_party = _party_or_any(data_key="to")
     target = _name(required=True, metadata={"description": "a target instance"})
+    document_type = fields.String(load_default="*", metadata={
+        "pattern": DOCUMENT_TYPE_OR_ANY,
+        "description": "a document type the message's envelope must hold (850, ORDERS), "
+                       "or * (any message, EDI or not)"})
 
 
 class RouteTestArgs(Schema):
@@ -428,6 +434,11 @@ class RouteTestArgs(Schema):
     from_party = fields.String(data_key="from", load_default="*",
                                validate=validate.Length(min=1))
     to_party = fields.String(data_key="to", load_default="*", validate=validate.Length(min=1))
+    document_types = fields.List(fields.String(validate=validate.Length(min=1, max=255)),
+                                 load_default=list, validate=validate.Length(max=100),
+                                 metadata={"description": "the types of the message's "
+                                           "envelope (850, ORDERS:D:96A); none: a message "
+                                           "without one"})
 
 
 class Route(Schema):
@@ -435,6 +446,7 @@ class Route(Schema):
     source = fields.String(required=True)
     from_party = fields.String(data_key="from", required=True)
     to_party = fields.String(data_key="to", required=True)
+    document_type = fields.String(required=True)
     target = fields.String(required=True)
     created_at = UtcDateTime(required=True)
     created_by = fields.String(required=True)

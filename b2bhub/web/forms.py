@@ -52,6 +52,9 @@ class RouteForm(FlaskForm):
     source = SelectField("Source", validate_choice=False)
     from_party = SelectField("From", validate_choice=False)
     to_party = SelectField("To", validate_choice=False)
+    document_type = StringField(
+        "Document type", default="*",
+        description="* for any message; else a type the envelope must hold: 850, ORDERS")
     target = SelectField("Target", validate_choice=False)
 
 
