@@ -253,21 +253,32 @@ class ConnectionTest(Schema):
     steps = fields.List(fields.Nested(TestStep), required=True)
 
 
+def _identities(note: str = "", **kwargs) -> fields.List:
+    return fields.List(fields.String(validate=validate.Length(min=3, max=40)),
+                       validate=validate.Length(max=100), metadata={
+                           "description": "the party's EDI identities, qualifier:id as an "
+                           "envelope names it (ZZ:ACME); each one party's at most "
+                           f"(409 identity_taken){note}"}, **kwargs)
+
+
 class Party(Schema):
     name = fields.String(required=True)
     display_name = fields.String(required=True)
     kind = fields.String(required=True, validate=validate.OneOf(["organization", "partner"]))
+    edi_identities = fields.List(fields.String(), required=True)
     created_at = UtcDateTime(required=True)
 
 
 class PartyCreate(Schema):
     name = _name(required=True)
     display_name = fields.String(load_default="", validate=validate.Length(max=200))
+    edi_identities = _identities(load_default=list)
 
 
 class PartyUpdate(Schema):
     name = _name(metadata={"description": "may be sent, but must be the current name"})
     display_name = fields.String(required=True, validate=validate.Length(max=200))
+    edi_identities = _identities("; left out: unchanged")
 
 
 PartyPage = page_of(Party, "PartyPage")

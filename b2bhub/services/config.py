@@ -16,6 +16,7 @@ from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
 from b2bhub.models.pages import Page, keyset_page
 from b2bhub.plugin.schema import ConfigError, validate_config
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
+from b2bhub.services.identities import set_identities
 
 #: how a stored secret is shown; sent back unchanged, it keeps the stored value
 SECRET_MASK = "********"
@@ -52,7 +53,8 @@ def _name_taken(session: Session, model, name: str) -> bool:
 
 # --- parties ------------------------------------------------------------------------
 
-def create_party(session: Session, kind: str, name: str, display_name: str = "") -> Party:
+def create_party(session: Session, kind: str, name: str, display_name: str = "",
+                 edi_identities: list[str] | None = None, actor: str = "") -> Party:
     if kind not in (ORGANIZATION, PARTNER):
         raise ServiceError(f"party kind must be {ORGANIZATION} or {PARTNER}")
     _check_name(name, kind)
@@ -62,6 +64,7 @@ def create_party(session: Session, kind: str, name: str, display_name: str = "")
     party = Party(name=name, kind=kind, display_name=display_name or name)
     session.add(party)
     session.flush()
+    set_identities(session, party, edi_identities, actor)
     return party
 
 
@@ -84,12 +87,15 @@ def list_parties(session: Session, kind: str, limit: int, after: str | None = No
                        limit, after)
 
 
-def update_party(session: Session, kind: str, name: str, display_name: str) -> Party:
-    """Change a party's display name; its name is what routes and messages refer to."""
+def update_party(session: Session, kind: str, name: str, display_name: str,
+                 edi_identities: list[str] | None = None, actor: str = "") -> Party:
+    """Change a party's display name and, unless None, its EDI identities; its name is
+    what routes and messages refer to."""
     _check_display_name(display_name)
     party = get_party(session, kind, name)
     party.display_name = display_name or name
     session.flush()
+    set_identities(session, party, edi_identities, actor)
     return party
 
 

@@ -46,6 +46,9 @@ class ActionForm(FlaskForm):
 class PartyForm(FlaskForm):
     name = StringField("Name", description=NAME_RULE)
     display_name = StringField("Display name")
+    edi_identities = TextAreaField(
+        "EDI identities", description="one qualifier:id per line, as an interchange's "
+        "envelope names the party (ZZ:ACME, 01:123456789); each one party's at most")
 
 
 class RouteForm(FlaskForm):
