@@ -369,6 +369,10 @@ class InstanceFields(Schema):
         min=-1, max=config_rules.MAX_RETENTION_DAYS), metadata={
         "description": "days a source's messages are kept once final; null or 0: the "
                        "retention_days setting; -1: kept forever"})
+    parties_from = fields.String(validate=validate.OneOf(["source", "envelope"]), metadata={
+        "description": "a source's from and to: source (default: as its path or "
+                       "configuration says) or envelope (the parties whose EDI identities "
+                       "the envelope's sender and receiver are; unknown: Not routed)"})
     business_rules = fields.Raw(allow_none=True, metadata={
         "type": "array", "nullable": True, "items": BUSINESS_RULE,
         "description": "a target's business-error rules, checked in order on every "
@@ -402,6 +406,7 @@ class Instance(Schema):
         "description": "seconds between probes of a target whose type can probe; 0: the "
                        "System > Settings probe_interval"})
     retention_days = fields.Integer(required=True, allow_none=True)
+    parties_from = fields.String(required=True)
     state = fields.String(required=True)
     state_reason = fields.String(required=True, allow_none=True)
     online = fields.Boolean(required=True, allow_none=True, metadata={

@@ -153,8 +153,7 @@ def _not_routed_text(new: NewMessage) -> str:
 
 
 def document_types(new: NewMessage) -> list[str]:
-    """The document types the inspection at intake found (its ``message_attributes``
-    rows among the message's rows): what a route's document type is matched against."""
+    """The types the intake's inspection found (its ``message_attributes`` rows)."""
     return [row["value"] for table, row in new.rows
             if table.name == "message_attributes" and row.get("name") == "document_type"]
 
@@ -359,8 +358,9 @@ def _intake_lines(batch: list[NewMessage], keys, targets: list[list[str]]) -> li
               for key, new, names in zip(keys, batch, targets, strict=True)
               for target in names]
     lines += [{"message_id": key, "type": "not_routed", "actor": new.actor,
-               "text": _not_routed_text(new)}
-              for key, new, names in zip(keys, batch, targets, strict=True) if not names]
+               "text": _not_routed_text(new)}  # unless the message's own lines say why
+              for key, new, names in zip(keys, batch, targets, strict=True)
+              if not names and all(line.get("type") != "not_routed" for line in new.lines)]
     lines += [{"actor": new.actor, **line, "message_id": key}
               for key, new in zip(keys, batch, strict=True) for line in new.lines]
     return lines

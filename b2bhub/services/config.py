@@ -11,6 +11,7 @@ from b2bhub.domain import business_rules, routing
 from b2bhub.domain.retention import KEEP_FOREVER
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
+from b2bhub.engine.envelope_parties import PARTIES_FROM, SOURCE
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
 from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
 from b2bhub.models.pages import Page, keyset_page
@@ -35,6 +36,7 @@ PROBE_INTERVAL_RULE = (f"probe_interval must be 0 (the System > Settings probe i
 
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
                    "retry_policy", "ordered", "queue", "probe_interval", "retention_days",
+                   "parties_from",
                    "business_rules"}
 
 
@@ -199,7 +201,8 @@ def _check_types(data: dict) -> None:
                               ("ordered", (bool,), "true or false"),
                               ("probe_interval", (int,), "a whole number of seconds"),
                               ("retention_days", (int, type(None)), "a whole number or null"),
-                              ("queue", (str, type(None)), "a queue name or null")):
+                              ("queue", (str, type(None)), "a queue name or null"),
+                              ("parties_from", (str,), "'source' or 'envelope'")):
         value = data.get(key)
         if key in data and (not isinstance(value, kinds) or
                             (isinstance(value, bool) and bool not in kinds)):
@@ -211,6 +214,10 @@ def _check_types(data: dict) -> None:
                            "forever",
                            {"retention_days": f"must be from -1 (-1: keep forever) to "
                                               f"{MAX_RETENTION_DAYS}"})
+    if data.get("parties_from", SOURCE) not in PARTIES_FROM:
+        raise ServiceError("parties_from must be 'source' (the source's path or "
+                           "configuration) or 'envelope' (its EDI identities)",
+                           {"parties_from": "must be 'source' or 'envelope'"})
     if data.get("queue") is not None and routing.validate_name(data["queue"]):
         raise ServiceError(f"queue: {routing.validate_name(data['queue'])}",
                            {"queue": "invalid name"})
@@ -272,7 +279,7 @@ def _apply_delivery_fields(row: PluginInstance, data: dict) -> None:
                                              row.max_concurrent_deliveries or 4)
     if "retry_policy" in data:
         row.retry_policy = data["retry_policy"] or None
-    for key in ("ordered", "queue", "probe_interval", "retention_days"):
+    for key in ("ordered", "queue", "probe_interval", "retention_days", "parties_from"):
         if key in data:
             setattr(row, key, data[key])
 

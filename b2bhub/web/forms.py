@@ -136,6 +136,12 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
         InstanceForm.retention_days = StringField(
             "Retention (days)",
             description="empty or 0: the setting's default; -1: keep forever")
+        InstanceForm.parties_from = SelectField(
+            "Parties from", validate_choice=False,
+            choices=[("source", "the source (its path or configuration)"),
+                     ("envelope", "the envelope (the parties' EDI identities)")],
+            description="envelope: from and to are the parties whose EDI identities the "
+            "interchange's sender and receiver are; an unknown one makes it Not routed")
     return InstanceForm(data=_form_data(plugin_cls, data or {}))
 
 
@@ -243,6 +249,8 @@ def instance_data(form: FlaskForm, plugin_cls: type, leave_out: set | None = Non
     if hasattr(form, "retention_days"):
         text = (form.retention_days.data or "").strip()
         data["retention_days"] = _whole(text, "retention_days", errors) if text else None
+    if hasattr(form, "parties_from"):
+        data["parties_from"] = form.parties_from.data or "source"
     for key in leave_out or ():
         data.pop(key, None)
         errors.pop(key, None)
