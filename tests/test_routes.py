@@ -92,10 +92,12 @@ def test_the_route_tester_says_which_targets_and_why(hub, session):
 
     assert result["targets"] == ["writer_a", "writer_b"]
     assert result["routes"] == [
-        {"route": everything.id, "target": "writer_a", "matched": True, "reason": "matches"},
-        {"route": from_acme.id, "target": "writer_b", "matched": True, "reason": "matches"},
-        {"route": from_globex.id, "target": "writer_c", "matched": False,
-         "reason": "from 'acme' does not match 'globex'"},
+        {"route": everything.id, "target": "writer_a", "document_type": "*",
+         "matched": True, "reason": "matches"},
+        {"route": from_acme.id, "target": "writer_b", "document_type": "*",
+         "matched": True, "reason": "matches"},
+        {"route": from_globex.id, "target": "writer_c", "document_type": "*",
+         "matched": False, "reason": "from 'acme' does not match 'globex'"},
     ]
     other_source = svc.test_route(session, "elsewhere", "acme", "mycompany")
     assert other_source["targets"] == []

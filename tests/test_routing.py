@@ -10,12 +10,14 @@ from b2bhub.domain.routing import (
     RouteMatch,
     RouteTable,
     redundant_with,
+    type_names,
+    validate_document_type,
     validate_name,
 )
 
 
-def r(id, source, from_party, to_party, target):
-    return Route(id, source, from_party, to_party, target)
+def r(id, source, from_party, to_party, target, document_type="*"):
+    return Route(id, source, from_party, to_party, target, document_type)
 
 
 def test_wildcards_match_any_party():
@@ -64,10 +66,11 @@ def test_explain_gives_a_reason_per_route():
         r(3, "other", "acme", "hq", "out2"),
     ])
     assert table.explain("inbox", "hq", "globex") == [
-        {"route": 1, "target": "out", "matched": False,
+        {"route": 1, "target": "out", "document_type": "*", "matched": False,
          "reason": "from 'hq' does not match 'acme'"},
-        {"route": 2, "target": "out", "matched": True, "reason": "matches"},
-        {"route": 3, "target": "out2", "matched": False,
+        {"route": 2, "target": "out", "document_type": "*", "matched": True,
+         "reason": "matches"},
+        {"route": 3, "target": "out2", "document_type": "*", "matched": False,
          "reason": "source 'inbox' does not match 'other'; from 'hq' does not match 'acme'; "
                    "to 'globex' does not match 'hq'"},
     ]
@@ -131,3 +134,67 @@ def test_valid_names(name):
 def test_invalid_names(name):
     message = validate_name(name)
     assert message and "1-64" in message
+
+
+# --- document types (docs/edi.md "Routing by document type") ----------------------------
+
+def test_a_route_naming_a_type_takes_messages_whose_envelope_holds_it():
+    table = RouteTable([r(1, "inbox", "*", "*", "erp", "850"),
+                        r(2, "inbox", "*", "*", "archive")])
+    assert table.targets("inbox", "acme", "hq", ["850"]) == ["archive", "erp"]
+    assert table.targets("inbox", "acme", "hq", ["997"]) == ["archive"]
+    assert table.targets("inbox", "acme", "hq", []) == ["archive"]  # no envelope
+    assert table.targets("inbox", "acme", "hq") == ["archive"]
+
+
+def test_an_edifact_type_matches_by_its_first_component():
+    table = RouteTable([r(1, "inbox", "*", "*", "erp", "ORDERS")])
+    assert table.targets("inbox", "acme", "hq", ["ORDERS:D:96A:UN"]) == ["erp"]
+    assert table.targets("inbox", "acme", "hq", ["INVOIC:D:96A:UN"]) == []
+    assert type_names(["ORDERS:D:96A", "850", ""]) == {"ORDERS", "850"}
+
+
+def test_an_interchange_of_several_types_takes_every_route_naming_one_of_them():
+    table = RouteTable([r(1, "inbox", "*", "*", "erp", "850"),
+                        r(2, "inbox", "*", "*", "billing", "810"),
+                        r(3, "inbox", "*", "*", "acks", "997")])
+    assert table.targets("inbox", "acme", "hq", ["850", "810", "850"]) == [
+        "billing", "erp"]
+
+
+def test_the_tester_says_why_a_type_did_not_match():
+    table = RouteTable([r(1, "inbox", "*", "*", "erp", "850")])
+    [missed] = table.explain("inbox", "acme", "hq", ["997", "ORDERS:D:96A"])
+    assert missed == {"route": 1, "target": "erp", "document_type": "850", "matched": False,
+                      "reason": "document type '850' is not among the message's types "
+                                "(997, ORDERS)"}
+    [bare] = table.explain("inbox", "acme", "hq")
+    assert bare["reason"] == "document type '850' wanted, and the message has no envelope"
+    [hit] = table.explain("inbox", "acme", "hq", ["850"])
+    assert (hit["matched"], hit["reason"]) == (True, "matches")
+
+
+def test_routes_of_different_types_to_one_target_are_not_redundant():
+    po = r(1, "inbox", "*", "*", "erp", "850")
+    assert redundant_with(r(None, "inbox", "*", "*", "erp", "810"), [po]) is None
+    assert redundant_with(r(None, "inbox", "acme", "*", "erp", "850"), [po]) is po
+    assert redundant_with(r(None, "inbox", "*", "*", "erp"), [po]) is po  # * covers 850
+    assert r(2, "inbox", "*", "*", "erp").covers(po) and not po.covers(r(2, "inbox", "*",
+                                                                         "*", "erp"))
+
+
+def test_a_route_naming_a_type_describes_it():
+    assert r(4, "inbox", "*", "acme", "erp", "850").describe() == \
+        "route 4: inbox, * -> acme, 850, erp"
+    assert r(5, "inbox", "*", "acme", "erp").describe() == "route 5: inbox, * -> acme, erp"
+
+
+@pytest.mark.parametrize("value", ["*", "850", "997", "ORDERS", "INVOIC", "A" * 35])
+def test_valid_document_types(value):
+    assert validate_document_type(value) is None
+
+
+@pytest.mark.parametrize("value", ["", "orders", "ORDERS:D:96A", "8 50", "A" * 36, "**",
+                                   "850\n", None, 850])
+def test_invalid_document_types(value):
+    assert "document type" in validate_document_type(value)

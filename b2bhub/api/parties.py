@@ -27,9 +27,10 @@ def list_parties(args: dict, collection: str):
 
 
 def create_party(body: dict, collection: str):
-    """Refused (409 ``conflict``) when the name is taken."""
+    """Refused (409 ``conflict``) when the name is taken, and (409 ``identity_taken``)
+    when one of its EDI identities is another party's."""
     party = svc.create_party(db.session, KINDS[collection], body["name"],
-                             body["display_name"])
+                             body["display_name"], body["edi_identities"], actor=g.actor)
     db.session.commit()
     return party, 201, {"Location": url_for(f".get_{KINDS[collection]}",
                                             name=party.name)}
@@ -40,11 +41,13 @@ def get_party(collection: str, name: str):
 
 
 def update_party(body: dict, collection: str, name: str):
-    """Change the display name; the name itself cannot change."""
+    """Change the display name and, when given, the EDI identities (refused, 409
+    ``identity_taken``, when one is another party's); the name itself cannot change."""
     if body.get("name", name) != name:
         raise ApiError(400, "invalid", f"'{name}' cannot be renamed: routes and messages "
                        "refer to it by name", {"name": "cannot be renamed"})
-    party = svc.update_party(db.session, KINDS[collection], name, body["display_name"])
+    party = svc.update_party(db.session, KINDS[collection], name, body["display_name"],
+                             body.get("edi_identities"), actor=g.actor)
     db.session.commit()
     return party
 
@@ -64,8 +67,8 @@ VIEWS = (
      bp.arguments(s.PartyCreate)(bp.response(201, s.Party)(create_party)), (409,)),
     ("/<name>", "GET", "get_{one}", "Get an {one}",
      bp.response(200, s.Party)(get_party), ()),
-    ("/<name>", "PUT", "update_{one}", "Change an {one}'s display name",
-     bp.arguments(s.PartyUpdate)(bp.response(200, s.Party)(update_party)), ()),
+    ("/<name>", "PUT", "update_{one}", "Change an {one}'s display name and EDI identities",
+     bp.arguments(s.PartyUpdate)(bp.response(200, s.Party)(update_party)), (409,)),
     ("/<name>", "DELETE", "delete_{one}", "Delete an {one}",
      bp.response(204)(delete_party), (409,)),
 )
@@ -74,7 +77,8 @@ for _many, _one in KINDS.items():
     for _tail, _method, _endpoint, _summary, _view, _refusals in VIEWS:
         bp.add_url_rule(f"/{_many}{_tail}", _endpoint.format(one=_one, many=_many), _view,
                         methods=[_method], defaults={"collection": _many},
-                        server_checks=("name",) if _method == "PUT" else (),
+                        server_checks={"PUT": ("name", "edi_identities"),
+                                       "POST": ("edi_identities",)}.get(_method, ()),
                         summary=_summary.format(one=_one, many=_many).replace(
                             "an partner", "a partner"), refusals=_refusals)
 

@@ -20,14 +20,18 @@ def list_routes(args: dict):
     return s.page_json(svc.list_routes(db.session, args["limit"], args.get("cursor")))
 
 
-@bp.post("/routes", refusals=(409,), server_checks=("source", "from", "to", "target"))
+@bp.post("/routes", refusals=(409,),
+         server_checks=("source", "from", "to", "target", "document_type"))
 @bp.arguments(s.RouteCreate)
 @bp.response(201, s.Route)
 def create_route(body: dict):
-    """``from`` and ``to`` default to ``*`` (any); a route redundant with one already
-    there is refused (409 ``redundant_route``, naming it)."""
+    """``from``, ``to`` and ``document_type`` default to ``*`` (any); a route naming a
+    document type (``850``, ``ORDERS``) takes only messages whose envelope holds one of
+    that type (docs/edi.md). A route redundant with one already there is refused (409
+    ``redundant_route``, naming it)."""
     route = svc.create_route(db.session, registry(), body["source"], body["from_party"],
-                             body["to_party"], body["target"], actor=g.actor)
+                             body["to_party"], body["target"], actor=g.actor,
+                             document_type=body["document_type"])
     db.session.commit()
     return route
 
@@ -44,5 +48,7 @@ def delete_route(route_id: int):
 @bp.arguments(s.RouteTestArgs)
 @bp.response(200, s.RouteTestResult)
 def test_route(body: dict):
-    """Which targets a message from this source and parties would reach, and why."""
-    return svc.test_route(db.session, body["source"], body["from_party"], body["to_party"])
+    """Which targets a message from this source and parties, with an envelope holding
+    ``document_types`` (none: a message without an envelope), would reach, and why."""
+    return svc.test_route(db.session, body["source"], body["from_party"], body["to_party"],
+                          body["document_types"])

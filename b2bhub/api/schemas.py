@@ -150,6 +150,8 @@ def _id(**kwargs) -> fields.Integer:
 NAME_PATTERN = f"^{routing.NAME_RE.pattern}$"
 #: a route's ``from`` or ``to``: a party's name, or ``*`` for any
 PARTY_OR_ANY = f"^(\\*|{routing.NAME_RE.pattern})$"
+#: a route's ``document_type``: an envelope's document type, or ``*`` for any message
+DOCUMENT_TYPE_OR_ANY = f"^(\\*|{routing.DOCUMENT_TYPE_RE.pattern})$"
 
 
 def _name(**kwargs) -> fields.String:
@@ -251,21 +253,32 @@ class ConnectionTest(Schema):
     steps = fields.List(fields.Nested(TestStep), required=True)
 
 
+def _identities(note: str = "", **kwargs) -> fields.List:
+    return fields.List(fields.String(validate=validate.Length(min=3, max=40)),
+                       validate=validate.Length(max=100), metadata={
+                           "description": "the party's EDI identities, qualifier:id as an "
+                           "envelope names it (ZZ:ACME); each one party's at most "
+                           f"(409 identity_taken){note}"}, **kwargs)
+
+
 class Party(Schema):
     name = fields.String(required=True)
     display_name = fields.String(required=True)
     kind = fields.String(required=True, validate=validate.OneOf(["organization", "partner"]))
+    edi_identities = fields.List(fields.String(), required=True)
     created_at = UtcDateTime(required=True)
 
 
 class PartyCreate(Schema):
     name = _name(required=True)
     display_name = fields.String(load_default="", validate=validate.Length(max=200))
+    edi_identities = _identities(load_default=list)
 
 
 class PartyUpdate(Schema):
     name = _name(metadata={"description": "may be sent, but must be the current name"})
     display_name = fields.String(required=True, validate=validate.Length(max=200))
+    edi_identities = _identities("; left out: unchanged")
 
 
 PartyPage = page_of(Party, "PartyPage")
@@ -356,6 +369,10 @@ class InstanceFields(Schema):
         min=-1, max=config_rules.MAX_RETENTION_DAYS), metadata={
         "description": "days a source's messages are kept once final; null or 0: the "
                        "retention_days setting; -1: kept forever"})
+    parties_from = fields.String(validate=validate.OneOf(["source", "envelope"]), metadata={
+        "description": "a source's from and to: source (default: as its path or "
+                       "configuration says) or envelope (the parties whose EDI identities "
+                       "the envelope's sender and receiver are; unknown: Not routed)"})
     business_rules = fields.Raw(allow_none=True, metadata={
         "type": "array", "nullable": True, "items": BUSINESS_RULE,
         "description": "a target's business-error rules, checked in order on every "
@@ -389,6 +406,7 @@ class Instance(Schema):
         "description": "seconds between probes of a target whose type can probe; 0: the "
                        "System > Settings probe_interval"})
     retention_days = fields.Integer(required=True, allow_none=True)
+    parties_from = fields.String(required=True)
     state = fields.String(required=True)
     state_reason = fields.String(required=True, allow_none=True)
     online = fields.Boolean(required=True, allow_none=True, metadata={
@@ -421,6 +439,10 @@ class RouteCreate(Schema):
     from_party = _party_or_any(data_key="from")
     to_party = _party_or_any(data_key="to")
     target = _name(required=True, metadata={"description": "a target instance"})
+    document_type = fields.String(load_default="*", metadata={
+        "pattern": DOCUMENT_TYPE_OR_ANY,
+        "description": "a document type the message's envelope must hold (850, ORDERS), "
+                       "or * (any message, EDI or not)"})
 
 
 class RouteTestArgs(Schema):
@@ -428,6 +450,11 @@ class RouteTestArgs(Schema):
     from_party = fields.String(data_key="from", load_default="*",
                                validate=validate.Length(min=1))
     to_party = fields.String(data_key="to", load_default="*", validate=validate.Length(min=1))
+    document_types = fields.List(fields.String(validate=validate.Length(min=1, max=255)),
+                                 load_default=list, validate=validate.Length(max=100),
+                                 metadata={"description": "the types of the message's "
+                                           "envelope (850, ORDERS:D:96A); none: a message "
+                                           "without one"})
 
 
 class Route(Schema):
@@ -435,6 +462,7 @@ class Route(Schema):
     source = fields.String(required=True)
     from_party = fields.String(data_key="from", required=True)
     to_party = fields.String(data_key="to", required=True)
+    document_type = fields.String(required=True)
     target = fields.String(required=True)
     created_at = UtcDateTime(required=True)
     created_by = fields.String(required=True)

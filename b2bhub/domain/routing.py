@@ -1,9 +1,10 @@
 """Routes, the route table and the name rule (SPEC 4).
 
 A route sends messages of one source instance, from a party (or ``*``) to a party (or
-``*``), to one target instance. Dispatch makes one delivery per distinct target, so
-overlapping routes to the same target never deliver twice; saving a route that is
-redundant with an existing one is refused. Plain Python: no Flask, no SQLAlchemy.
+``*``), of a document type (or ``*``), to one target instance. Dispatch makes one
+delivery per distinct target, so overlapping routes to the same target never deliver
+twice; saving a route that is redundant with an existing one is refused. Plain Python:
+no Flask, no SQLAlchemy.
 """
 
 from __future__ import annotations
@@ -34,39 +35,89 @@ def validate_name(name: str) -> str | None:
     return f"name {name!r} must be {NAME_RULE}"
 
 
+#: A route's document type: an X12 transaction set (``850``) or an EDIFACT message type
+#: (``ORDERS``), upper case, or ``*`` for any message, EDI or not.
+DOCUMENT_TYPE_RE = re.compile(r"[A-Z0-9]{1,35}")
+
+#: the document type rule as a form's help says it
+DOCUMENT_TYPE_RULE = "'*', or 1-35 of A-Z and 0-9 (850, ORDERS)"
+
+
+def validate_document_type(value: str) -> str | None:
+    """Return an error message when ``value`` is no route document type, else None."""
+    if value == ANY or (isinstance(value, str) and DOCUMENT_TYPE_RE.fullmatch(value)):
+        return None
+    return f"document type {value!r} must be {DOCUMENT_TYPE_RULE}"
+
+
+def type_names(document_types: Iterable[str] | None) -> frozenset[str]:
+    """The types a route may name of an envelope's ``document_type`` values: an X12
+    ``850`` as it is, an EDIFACT ``ORDERS:D:96A`` by its first component."""
+    return frozenset(t.split(":", 1)[0] for t in document_types or () if t)
+
+
+def _types_text(names: frozenset[str]) -> str:
+    return ", ".join(sorted(names))
+
+
 @dataclass(frozen=True)
 class Route:
-    """One route; ``from_party``/``to_party`` are a party name or ``*``."""
+    """One route; ``from_party``/``to_party`` are a party name or ``*``,
+    ``document_type`` a document type or ``*``.
+
+    The document type rule: a message's types are those of every transaction set or
+    message of its envelope (:func:`type_names`); a route naming a type matches when it
+    is among them, so an interchange holding an 850 and an 810 takes both an ``850``
+    route and an ``810`` route. ``*`` matches any message, with an envelope or without;
+    a route naming a type never matches a message without an envelope.
+    """
 
     id: int | None
     source: str
     from_party: str
     to_party: str
     target: str
+    document_type: str = ANY
 
     def covers(self, other: Route) -> bool:
         """True when every message ``other`` routes is also routed by this route."""
         return (self.source == other.source and self.target == other.target
                 and self.from_party in (ANY, other.from_party)
-                and self.to_party in (ANY, other.to_party))
+                and self.to_party in (ANY, other.to_party)
+                and self.document_type in (ANY, other.document_type))
 
-    def matches(self, source: str, from_party: str, to_party: str) -> bool:
-        """True when a message from ``source``, ``from_party`` to ``to_party`` takes it."""
-        return not self.mismatches(source, from_party, to_party)
+    def matches(self, source: str, from_party: str, to_party: str,
+                document_types: Iterable[str] | None = None) -> bool:
+        """True when a message from ``source``, ``from_party`` to ``to_party`` whose
+        envelope holds ``document_types`` (None or empty: no envelope) takes it."""
+        return not self.mismatches(source, from_party, to_party, document_types)
 
     def describe(self) -> str:
-        """A one-line description for messages, e.g. ``route 3: inbox, * -> acme, out``."""
+        """A one-line description for messages, e.g. ``route 3: inbox, * -> acme, out``
+        (``route 4: inbox, * -> acme, 850, erp`` for a route naming a document type)."""
         label = f"route {self.id}" if self.id is not None else "new route"
-        return f"{label}: {self.source}, {self.from_party} -> {self.to_party}, {self.target}"
+        kind = f", {self.document_type}" if self.document_type != ANY else ""
+        return (f"{label}: {self.source}, {self.from_party} -> {self.to_party}{kind}, "
+                f"{self.target}")
 
-    def mismatches(self, source: str, from_party: str, to_party: str) -> list[str]:
+    def mismatches(self, source: str, from_party: str, to_party: str,
+                   document_types: Iterable[str] | None = None) -> list[str]:
         """Say which fields do not match, so the route tester can explain a miss."""
         fields = (("source", source, self.source, False),
                   ("from", from_party, self.from_party, True),
                   ("to", to_party, self.to_party, True))
-        return [f"{field} {given!r} does not match {wanted!r}"
-                for field, given, wanted, wildcard in fields
-                if given != wanted and not (wildcard and wanted == ANY)]
+        misses = [f"{field} {given!r} does not match {wanted!r}"
+                  for field, given, wanted, wildcard in fields
+                  if given != wanted and not (wildcard and wanted == ANY)]
+        if self.document_type != ANY:
+            names = type_names(document_types)
+            if not names:
+                misses.append(f"document type {self.document_type!r} wanted, and the "
+                              "message has no envelope")
+            elif self.document_type not in names:
+                misses.append(f"document type {self.document_type!r} is not among the "
+                              f"message's types ({_types_text(names)})")
+        return misses
 
 
 @dataclass(frozen=True)
@@ -83,27 +134,36 @@ class RouteTable:
     def __init__(self, routes: Iterable[Route]) -> None:
         self.routes: tuple[Route, ...] = tuple(routes)
 
-    def match(self, source: str, from_party: str, to_party: str) -> list[RouteMatch]:
-        """One :class:`RouteMatch` per distinct target reached, sorted by target name."""
+    def match(self, source: str, from_party: str, to_party: str,
+              document_types: Iterable[str] | None = None) -> list[RouteMatch]:
+        """One :class:`RouteMatch` per distinct target reached, sorted by target name;
+        ``document_types``: the message's envelope's (None or empty: no envelope)."""
+        types = type_names(document_types)
         by_target: dict[str, list[Route]] = {}
         for route in self.routes:
-            if route.matches(source, from_party, to_party):
+            if route.matches(source, from_party, to_party, types):
                 by_target.setdefault(route.target, []).append(route)
         return [RouteMatch(target, tuple(by_target[target])) for target in sorted(by_target)]
 
-    def targets(self, source: str, from_party: str, to_party: str) -> list[str]:
+    def targets(self, source: str, from_party: str, to_party: str,
+                document_types: Iterable[str] | None = None) -> list[str]:
         """The distinct targets reached: dispatch makes one delivery for each."""
-        return [m.target for m in self.match(source, from_party, to_party)]
+        return [m.target for m in self.match(source, from_party, to_party, document_types)]
 
-    def explain(self, source: str, from_party: str, to_party: str) -> list[dict]:
+    def explain(self, source: str, from_party: str, to_party: str,
+                document_types: Iterable[str] | None = None) -> list[dict]:
         """For every route: whether it matches and, when not, which field failed."""
-        return [_explanation(route, source, from_party, to_party) for route in self.routes]
+        types = type_names(document_types)
+        return [_explanation(route, source, from_party, to_party, types)
+                for route in self.routes]
 
 
-def _explanation(route: Route, source: str, from_party: str, to_party: str) -> dict:
+def _explanation(route: Route, source: str, from_party: str, to_party: str,
+                 types: frozenset[str]) -> dict:
     """The route tester's line for one route."""
-    misses = route.mismatches(source, from_party, to_party)
-    return {"route": route.id, "target": route.target, "matched": not misses,
+    misses = route.mismatches(source, from_party, to_party, types)
+    return {"route": route.id, "target": route.target,
+            "document_type": route.document_type, "matched": not misses,
             "reason": "; ".join(misses) or "matches"}
 
 

@@ -29,15 +29,7 @@ from b2bhub.engine.settings import KEY as SETTINGS_KEY
 from b2bhub.engine.settings import DeliverySettings, bump_version
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
-from b2bhub.models import (
-    PARTNER,
-    Delivery,
-    Message,
-    Party,
-    Payload,
-    Route,
-    Setting,
-)
+from b2bhub.models import PARTNER, Delivery, Message, Party, Payload, Route, Setting
 from b2bhub.observability import tracing
 
 ROUTES_VERSION_KEY = "routes_version"
@@ -65,8 +57,8 @@ class RouteCache:
             if version != self._version:
                 rows = session.scalars(select(Route).order_by(Route.id)).all()
                 self._table = routing.RouteTable(
-                    routing.Route(r.id, r.source, r.from_party, r.to_party, r.target)
-                    for r in rows)
+                    routing.Route(r.id, r.source, r.from_party, r.to_party, r.target,
+                                  r.document_type) for r in rows)
                 self._version = version
             return self._table
 
@@ -155,7 +147,15 @@ def _received_text(new: NewMessage) -> str:
 
 
 def _not_routed_text(new: NewMessage) -> str:
-    return f"no route from {new.source} matches {new.from_party} → {new.to_party}"
+    types = ", ".join(sorted(routing.type_names(document_types(new))))
+    return (f"no route from {new.source} matches {new.from_party} → {new.to_party}"
+            + (f" for {types}" if types else ""))
+
+
+def document_types(new: NewMessage) -> list[str]:
+    """The types the intake's inspection found (its ``message_attributes`` rows)."""
+    return [row["value"] for table, row in new.rows
+            if table.name == "message_attributes" and row.get("name") == "document_type"]
 
 
 def create_deliveries(session: Session, message: Message, targets: list[str],
@@ -179,7 +179,6 @@ def create_deliveries(session: Session, message: Message, targets: list[str],
                         for r in rows], now)
     after_commit(session, [(r.id, r.target) for r in rows])
     return rows
-
 
 
 # --- a batch of messages in a handful of statements ---------------------------------
@@ -332,7 +331,7 @@ def _targets_of(session: Session, batch: list[NewMessage], known: dict
              else None)
     return [list(dict.fromkeys(new.targets if new.targets is not None
                                else table.targets(new.source, new.from_party,
-                                                  new.to_party)))
+                                                  new.to_party, document_types(new))))
             for new in batch]
 
 
@@ -359,8 +358,9 @@ def _intake_lines(batch: list[NewMessage], keys, targets: list[list[str]]) -> li
               for key, new, names in zip(keys, batch, targets, strict=True)
               for target in names]
     lines += [{"message_id": key, "type": "not_routed", "actor": new.actor,
-               "text": _not_routed_text(new)}
-              for key, new, names in zip(keys, batch, targets, strict=True) if not names]
+               "text": _not_routed_text(new)}  # unless the message's own lines say why
+              for key, new, names in zip(keys, batch, targets, strict=True)
+              if not names and all(line.get("type") != "not_routed" for line in new.lines)]
     lines += [{"actor": new.actor, **line, "message_id": key}
               for key, new in zip(keys, batch, strict=True) for line in new.lines]
     return lines

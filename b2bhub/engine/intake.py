@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.engine import collection
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
+from b2bhub.engine.envelope_parties import SOURCE, by_envelope
 from b2bhub.engine.history import connection
 from b2bhub.engine.inspection import attribute_rows
 from b2bhub.engine.rows import insert_rows
@@ -79,10 +80,10 @@ class SourceIntake:
     def __init__(self, session: Session, store: PayloadStore, instance_name: str, *,
                  fence: Fence | None = None, clock: Callable[[], datetime] = utcnow,
                  should_stop: Callable[[], bool] = lambda: False,
-                 batch_size: int = BATCH_SIZE):
+                 batch_size: int = BATCH_SIZE, parties_from: str = SOURCE):
         self.session, self.store, self.instance_name = session, store, instance_name
         self.fence, self.clock, self.should_stop = fence or Fence(), clock, should_stop
-        self.batch_size = batch_size
+        self.batch_size, self.parties_from = batch_size, parties_from
         self.made: list[int] = []
         self._staged: list[_Staged] = []
         self._payloads: PayloadBatch = store.batch()
@@ -126,8 +127,7 @@ class SourceIntake:
         self._write_state(lambda now: value)
 
     def _stored_state(self) -> dict:
-        """The row's whole object, read once per scan: under the scan lease no other
-        process writes it meanwhile."""
+        """The row's whole object, read once per scan (the lease keeps other writers off)."""
         if self._state is None:
             value = self.session.scalar(select(Setting.value).where(
                 Setting.key == state_key(self.instance_name)))
@@ -194,12 +194,12 @@ class SourceIntake:
         now = self.clock()
         try:
             self.fence.check(self.session, now)
-            message = store_and_dispatch(self.session, NewMessage(
+            message = store_and_dispatch(self.session, by_envelope(self.session, NewMessage(
                 source=self.instance_name, from_party=from_party, to_party=to_party,
-                stages={"unpacked": (stored.digest, stored.size)},
-                original_filename=filename, correlation_id=correlation_id,
+                stages={"unpacked": (stored.digest, stored.size)}, original_filename=filename,
+                correlation_id=correlation_id,
                 rows=attribute_rows(self.store, stored.digest) + kw.pop("rows", []),
-                **kw), now)
+                **kw), self.parties_from), now)
             self.session.commit()
         except BaseException:
             self.session.rollback()
@@ -318,11 +318,11 @@ class SourceIntake:
         return pickups, made
 
     def _new_message(self, staged: _Staged) -> NewMessage:
-        return NewMessage(source=self.instance_name, from_party=staged.from_party,
-                          to_party=staged.to_party, original_filename=staged.filename,
-                          correlation_id=staged.correlation_id,
-                          stages={"unpacked": (staged.stored.digest, staged.stored.size)},
-                          rows=staged.rows)
+        return by_envelope(self.session, NewMessage(
+            source=self.instance_name, from_party=staged.from_party, rows=staged.rows,
+            to_party=staged.to_party, original_filename=staged.filename,
+            correlation_id=staged.correlation_id,
+            stages={"unpacked": (staged.stored.digest, staged.stored.size)}), self.parties_from)
 
     def _insert_pickups(self, fresh: list[_Staged], made: list[int], now: datetime
                         ) -> dict[int, int]:

@@ -46,7 +46,7 @@ from b2bhub.engine.sequences import blocks_sequence
 from b2bhub.engine.settings import load_settings
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.engine.wakeups import after_commit
-from b2bhub.models import Delivery, Message
+from b2bhub.models import Delivery, Message, MessageAttribute
 
 S = DeliveryState
 
@@ -214,8 +214,9 @@ def cancel_message(session: Session, message_id: int, actor: str,
 
 
 def redispatch(session: Session, message_id: int, actor: str, now: datetime) -> ActionResult:
-    """Match the routes again: create the deliveries the message lacks and re-queue its
-    stalled ones; existing deliveries are neither duplicated nor otherwise touched."""
+    """Match the routes again (with the document types its envelope was found to hold at
+    intake): create the deliveries the message lacks and re-queue its stalled ones;
+    existing deliveries are neither duplicated nor otherwise touched."""
     message = _message(session, message_id)
     if message.status in (MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR,
                           MessageStatus.CANCELLED) and not message.deliveries:
@@ -225,8 +226,11 @@ def redispatch(session: Session, message_id: int, actor: str, now: datetime) -> 
         raise ActionRefused(f"message {message_id} is a connection test: it is never "
                             "routed")
     existing = list(message.deliveries)
+    types = session.scalars(select(MessageAttribute.value).where(
+        MessageAttribute.message_id == message_id,
+        MessageAttribute.name == "document_type")).all()
     targets = route_cache.table(session).targets(message.source, message.from_party,
-                                                  message.to_party)
+                                                  message.to_party, types)
     new = create_deliveries(session, message, targets, now, actor, load_settings(session))
     stalled = [d for d in existing if d.state == S.STALLED]
     after_commit(session, [(d.id, d.target) for d in existing if d.state == S.QUEUED])

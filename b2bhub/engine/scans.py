@@ -230,7 +230,8 @@ class SourceRunner:
         if plugin is None:
             return ScanReport(reason=f"{row.name} could not start")
         intake = SourceIntake(session, self.store, row.name, fence=lease, clock=self.clock,
-                              should_stop=self.should_stop, batch_size=self.batch_size)
+                              should_stop=self.should_stop, batch_size=self.batch_size,
+                              parties_from=row.parties_from)
         report = ScanReport(ran=True)
         try:
             plugin.poll(intake)

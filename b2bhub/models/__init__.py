@@ -4,7 +4,14 @@ from b2bhub.models.base import Base, utcnow
 from b2bhub.models.documents import MessageAttribute
 from b2bhub.models.messages import Delivery, HistoryLine, Message, Payload
 from b2bhub.models.notifications import Notification, NotificationChannel
-from b2bhub.models.parties import ORGANIZATION, PARTNER, Certificate, Party, ProtocolProfile
+from b2bhub.models.parties import (
+    ORGANIZATION,
+    PARTNER,
+    Certificate,
+    Party,
+    PartyIdentity,
+    ProtocolProfile,
+)
 from b2bhub.models.pickups import PollerPickup
 from b2bhub.models.plugins import InstanceState, PluginInstance, Route
 from b2bhub.models.system import (
@@ -23,7 +30,7 @@ __all__ = [
     "ORGANIZATION", "PARTNER", "Alert", "ApiToken", "Base", "Certificate", "CleanupRun",
     "Delivery", "HistoryLine", "InstanceState", "Lock", "LogRecord", "Message",
     "MessageAttribute",
-    "Notification", "NotificationChannel", "Party", "Payload", "PluginInstance",
+    "Notification", "NotificationChannel", "Party", "PartyIdentity", "Payload", "PluginInstance",
     "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting", "StatsMinute", "User",
     "utcnow",
 ]

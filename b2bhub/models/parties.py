@@ -24,6 +24,30 @@ class Party(Base):
 
     profiles: Mapped[list[ProtocolProfile]] = relationship(
         back_populates="party", cascade="all, delete-orphan")
+    identities: Mapped[list[PartyIdentity]] = relationship(
+        back_populates="party", cascade="all, delete-orphan",
+        order_by="PartyIdentity.id")
+
+    @property
+    def edi_identities(self) -> list[str]:
+        """The party's EDI identities as ``qualifier:id``, in the order they were given."""
+        return [f"{i.qualifier}:{i.identifier}" for i in self.identities]
+
+
+class PartyIdentity(Base):
+    """One way a party is named in an envelope (docs/edi.md): X12 ISA05/ISA06 or ISA07/
+    ISA08, EDIFACT UNB S002/S003. An identity belongs to one party at most."""
+
+    __tablename__ = "party_identities"
+    __table_args__ = (UniqueConstraint("qualifier", "identifier"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    party_id: Mapped[int] = mapped_column(
+        ForeignKey("parties.id", ondelete="CASCADE"), index=True)
+    qualifier: Mapped[str] = mapped_column(String(4))
+    identifier: Mapped[str] = mapped_column(String(35))
+
+    party: Mapped[Party] = relationship(back_populates="identities")
 
 
 class ProtocolProfile(Base):

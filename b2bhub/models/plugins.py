@@ -42,6 +42,10 @@ class PluginInstance(Base):
     probe_checked_at: Mapped[datetime | None] = mapped_column(default=None)
     probe_text: Mapped[str | None] = mapped_column(default=None)
     retention_days: Mapped[int | None] = mapped_column(default=None)
+    # a source's from and to: "source" (its path or configuration decides) or "envelope"
+    # (the EDI identities of the envelope's sender and receiver, docs/edi.md)
+    parties_from: Mapped[str] = mapped_column(String(16), default="source",
+                                              server_default="source")
     state: Mapped[str] = mapped_column(String(16), default=InstanceState.ENABLED)
     state_reason: Mapped[str] = mapped_column(default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -57,6 +61,8 @@ class Route(Base):
         String(64), ForeignKey("plugin_instances.name", ondelete="RESTRICT"))
     from_party: Mapped[str] = mapped_column(String(64))  # a party name or "*"
     to_party: Mapped[str] = mapped_column(String(64))
+    #: a document type (850, ORDERS) the message's envelope must hold, or "*" (any)
+    document_type: Mapped[str] = mapped_column(String(35), default="*", server_default="*")
     target: Mapped[str] = mapped_column(
         String(64), ForeignKey("plugin_instances.name", ondelete="RESTRICT"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

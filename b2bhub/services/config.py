@@ -11,11 +11,13 @@ from b2bhub.domain import business_rules, routing
 from b2bhub.domain.retention import KEEP_FOREVER
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
+from b2bhub.engine.envelope_parties import PARTIES_FROM, SOURCE
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
 from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
 from b2bhub.models.pages import Page, keyset_page
 from b2bhub.plugin.schema import ConfigError, validate_config
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
+from b2bhub.services.identities import set_identities
 
 #: how a stored secret is shown; sent back unchanged, it keeps the stored value
 SECRET_MASK = "********"
@@ -34,6 +36,7 @@ PROBE_INTERVAL_RULE = (f"probe_interval must be 0 (the System > Settings probe i
 
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
                    "retry_policy", "ordered", "queue", "probe_interval", "retention_days",
+                   "parties_from",
                    "business_rules"}
 
 
@@ -52,7 +55,8 @@ def _name_taken(session: Session, model, name: str) -> bool:
 
 # --- parties ------------------------------------------------------------------------
 
-def create_party(session: Session, kind: str, name: str, display_name: str = "") -> Party:
+def create_party(session: Session, kind: str, name: str, display_name: str = "",
+                 edi_identities: list[str] | None = None, actor: str = "") -> Party:
     if kind not in (ORGANIZATION, PARTNER):
         raise ServiceError(f"party kind must be {ORGANIZATION} or {PARTNER}")
     _check_name(name, kind)
@@ -62,6 +66,7 @@ def create_party(session: Session, kind: str, name: str, display_name: str = "")
     party = Party(name=name, kind=kind, display_name=display_name or name)
     session.add(party)
     session.flush()
+    set_identities(session, party, edi_identities, actor)
     return party
 
 
@@ -84,12 +89,15 @@ def list_parties(session: Session, kind: str, limit: int, after: str | None = No
                        limit, after)
 
 
-def update_party(session: Session, kind: str, name: str, display_name: str) -> Party:
-    """Change a party's display name; its name is what routes and messages refer to."""
+def update_party(session: Session, kind: str, name: str, display_name: str,
+                 edi_identities: list[str] | None = None, actor: str = "") -> Party:
+    """Change a party's display name and, unless None, its EDI identities; its name is
+    what routes and messages refer to."""
     _check_display_name(display_name)
     party = get_party(session, kind, name)
     party.display_name = display_name or name
     session.flush()
+    set_identities(session, party, edi_identities, actor)
     return party
 
 
@@ -111,8 +119,8 @@ def _refuse_while_routed(session: Session, condition, what: str) -> None:
 
 
 def _describe(row: Route) -> str:
-    return routing.Route(row.id, row.source, row.from_party, row.to_party,
-                         row.target).describe()
+    return routing.Route(row.id, row.source, row.from_party, row.to_party, row.target,
+                         row.document_type).describe()
 
 
 # --- plugin instances ---------------------------------------------------------------
@@ -193,7 +201,8 @@ def _check_types(data: dict) -> None:
                               ("ordered", (bool,), "true or false"),
                               ("probe_interval", (int,), "a whole number of seconds"),
                               ("retention_days", (int, type(None)), "a whole number or null"),
-                              ("queue", (str, type(None)), "a queue name or null")):
+                              ("queue", (str, type(None)), "a queue name or null"),
+                              ("parties_from", (str,), "'source' or 'envelope'")):
         value = data.get(key)
         if key in data and (not isinstance(value, kinds) or
                             (isinstance(value, bool) and bool not in kinds)):
@@ -205,6 +214,10 @@ def _check_types(data: dict) -> None:
                            "forever",
                            {"retention_days": f"must be from -1 (-1: keep forever) to "
                                               f"{MAX_RETENTION_DAYS}"})
+    if data.get("parties_from", SOURCE) not in PARTIES_FROM:
+        raise ServiceError("parties_from must be 'source' (the source's path or "
+                           "configuration) or 'envelope' (its EDI identities)",
+                           {"parties_from": "must be 'source' or 'envelope'"})
     if data.get("queue") is not None and routing.validate_name(data["queue"]):
         raise ServiceError(f"queue: {routing.validate_name(data['queue'])}",
                            {"queue": "invalid name"})
@@ -266,7 +279,7 @@ def _apply_delivery_fields(row: PluginInstance, data: dict) -> None:
                                              row.max_concurrent_deliveries or 4)
     if "retry_policy" in data:
         row.retry_policy = data["retry_policy"] or None
-    for key in ("ordered", "queue", "probe_interval", "retention_days"):
+    for key in ("ordered", "queue", "probe_interval", "retention_days", "parties_from"):
         if key in data:
             setattr(row, key, data[key])
 
@@ -311,21 +324,24 @@ def delete_instance(session: Session, name: str) -> None:
 # --- routes -------------------------------------------------------------------------
 
 def create_route(session: Session, registry, source: str, from_party: str, to_party: str,
-                 target: str, actor: str = "") -> Route:
+                 target: str, actor: str = "", document_type: str = routing.ANY) -> Route:
     """Validate and save a route; refuses one redundant with a route already there."""
     _check_route_fields(source=source, **{"from": from_party, "to": to_party}, target=target)
+    problem = routing.validate_document_type(document_type)
+    if problem:
+        raise ServiceError(problem, {"document_type": "invalid"})
     _check_route_end(session, registry, source, "source")
     _check_route_end(session, registry, target, "target")
     for field, name in (("from", from_party), ("to", to_party)):
         if name != routing.ANY and not _name_taken(session, Party, name):
             raise ServiceError(f"{field}: no party named {name!r}", {field: "unknown party"})
-    new = routing.Route(None, source, from_party, to_party, target)
+    new = routing.Route(None, source, from_party, to_party, target, document_type)
     in_the_way = routing.redundant_with(new, route_cache.table(session).routes)
     if in_the_way is not None:
         raise Conflict(f"redundant with {in_the_way.describe()}",
                        {"route": in_the_way.id}, code="redundant_route")
     row = Route(source=source, from_party=from_party, to_party=to_party, target=target,
-                created_by=actor)
+                document_type=document_type, created_by=actor)
     session.add(row)
     bump_routes_version(session)
     session.flush()
@@ -365,17 +381,21 @@ def delete_route(session: Session, route_id: int) -> None:
 
 
 def replace_route(session: Session, registry, route_id: int, source: str, from_party: str,
-                  to_party: str, target: str, actor: str = "") -> Route:
+                  to_party: str, target: str, actor: str = "",
+                  document_type: str = routing.ANY) -> Route:
     """Edit a route: the old one goes and the new one is checked as if it were new (so
     it may not be redundant with any other route), in the caller's transaction."""
     delete_route(session, route_id)
     session.flush()
-    return create_route(session, registry, source, from_party, to_party, target, actor)
+    return create_route(session, registry, source, from_party, to_party, target, actor,
+                        document_type)
 
 
-def test_route(session: Session, source: str, from_party: str, to_party: str) -> dict:
-    """The route tester: which targets a message would reach, and why."""
+def test_route(session: Session, source: str, from_party: str, to_party: str,
+               document_types: list[str] | None = None) -> dict:
+    """The route tester: which targets a message would reach, and why;
+    ``document_types``: those of the message's envelope (none: a message without one)."""
     _check_route_fields(source=source, **{"from": from_party, "to": to_party})
     table = route_cache.table(session)
-    return {"targets": table.targets(source, from_party, to_party),
-            "routes": table.explain(source, from_party, to_party)}
+    return {"targets": table.targets(source, from_party, to_party, document_types),
+            "routes": table.explain(source, from_party, to_party, document_types)}

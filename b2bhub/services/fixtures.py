@@ -26,7 +26,8 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
         for n, party in enumerate(sections[key], 1):
             name = _field(party, "name", key, n)
             with _naming(f"{key[:-1]} {n} ({name})"):
-                svc.create_party(session, kind, name, party.get("display_name", ""))
+                svc.create_party(session, kind, name, party.get("display_name", ""),
+                                 party.get("edi_identities"), actor)
     for n, profile in enumerate(sections["profiles"], 1):
         _load_profile(session, profile, n, registry)
     for n, instance in enumerate(sections["plugins"], 1):
@@ -36,7 +37,8 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
         source, target = (_field(route, k, "routes", n) for k in ("source", "target"))
         with _naming(f"route {n}"):
             svc.create_route(session, registry, source, route.get("from", "*"),
-                             route.get("to", "*"), target, actor)
+                             route.get("to", "*"), target, actor,
+                             route.get("document_type", "*"))
     # profiles are reported when the file has them (older files name four sections)
     return {key: len(sections[key]) for key in SECTIONS
             if key != "profiles" or sections[key]}

@@ -46,12 +46,18 @@ class ActionForm(FlaskForm):
 class PartyForm(FlaskForm):
     name = StringField("Name", description=NAME_RULE)
     display_name = StringField("Display name")
+    edi_identities = TextAreaField(
+        "EDI identities", description="one qualifier:id per line, as an interchange's "
+        "envelope names the party (ZZ:ACME, 01:123456789); each one party's at most")
 
 
 class RouteForm(FlaskForm):
     source = SelectField("Source", validate_choice=False)
     from_party = SelectField("From", validate_choice=False)
     to_party = SelectField("To", validate_choice=False)
+    document_type = StringField(
+        "Document type", default="*",
+        description="* for any message; else a type the envelope must hold: 850, ORDERS")
     target = SelectField("Target", validate_choice=False)
 
 
@@ -130,6 +136,12 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
         InstanceForm.retention_days = StringField(
             "Retention (days)",
             description="empty or 0: the setting's default; -1: keep forever")
+        InstanceForm.parties_from = SelectField(
+            "Parties from", validate_choice=False,
+            choices=[("source", "the source (its path or configuration)"),
+                     ("envelope", "the envelope (the parties' EDI identities)")],
+            description="envelope: from and to are the parties whose EDI identities the "
+            "interchange's sender and receiver are; an unknown one makes it Not routed")
     return InstanceForm(data=_form_data(plugin_cls, data or {}))
 
 
@@ -237,6 +249,8 @@ def instance_data(form: FlaskForm, plugin_cls: type, leave_out: set | None = Non
     if hasattr(form, "retention_days"):
         text = (form.retention_days.data or "").strip()
         data["retention_days"] = _whole(text, "retention_days", errors) if text else None
+    if hasattr(form, "parties_from"):
+        data["parties_from"] = form.parties_from.data or "source"
     for key in leave_out or ():
         data.pop(key, None)
         errors.pop(key, None)

@@ -65,14 +65,22 @@ def edit_party(kind: str, name: str):
         party = svc.get_party(db.session, kind, name)
     except ServiceError as exc:
         abort(404, exc.message)
-    form = PartyForm(data={"name": party.name, "display_name": party.display_name})
+    form = PartyForm(data={"name": party.name, "display_name": party.display_name,
+                           "edi_identities": "\n".join(party.edi_identities)})
     form.name.render_kw = {"readonly": True}
     if form.validate_on_submit() and submit(
-            form, lambda: svc.update_party(db.session, kind, name, form.display_name.data or ""),
+            form, lambda: svc.update_party(
+                db.session, kind, name, form.display_name.data or "",
+                _lines(form.edi_identities.data), actor=g.actor),
             lambda _party: f"changed {kind} {name}"):
         return redirect(url_for("ui.parties"))
     return render_template("ui/party_form.html", form=form, party=party,
                            active="ui.parties"), form_status(form)
+
+
+def _lines(text: str | None) -> list[str]:
+    """The identities a text area holds, one per line, blank lines left out."""
+    return [line.strip() for line in (text or "").splitlines() if line.strip()]
 
 
 @bp.route("/parties/<any(organization, partner):kind>/<name>/delete",

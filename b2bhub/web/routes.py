@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import abort, g, redirect, render_template, request, url_for
 
 from b2bhub.config.extensions import db
+from b2bhub.domain import routing
 from b2bhub.domain.routing import ANY
 from b2bhub.models import Route
 from b2bhub.runtime import hub
@@ -23,9 +24,10 @@ def routes():
     tested = None
     source = request.args.get("test_source")
     if source:
+        types = request.args.get("test_types", "").replace(",", " ").split()
         try:
             tested = svc.test_route(db.session, source, request.args.get("test_from") or ANY,
-                                    request.args.get("test_to") or ANY)
+                                    request.args.get("test_to") or ANY, types)
         except ServiceError as exc:
             tested = {"error": exc.message}
     return render_template("ui/routes.html", routes=rows, tested=tested, form=ActionForm(),
@@ -36,7 +38,8 @@ def _route_form(route: Route | None = None) -> RouteForm:
     data = {}
     if route is not None:
         data = {"source": route.source, "from_party": route.from_party,
-                "to_party": route.to_party, "target": route.target}
+                "to_party": route.to_party, "target": route.target,
+                "document_type": route.document_type}
     form = RouteForm(data=data)
     form.source.choices = [("", "choose…")] + [(n, n) for n in instance_names("source")]
     form.target.choices = [("", "choose…")] + [(n, n) for n in instance_names("target")]
@@ -54,13 +57,15 @@ def edit_route(route_id: int | None = None):
     if form.validate_on_submit():
         values = (form.source.data, form.from_party.data or ANY, form.to_party.data or ANY,
                   form.target.data)
+        kind = (form.document_type.data or "").strip() or ANY
         if route is None:
             saved = submit(form, lambda: svc.create_route(
-                db.session, hub.registry(), *values, actor=g.actor),
+                db.session, hub.registry(), *values, actor=g.actor, document_type=kind),
                 lambda new: f"saved {_describe(new)}", ALIASES)
         else:
             saved = submit(form, lambda: svc.replace_route(
-                db.session, hub.registry(), route.id, *values, actor=g.actor),
+                db.session, hub.registry(), route.id, *values, actor=g.actor,
+                document_type=kind),
                 lambda new: f"replaced route {route_id} by {_describe(new)}", ALIASES)
         if saved:
             return redirect(url_for("ui.routes"))
@@ -69,8 +74,8 @@ def edit_route(route_id: int | None = None):
 
 
 def _describe(route: Route) -> str:
-    return f"route {route.id}: {route.source}, {route.from_party} -> {route.to_party}, " \
-           f"{route.target}"
+    return routing.Route(route.id, route.source, route.from_party, route.to_party,
+                         route.target, route.document_type).describe()
 
 
 @bp.route("/routes/<int:route_id>/delete", methods=["GET", "POST"])

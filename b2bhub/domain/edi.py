@@ -1,0 +1,41 @@
+"""EDI identities: how a party is named in an interchange's envelope (docs/edi.md).
+
+An identity is ``qualifier:id`` as the inspectors store a sender or receiver: X12
+ISA05:ISA06 (``ZZ:ACME``, ``01:123456789``), EDIFACT UNB S002/S003 (``14:4012345000009``).
+A party may have several; one identity belongs to one party at most. Plain Python.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+#: the qualifier: 1-4 letters or digits
+QUALIFIER_RE = re.compile(r"[A-Za-z0-9]{1,4}")
+#: the id: 1-35 characters, none a separator an envelope uses or a control character
+ID_RE = re.compile(r"[^*~'+:\x00-\x1f\x7f]{1,35}")
+
+#: the rule as a form's help says it
+IDENTITY_RULE = ("qualifier:id, the qualifier 1-4 letters or digits, the id 1-35 "
+                 "characters without * ~ ' + or :")
+
+
+def parse_identity(text: object) -> tuple[str, str]:
+    """``(qualifier, id)`` of ``qualifier:id``; ValueError saying why it is no identity."""
+    if not isinstance(text, str):
+        raise ValueError(f"EDI identity {text!r} must be text: {IDENTITY_RULE}")
+    qualifier, colon, ident = text.strip().partition(":")
+    if not (colon and QUALIFIER_RE.fullmatch(qualifier) and ID_RE.fullmatch(ident)
+            and ident == ident.strip()):
+        raise ValueError(f"EDI identity {text!r} must be {IDENTITY_RULE}")
+    return qualifier, ident
+
+
+def parse_identities(texts: Iterable[object]) -> list[tuple[str, str]]:
+    """Every identity of ``texts``, distinct, in the order given; ValueError naming the
+    first that is none."""
+    return list(dict.fromkeys(parse_identity(text) for text in texts))
+
+
+def identity_text(qualifier: str, ident: str) -> str:
+    return f"{qualifier}:{ident}"
