@@ -9,11 +9,13 @@ import re
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.procs import BIN, free_port, wait_until
+import b2bhub
+from tests.procs import BIN, Proc, free_port, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -191,3 +193,26 @@ def test_a_ctrl_c_of_the_whole_group_ends_streams_and_every_process_at_once(proc
     # every stream's connection ended, cleanly (its chunked body closed) and at once
     assert [how for how, _ in ended] == ["ended"] * len(streams), ended
     assert all(at - started < 5.0 for _, at in ended), ended
+
+
+def test_every_child_runs_where_b2bhub_run_was_started(procs, tmp_path):
+    """``make run`` from a checkout, or ``b2bhub run`` anywhere else, with the default
+    data directory ``./var``: the web process, the worker and beat use the database and
+    broker the command migrated in that directory, never one beside the package."""
+    run_dir = tmp_path / "here"
+    run_dir.mkdir()
+    env = {k: v for k, v in procs.env({"B2BHUB_PORT": str(free_port()),
+                                       "B2BHUB_WORKERS": "1"}).items()
+           if k not in ("B2BHUB_DATABASE_URL", "B2BHUB_BROKER_URL", "B2BHUB_DATA_DIR",
+                        "B2BHUB_PAYLOAD_DIR")}
+    hub = Proc("hub-here", [str(BIN / "b2bhub"), "run"], env, tmp_path / "hub-here.log",
+               cwd=run_dir)
+    procs.procs.append(hub)
+    hub.wait_in_log(" ready.", timeout=90)
+    hub.wait_in_log("beat: Starting...", timeout=90)
+    data = (run_dir / "var").resolve()
+    assert f"transport:   sqla+sqlite:///{data}/broker.sqlite" in hub.output()
+    wait_until(lambda: (data / "broker.sqlite").exists(), 30, "the broker in ./var")
+    time.sleep(2)  # a heartbeat and a scheduler tick of every child
+    assert "no such table" not in hub.output(), hub.output()[-3000:]
+    assert not (Path(b2bhub.__file__).parent / "var").exists()

@@ -21,11 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 class Supervisor:
-    def __init__(self, commands: dict[str, list[str]], cwd: Path = ROOT):
+    """``cwd``: where the children run; by default where ``b2bhub run`` was started, so a
+    relative path (the default data directory ``./var``) means the same to every
+    process, wherever the hub is installed."""
+
+    def __init__(self, commands: dict[str, list[str]], cwd: Path | None = None):
         self.commands, self.cwd = commands, cwd
         self.children: dict[str, subprocess.Popen] = {}
         self.stopping = False
