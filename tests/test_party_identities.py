@@ -169,3 +169,59 @@ def test_a_fixture_file_may_give_parties_identities(app, session, tmp_path):
     session.expire_all()
     assert party_of(session, "01:123") == "acme"
     assert party_of(session, "ZZ:MYCOMPANY") == "mycompany"
+
+
+# --- acknowledgment settings ---------------------------------------------------------
+
+def test_a_partner_s_acknowledgment_settings_in_the_api_with_their_history(hub, api,
+                                                                           session):
+    made = api.post("/api/v1/partners", json={"name": "acme", "functional_acks": "997",
+                                              "ack_hours": 24})
+    assert made.status_code == 201, made.get_json()
+    assert (made.get_json()["functional_acks"], made.get_json()["ack_hours"]) == ("997", 24)
+    plain = api.post("/api/v1/partners", json={"name": "globex"}).get_json()
+    assert (plain["functional_acks"], plain["ack_hours"]) == ("none", None)
+
+    kept = api.put("/api/v1/partners/acme", json={"display_name": "ACME"}).get_json()
+    assert (kept["functional_acks"], kept["ack_hours"]) == ("997", 24)
+    changed = api.put("/api/v1/partners/acme", json={"display_name": "ACME",
+                                                     "functional_acks": "999",
+                                                     "ack_hours": None}).get_json()
+    assert (changed["functional_acks"], changed["ack_hours"]) == ("999", None)
+    for bad in ({"functional_acks": "998"}, {"ack_hours": 0}, {"ack_hours": 721},
+                {"ack_hours": "soon"}):
+        error = error_of(api.put("/api/v1/partners/acme", json={"display_name": "ACME",
+                                                                **bad}), 400, "invalid")
+        assert set(bad) <= set(error["details"].get("fields", error["details"])), error
+    again = api.get("/api/v1/partners/acme").get_json()
+    assert (again["functional_acks"], again["ack_hours"]) == ("999", None)
+    lines = session.scalars(select(HistoryLine.text).where(
+        HistoryLine.text.contains("acknowledgments")).order_by(HistoryLine.id)).all()
+    assert lines == [
+        "tests: EDI acknowledgments of partner acme: sends 997 / CONTRL, expects within 24 h "
+        "(were sends none, expects none)",
+        "tests: EDI acknowledgments of partner acme: sends 999 / CONTRL, expects none "
+        "(were sends 997 / CONTRL, expects within 24 h)"]
+
+
+def test_the_ui_sets_a_partner_s_acknowledgments(hub, login, session):  # noqa: F811
+    hub.parties(organizations=("mycompany",), partners=("acme",))
+    client = login("admin", "ada")
+    assert "Functional acknowledgments we send" not in client.get(
+        "/ui/parties/organization/mycompany").text
+    assert client.post("/ui/parties/partner/acme", data={
+        "name": "acme", "display_name": "ACME", "edi_identities": "",
+        "functional_acks": "997", "ack_hours": " 48 "}).status_code == 302
+    party = svc.get_party(session, "partner", "acme")
+    assert (party.functional_acks, party.ack_hours) == ("997", 48)
+    assert "theirs expected: within 48 hours" in client.get("/ui/parties/acme").text
+    refused = client.post("/ui/parties/partner/acme", data={
+        "name": "acme", "display_name": "ACME", "edi_identities": "",
+        "functional_acks": "997", "ack_hours": "two days"})
+    assert refused.status_code == 400 and "whole number of hours" in refused.text
+    session.expire_all()
+    assert svc.get_party(session, "partner", "acme").ack_hours == 48
+    assert session.scalar(select(HistoryLine.actor).where(
+        HistoryLine.text.contains("acknowledgments"))) == "ada"
+    assert client.post("/ui/parties/organization/mycompany", data={
+        "name": "mycompany", "display_name": "Us", "edi_identities": ""}).status_code == 302

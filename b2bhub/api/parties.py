@@ -30,7 +30,8 @@ def create_party(body: dict, collection: str):
     """Refused (409 ``conflict``) when the name is taken, and (409 ``identity_taken``)
     when one of its EDI identities is another party's."""
     party = svc.create_party(db.session, KINDS[collection], body["name"],
-                             body["display_name"], body["edi_identities"], actor=g.actor)
+                             body["display_name"], body["edi_identities"], actor=g.actor,
+                             acks=_acks(body))
     db.session.commit()
     return party, 201, {"Location": url_for(f".get_{KINDS[collection]}",
                                             name=party.name)}
@@ -47,9 +48,14 @@ def update_party(body: dict, collection: str, name: str):
         raise ApiError(400, "invalid", f"'{name}' cannot be renamed: routes and messages "
                        "refer to it by name", {"name": "cannot be renamed"})
     party = svc.update_party(db.session, KINDS[collection], name, body["display_name"],
-                             body.get("edi_identities"), actor=g.actor)
+                             body.get("edi_identities"), actor=g.actor, acks=_acks(body))
     db.session.commit()
     return party
+
+
+def _acks(body: dict) -> dict:
+    """The acknowledgment settings the body gives (left out: unchanged)."""
+    return {key: body[key] for key in ("functional_acks", "ack_hours") if key in body}
 
 
 def delete_party(collection: str, name: str):

@@ -261,11 +261,26 @@ def _identities(note: str = "", **kwargs) -> fields.List:
                            f"(409 identity_taken){note}"}, **kwargs)
 
 
+def _functional_acks(note: str = "", **kwargs) -> fields.String:
+    return fields.String(validate=validate.OneOf(["none", "997", "999"]), metadata={
+        "description": "the functional acknowledgment the partner gets for each "
+        "interchange it sends: none, 997 or 999 (X12); any but none: a CONTRL for "
+        f"EDIFACT{note}"}, **kwargs)
+
+
+def _ack_hours(note: str = "", **kwargs) -> fields.Integer:
+    return fields.Integer(allow_none=True, validate=validate.Range(1, 720), metadata={
+        "description": "hours within which the partner acknowledges an interchange we "
+        f"send it (else ack_overdue); null: no acknowledgment expected{note}"}, **kwargs)
+
+
 class Party(Schema):
     name = fields.String(required=True)
     display_name = fields.String(required=True)
     kind = fields.String(required=True, validate=validate.OneOf(["organization", "partner"]))
     edi_identities = fields.List(fields.String(), required=True)
+    functional_acks = fields.String(required=True)
+    ack_hours = fields.Integer(required=True, allow_none=True)
     created_at = UtcDateTime(required=True)
 
 
@@ -273,12 +288,16 @@ class PartyCreate(Schema):
     name = _name(required=True)
     display_name = fields.String(load_default="", validate=validate.Length(max=200))
     edi_identities = _identities(load_default=list)
+    functional_acks = _functional_acks(load_default="none")
+    ack_hours = _ack_hours(load_default=None)
 
 
 class PartyUpdate(Schema):
     name = _name(metadata={"description": "may be sent, but must be the current name"})
     display_name = fields.String(required=True, validate=validate.Length(max=200))
     edi_identities = _identities("; left out: unchanged")
+    functional_acks = _functional_acks("; left out: unchanged")
+    ack_hours = _ack_hours("; left out: unchanged")
 
 
 PartyPage = page_of(Party, "PartyPage")

@@ -39,3 +39,21 @@ def parse_identities(texts: Iterable[object]) -> list[tuple[str, str]]:
 
 def identity_text(qualifier: str, ident: str) -> str:
     return f"{qualifier}:{ident}"
+
+
+#: what a partner gets for each interchange it sends us: nothing, an X12 997 or 999
+#: (EDIFACT interchanges get a CONTRL with either)
+FUNCTIONAL_ACKS = ("none", "997", "999")
+#: the longest wait for a partner's acknowledgment that can be set: 30 days
+MOST_ACK_HOURS = 720
+
+
+def check_ack_settings(functional_acks: object, ack_hours: object) -> dict[str, str]:
+    """The errors of a partner's acknowledgment settings, by field (empty: none)."""
+    errors = {}
+    if functional_acks not in FUNCTIONAL_ACKS:
+        errors["functional_acks"] = f"must be one of {', '.join(FUNCTIONAL_ACKS)}"
+    if ack_hours is not None and (isinstance(ack_hours, bool) or not isinstance(
+            ack_hours, int) or not 1 <= ack_hours <= MOST_ACK_HOURS):
+        errors["ack_hours"] = f"must be empty or a whole number of hours, 1-{MOST_ACK_HOURS}"
+    return errors

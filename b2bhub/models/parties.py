@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import ForeignKey, String, UniqueConstraint
+from sqlalchemy import ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from b2bhub.models.base import Base, utcnow
@@ -20,6 +20,13 @@ class Party(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     kind: Mapped[str] = mapped_column(String(16), index=True)  # organization | partner
     display_name: Mapped[str] = mapped_column(String(200), default="")
+    #: the functional acknowledgment this partner gets for each interchange it sends us
+    #: (docs/edi.md): none, 997 or 999 for X12; any but none: a CONTRL for EDIFACT
+    functional_acks: Mapped[str] = mapped_column(String(8), default="none",
+                                                 server_default="none")
+    #: hours within which this partner acknowledges an interchange we send it; None: we
+    #: expect no acknowledgment (no ``ack_overdue``)
+    ack_hours: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     profiles: Mapped[list[ProtocolProfile]] = relationship(

@@ -17,7 +17,7 @@ from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
 from b2bhub.models.pages import Page, keyset_page
 from b2bhub.plugin.schema import ConfigError, validate_config
 from b2bhub.services.errors import Conflict, NotFound, ServiceError
-from b2bhub.services.identities import set_identities
+from b2bhub.services.identities import set_ack_settings, set_identities
 
 #: how a stored secret is shown; sent back unchanged, it keeps the stored value
 SECRET_MASK = "********"
@@ -56,7 +56,8 @@ def _name_taken(session: Session, model, name: str) -> bool:
 # --- parties ------------------------------------------------------------------------
 
 def create_party(session: Session, kind: str, name: str, display_name: str = "",
-                 edi_identities: list[str] | None = None, actor: str = "") -> Party:
+                 edi_identities: list[str] | None = None, actor: str = "",
+                 acks: dict | None = None) -> Party:
     if kind not in (ORGANIZATION, PARTNER):
         raise ServiceError(f"party kind must be {ORGANIZATION} or {PARTNER}")
     _check_name(name, kind)
@@ -67,6 +68,7 @@ def create_party(session: Session, kind: str, name: str, display_name: str = "",
     session.add(party)
     session.flush()
     set_identities(session, party, edi_identities, actor)
+    set_ack_settings(session, party, acks or {}, actor)
     return party
 
 
@@ -90,14 +92,17 @@ def list_parties(session: Session, kind: str, limit: int, after: str | None = No
 
 
 def update_party(session: Session, kind: str, name: str, display_name: str,
-                 edi_identities: list[str] | None = None, actor: str = "") -> Party:
-    """Change a party's display name and, unless None, its EDI identities; its name is
-    what routes and messages refer to."""
+                 edi_identities: list[str] | None = None, actor: str = "",
+                 acks: dict | None = None) -> Party:
+    """Change a party's display name and, unless None, its EDI identities, and the
+    acknowledgment settings ``acks`` holds; its name is what routes and messages refer
+    to."""
     _check_display_name(display_name)
     party = get_party(session, kind, name)
     party.display_name = display_name or name
     session.flush()
     set_identities(session, party, edi_identities, actor)
+    set_ack_settings(session, party, acks or {}, actor)
     return party
 
 

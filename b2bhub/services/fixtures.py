@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.services import config as svc
 from b2bhub.services.errors import ServiceError
+from b2bhub.services.identities import ACK_FIELDS
 
 SECTIONS = ("organizations", "partners", "profiles", "plugins", "routes")
 
@@ -27,7 +28,9 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
             name = _field(party, "name", key, n)
             with _naming(f"{key[:-1]} {n} ({name})"):
                 svc.create_party(session, kind, name, party.get("display_name", ""),
-                                 party.get("edi_identities"), actor)
+                                 party.get("edi_identities"), actor,
+                                 acks={field: party[field] for field in ACK_FIELDS
+                                       if field in party})
     for n, profile in enumerate(sections["profiles"], 1):
         _load_profile(session, profile, n, registry)
     for n, instance in enumerate(sections["plugins"], 1):

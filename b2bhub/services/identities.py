@@ -1,5 +1,6 @@
-"""Parties' EDI identities (docs/edi.md): set from the API, the UI and fixture files, each
-identity one party's at most, every change a history line naming the operator."""
+"""Parties' EDI identities and acknowledgment settings (docs/edi.md): set from the API,
+the UI and fixture files, each identity one party's at most, every change a history line
+naming the operator."""
 
 from __future__ import annotations
 
@@ -47,6 +48,39 @@ def set_identities(session: Session, party: Party, texts: object, actor: str = "
              f"{actor}: EDI identities of {party.kind} {party.name}: "
              f"{_listed(party.edi_identities)} (were {_listed(before)})", actor=actor,
              data={FIELD: party.edi_identities, "before": before})
+
+
+def set_ack_settings(session: Session, party: Party, settings: dict, actor: str = "") -> None:
+    """Set the party's ``functional_acks`` and ``ack_hours`` from those of ``settings``
+    given (a key left out: unchanged); 400 naming each bad one."""
+    wanted = {key: settings[key] for key in ACK_FIELDS if key in settings}
+    if not wanted:
+        return
+    before = {key: getattr(party, key) for key in ACK_FIELDS}
+    after = {**before, **wanted}
+    errors = edi.check_ack_settings(after["functional_acks"], after["ack_hours"])
+    if errors:
+        raise ServiceError("; ".join(f"{key} {text}" for key, text in errors.items()),
+                           errors)
+    if after == before:
+        return
+    for key, value in after.items():
+        setattr(party, key, value)
+    session.flush()
+    add_line(session, None, "config_changed",
+             f"{actor}: EDI acknowledgments of {party.kind} {party.name}: "
+             f"{_acks(after)} (were {_acks(before)})", actor=actor,
+             data={"after": after, "before": before})
+
+
+ACK_FIELDS = ("functional_acks", "ack_hours")
+
+
+def _acks(settings: dict) -> str:
+    sent = settings["functional_acks"]
+    hours = settings["ack_hours"]
+    return (f"sends {'none' if sent == 'none' else sent + ' / CONTRL'}, "
+            f"expects {'none' if hours is None else f'within {hours} h'}")
 
 
 def _listed(identities: list[str]) -> str:

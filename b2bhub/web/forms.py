@@ -49,6 +49,15 @@ class PartyForm(FlaskForm):
     edi_identities = TextAreaField(
         "EDI identities", description="one qualifier:id per line, as an interchange's "
         "envelope names the party (ZZ:ACME, 01:123456789); each one party's at most")
+    functional_acks = SelectField(
+        "Functional acknowledgments we send", choices=[
+            ("none", "none"), ("997", "997 (X12), CONTRL (EDIFACT)"),
+            ("999", "999 (X12), CONTRL (EDIFACT)")],
+        description="what the partner gets back for each interchange it sends us")
+    ack_hours = StringField(
+        "Acknowledgment expected within (hours)",
+        description="empty: we expect no acknowledgment of what we send; else 1-720, "
+        "after which ack_overdue is raised")
 
 
 class RouteForm(FlaskForm):

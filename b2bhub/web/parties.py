@@ -66,16 +66,27 @@ def edit_party(kind: str, name: str):
     except ServiceError as exc:
         abort(404, exc.message)
     form = PartyForm(data={"name": party.name, "display_name": party.display_name,
-                           "edi_identities": "\n".join(party.edi_identities)})
+                           "edi_identities": "\n".join(party.edi_identities),
+                           "functional_acks": party.functional_acks,
+                           "ack_hours": "" if party.ack_hours is None else party.ack_hours})
     form.name.render_kw = {"readonly": True}
     if form.validate_on_submit() and submit(
             form, lambda: svc.update_party(
                 db.session, kind, name, form.display_name.data or "",
-                _lines(form.edi_identities.data), actor=g.actor),
+                _lines(form.edi_identities.data), actor=g.actor,
+                acks={"functional_acks": form.functional_acks.data,
+                      "ack_hours": _hours(form.ack_hours.data)}),
             lambda _party: f"changed {kind} {name}"):
         return redirect(url_for("ui.parties"))
     return render_template("ui/party_form.html", form=form, party=party,
                            active="ui.parties"), form_status(form)
+
+
+def _hours(text: str | None) -> int | str | None:
+    """The hours a field holds: None when blank, the text itself (refused by the
+    service, beside the field) when not a whole number."""
+    text = (text or "").strip()
+    return None if not text else int(text) if text.isdigit() else text
 
 
 def _lines(text: str | None) -> list[str]:
