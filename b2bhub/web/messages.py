@@ -17,14 +17,20 @@ from b2bhub.models.pages import Page
 from b2bhub.runtime import hub
 from b2bhub.services import messages as svc
 from b2bhub.services import sending
+from b2bhub.services.envelope import envelope_view
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, SendForm, show_service_error
 from b2bhub.web.kit import bp, requires
 
 PAGE_SIZE = 50
+#: the envelope filters (docs/edi.md) are the API's, by the same names
 FILTER_ARGS = ("status", "from", "to", "source", "target", "since", "until", "q",
-               "correlation_id")
+               "correlation_id", *svc.ENVELOPE_FILTERS)
+#: the envelope filters the list shows under its "Envelope" disclosure (the others,
+#: document type and reference, are always shown)
+MORE_ENVELOPE = ("sender", "receiver", "interchange_control", "group_control",
+                 "transaction_control")
 
 
 def ui_time(args: MultiDict, name: str, errors: dict) -> datetime | None:
@@ -52,7 +58,8 @@ def message_filter(args: MultiDict) -> tuple[svc.MessageFilter, dict]:
         source=args.get("source") or None, target=args.get("target") or None,
         since=ui_time(args, "since", errors), until=ui_time(args, "until", errors),
         q=(args.get("q") or "").strip() or None,
-        correlation_id=(args.get("correlation_id") or "").strip() or None)
+        correlation_id=(args.get("correlation_id") or "").strip() or None,
+        **{name: (args.get(name) or "").strip() or None for name in svc.ENVELOPE_FILTERS})
     return filters, errors
 
 
@@ -109,7 +116,8 @@ def messages():
     return render_template("ui/messages.html", page=page, errors=errors, args=args,
                            statuses=list(MessageStatus), first_page=after is None,
                            sources=instance_names("source") + [sending.OPERATOR_SOURCE],
-                           targets=instance_names("target"))
+                           targets=instance_names("target"),
+                           envelope_open=any(request.args.get(k) for k in MORE_ENVELOPE))
 
 
 @bp.get("/messages/rows")
@@ -131,6 +139,7 @@ def message(message_id: int):
         abort(404, f"no message {message_id}")
     history = svc.message_history(db.session, message_id)
     return render_template("ui/message.html", m=found, form=ActionForm(), history=history,
+                           envelope=envelope_view(db.session, hub.store(), found),
                            explained_by=explaining_lines(history, found.deliveries),
                            can_redispatch=_can_redispatch(found),
                            can_cancel=_can_cancel(found), D=DeliveryActions,
