@@ -75,7 +75,10 @@ end), each the core's own object:
   (``run_read``); ``store_and_dispatch_many`` / ``store_and_dispatch_grouped`` (grouped
   commits of requests arriving together), ``writes_in_one_statement``,
   ``store_refused``; ``deliver_in_request`` and ``delivery_standing`` for a source that
-  delivers inside its request;
+  delivers inside its request; the checks of an interchange at intake (parties from its
+  envelope, its envelope errors, duplicates: ``IntakeChecks``, ``check_intake``,
+  ``IntakeRefusal``, ``store_intake_refusal``, ``store_checked_many``,
+  ``alert_duplicates``) for a source that stores its messages itself;
 * sessions (``new_session``, ``connection``), the payload store (``payload_store``,
   ``PayloadStore``, ``PayloadBatch``, ``StoredPayload``, ``PayloadError``, ``syncfs``);
 * the core's rows as plain values (``b2bhub.services.protocol``): ``instance_type``,
