@@ -10,6 +10,7 @@ disk, the database rows and the history a user reads.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import random
@@ -25,6 +26,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from b2bhub.config.extensions import db
+from b2bhub.engine.inspection import inspect_stream
 from b2bhub.engine.settings import DeliverySettings, save_settings
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, Payload, PollerPickup
 from b2bhub.payloads.store import PayloadStore
@@ -155,18 +157,40 @@ def test_dropped_files_arrive_byte_identical_and_the_history_tells_the_story(
     messages = rows(select(Message.id, Message.original_filename, Message.status,
                            Message.from_party, Message.to_party, Message.sha256))
     assert sorted(m.original_filename for m in messages) == sorted(files)
+    first = {}  # the first copy of each interchange: the one the others repeat
+    for m in sorted(messages, key=lambda m: m.id):
+        first.setdefault(m.sha256, m.id)
     for m in messages:
         assert (m.status, m.from_party, m.to_party) == ("delivered", "mycompany", "acme")
         assert m.sha256 == sha256(files[m.original_filename])
-        assert_story(history(m.id), m.original_filename, len(files[m.original_filename]))
+        assert_story(history(m.id), m.original_filename, len(files[m.original_filename]),
+                     envelope_lines(files[m.original_filename], first[m.sha256], m.id))
 
 
-def assert_story(lines: list[tuple[str, str, str]], name: str, size: int) -> None:
-    """Received by the poller naming the file, queued, attempt started, written, with
-    the status changes between, and nothing else."""
+def envelope_lines(body: bytes, first: int, message_id: int) -> list[tuple[str, str]]:
+    """What the checks at intake (docs/edi.md) say of an interchange with the default
+    settings: its envelope errors, accepted; and, for a copy of one received before, a
+    duplicate of the first copy. None for a file that is no interchange."""
+    env = inspect_stream(io.BytesIO(body))
+    if env is None:
+        return []
+    lines = [("edi_errors", f"envelope errors: {'; '.join(env.errors)} (accepted, as the "
+              "source's edi_errors says)")] if env.errors else []
+    if first != message_id:
+        lines.append(("duplicate_received", f"interchange {env.control} from {env.sender} "
+                      f"was received before as message {first}"))
+    return lines
+
+
+def assert_story(lines: list[tuple[str, str, str]], name: str, size: int,
+                 envelope: list[tuple[str, str]] = ()) -> None:
+    """Received by the poller naming the file, queued, what the envelope's checks said
+    (if anything), attempt started, written, with the status changes between, and
+    nothing else."""
     assert [(kind, text) for kind, _, text in lines] == [
         ("received", f"{name} received from mycompany for acme by poller"),
         ("delivery_changed", "writer: queued"),
+        *envelope,
         ("delivery_changed", "writer: attempt 1 started"),
         ("status_changed", "Received → In progress"),
         ("delivery_changed",

@@ -111,7 +111,9 @@ def test_x12_two_groups_and_two_transaction_types():
     assert ("sets", "3") in pairs and ("groups", "2") in pairs
 
 
-@pytest.mark.parametrize("change,error", [
+#: each X12 envelope error the inspector names: (a change of :func:`x12`'s interchange,
+#: the error's text), also dropped into sources in tests/test_edi_checks.py
+X12_ERRORS = [
     (lambda d: d.replace(b"MYCOMPANY      *", b"MYCOMPANY     *", 1),
      "the ISA segment is 105 characters, not 106"),
     (lambda d: d.replace(b"IEA*1*000000101", b"IEA*1*000000999"),
@@ -124,7 +126,10 @@ def test_x12_two_groups_and_two_transaction_types():
     (lambda d: d[:d.index(b"IEA")], "no IEA trailer"),
     (lambda d: d[:d.index(b"GE*")], "group 101 has no GE trailer"),
     (lambda d: d[:d.index(b"SE*")], "transaction set 0001 has no SE trailer"),
-])
+]
+
+
+@pytest.mark.parametrize("change,error", X12_ERRORS)
 def test_each_x12_envelope_error_is_named(change, error):
     env = inspect(change(x12()))
     assert any(error in text for text in env.errors), env.errors
@@ -166,14 +171,18 @@ def test_edifact_variants_agree_with_pydifact(kw):
         "1", "PO+1", "2", "INV-3"]
 
 
-@pytest.mark.parametrize("change,error", [
+#: each EDIFACT envelope error the inspector names, of :func:`edifact`'s interchange
+EDIFACT_ERRORS = [
     (lambda d: d.replace(b"UNT+3+1", b"UNT+3+7"), "UNT 0062 7 does not match UNH 0062 1"),
     (lambda d: d.replace(b"UNT+3+1", b"UNT+9+1"), "UNT says 9 segments, message 1 has 3"),
     (lambda d: d.replace(b"UNZ+2+55", b"UNZ+2+56"), "UNZ 0020 56 does not match UNB"),
     (lambda d: d.replace(b"UNZ+2+55", b"UNZ+5+55"), "UNZ says 5 messages"),
     (lambda d: d[:d.index(b"UNZ")], "no UNZ trailer"),
     (lambda d: d[:d.index(b"UNT+4")], "message 2 has no UNT trailer"),
-])
+]
+
+
+@pytest.mark.parametrize("change,error", EDIFACT_ERRORS)
 def test_each_edifact_envelope_error_is_named(change, error):
     env = inspect(change(edifact()))
     assert any(error in text for text in env.errors), env.errors

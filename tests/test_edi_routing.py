@@ -21,9 +21,10 @@ from tests.test_api import error_of
 from tests.test_edi_inspect import EDIFACT, X12, x12
 from tests.test_ui import login  # noqa: F401
 
-ACK = x12(groups=[("FA", "102", [("997", "0001", "")])])
+# interchanges of their own (control numbers), so none is a duplicate of another
+ACK = x12(groups=[("FA", "102", [("997", "0001", "")])], control="000000201")
 TWO = x12(groups=[("PO", "7", [("850", "0001", "PO-1")]),
-                  ("IN", "8", [("810", "0002", "INV-9")])])
+                  ("IN", "8", [("810", "0002", "INV-9")])], control="000000202")
 
 
 @pytest.fixture

@@ -116,7 +116,7 @@ INSTANCE_CHECKS = ("name", "type", "config", "retry_policy", "business_rules", "
 @bp.arguments(s.InstanceCreate)
 @bp.response(201, s.Instance)
 def create_instance(body: dict):
-    row = svc.save_instance(db.session, registry(), body, strict=True)
+    row = svc.save_instance(db.session, registry(), body, strict=True, actor=g.actor)
     db.session.commit()
     return instance_json(row, registry()), 201, {
         "Location": url_for(".get_instance", name=row.name)}
@@ -134,7 +134,7 @@ def get_instance(name: str):
 def update_instance(body: dict, name: str):
     """Change any field but ``name`` and ``type``; omitted fields keep their value."""
     row = svc.save_instance(db.session, registry(), body, svc.get_instance(db.session, name),
-                           strict=True)
+                           strict=True, actor=g.actor)
     db.session.commit()
     return instance_json(row, registry())
 

@@ -392,6 +392,20 @@ class InstanceFields(Schema):
         "description": "a source's from and to: source (default: as its path or "
                        "configuration says) or envelope (the parties whose EDI identities "
                        "the envelope's sender and receiver are; unknown: Not routed)"})
+    edi_errors = fields.String(validate=validate.OneOf(["accept", "refuse"]), metadata={
+        "description": "a source's interchange with envelope errors (control numbers, "
+                       "counts, trailers): accept (default: delivered, a history line "
+                       "lists the errors) or refuse (stored Refused, the errors the "
+                       "reason)"})
+    duplicates = fields.String(validate=validate.OneOf(["alert", "refuse"]), metadata={
+        "description": "a source's interchange whose envelope sender and interchange "
+                       "control number came within duplicate_days: alert (default: "
+                       "delivered, a duplicate_received line and alert) or refuse (stored "
+                       "Refused, naming the earlier message)"})
+    duplicate_days = _int(validate=validate.Range(
+        min=0, max=config_rules.MAX_DUPLICATE_DAYS), metadata={
+        "description": "the days an interchange counts as a duplicate of an earlier one "
+                       "(default 30; 0: no duplicate check)"})
     business_rules = fields.Raw(allow_none=True, metadata={
         "type": "array", "nullable": True, "items": BUSINESS_RULE,
         "description": "a target's business-error rules, checked in order on every "
@@ -426,6 +440,9 @@ class Instance(Schema):
                        "System > Settings probe_interval"})
     retention_days = fields.Integer(required=True, allow_none=True)
     parties_from = fields.String(required=True)
+    edi_errors = fields.String(required=True)
+    duplicates = fields.String(required=True)
+    duplicate_days = fields.Integer(required=True)
     state = fields.String(required=True)
     state_reason = fields.String(required=True, allow_none=True)
     online = fields.Boolean(required=True, allow_none=True, metadata={

@@ -29,7 +29,8 @@ def plugin_type_json(cls: type) -> dict[str, Any]:
 
 def instance_json(row: PluginInstance, registry) -> dict[str, Any]:
     columns = ("name", "type", "enabled", "max_concurrent_deliveries", "retry_policy",
-               "ordered", "queue", "probe_interval", "retention_days", "parties_from", "state",
+               "ordered", "queue", "probe_interval", "retention_days", "parties_from",
+               "edi_errors", "duplicates", "duplicate_days", "state",
                "state_reason", "online", "probe_checked_at", "probe_text", "created_at",
                "updated_at")
     return {**{key: getattr(row, key) for key in columns}, "config": _masked(row, registry),

@@ -25,8 +25,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from b2bhub.engine import collection
-from b2bhub.engine.dispatch import NewMessage, store_and_dispatch, store_and_dispatch_many
-from b2bhub.engine.envelope_parties import SOURCE, by_envelope
+from b2bhub.engine.dispatch import NewMessage
+from b2bhub.engine.envelope_checks import SOURCE, IntakeChecks, store_checked_many
 from b2bhub.engine.history import connection
 from b2bhub.engine.inspection import attribute_rows
 from b2bhub.engine.rows import insert_rows
@@ -80,10 +80,11 @@ class SourceIntake:
     def __init__(self, session: Session, store: PayloadStore, instance_name: str, *,
                  fence: Fence | None = None, clock: Callable[[], datetime] = utcnow,
                  should_stop: Callable[[], bool] = lambda: False,
-                 batch_size: int = BATCH_SIZE, parties_from: str = SOURCE):
+                 batch_size: int = BATCH_SIZE, parties_from: str = SOURCE,
+                 checks: IntakeChecks | None = None):
         self.session, self.store, self.instance_name = session, store, instance_name
         self.fence, self.clock, self.should_stop = fence or Fence(), clock, should_stop
-        self.batch_size, self.parties_from = batch_size, parties_from
+        self.batch_size, self.checks = batch_size, checks or IntakeChecks(parties_from)
         self.made: list[int] = []
         self._staged: list[_Staged] = []
         self._payloads: PayloadBatch = store.batch()
@@ -194,18 +195,18 @@ class SourceIntake:
         now = self.clock()
         try:
             self.fence.check(self.session, now)
-            message = store_and_dispatch(self.session, by_envelope(self.session, NewMessage(
+            [message_id] = store_checked_many(self.session, [NewMessage(
                 source=self.instance_name, from_party=from_party, to_party=to_party,
                 stages={"unpacked": (stored.digest, stored.size)}, original_filename=filename,
                 correlation_id=correlation_id,
                 rows=attribute_rows(self.store, stored.digest) + kw.pop("rows", []),
-                **kw), self.parties_from), now)
+                **kw)], self.checks, now)
             self.session.commit()
         except BaseException:
             self.session.rollback()
             raise
-        self.made.append(message.id)
-        return message.id
+        self.made.append(message_id)
+        return message_id
 
     # files -------------------------------------------------------------------
     def take_file(self, file: PickedFile, from_party: str, to_party: str,
@@ -306,8 +307,8 @@ class SourceIntake:
             known = self._known_pickups([s.file for s in batch])
             fresh = [s for s in batch
                      if _key(s.file, s.stored.digest) not in known]
-            made = store_and_dispatch_many(self.session, [
-                self._new_message(s) for s in fresh], now)
+            made = store_checked_many(self.session, [
+                self._new_message(s) for s in fresh], self.checks, now)
             inserted = self._insert_pickups(fresh, made, now)
             pickups = [known.get(_key(s.file, s.stored.digest)) or inserted[id(s)]
                        for s in batch]
@@ -318,11 +319,9 @@ class SourceIntake:
         return pickups, made
 
     def _new_message(self, staged: _Staged) -> NewMessage:
-        return by_envelope(self.session, NewMessage(
-            source=self.instance_name, from_party=staged.from_party, rows=staged.rows,
-            to_party=staged.to_party, original_filename=staged.filename,
-            correlation_id=staged.correlation_id,
-            stages={"unpacked": (staged.stored.digest, staged.stored.size)}), self.parties_from)
+        return NewMessage(self.instance_name, staged.from_party, staged.to_party, {
+            "unpacked": (staged.stored.digest, staged.stored.size)}, staged.filename,
+            correlation_id=staged.correlation_id, rows=staged.rows)
 
     def _insert_pickups(self, fresh: list[_Staged], made: list[int], now: datetime
                         ) -> dict[int, int]:

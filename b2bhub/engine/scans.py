@@ -23,6 +23,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from b2bhub.engine.envelope_checks import IntakeChecks
 from b2bhub.engine.instances import mark_instance_error, mark_running
 from b2bhub.engine.intake import Fence, ScanStopped, SourceIntake
 from b2bhub.engine.settings import load_settings
@@ -231,7 +232,7 @@ class SourceRunner:
             return ScanReport(reason=f"{row.name} could not start")
         intake = SourceIntake(session, self.store, row.name, fence=lease, clock=self.clock,
                               should_stop=self.should_stop, batch_size=self.batch_size,
-                              parties_from=row.parties_from)
+                              checks=IntakeChecks.of(row))
         report = ScanReport(ran=True)
         try:
             plugin.poll(intake)

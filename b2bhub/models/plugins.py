@@ -46,6 +46,15 @@ class PluginInstance(Base):
     # (the EDI identities of the envelope's sender and receiver, docs/edi.md)
     parties_from: Mapped[str] = mapped_column(String(16), default="source",
                                               server_default="source")
+    # a source's checks of envelopes at intake (docs/edi.md "Checks at intake"): an
+    # interchange with envelope errors is delivered ("accept") or Refused ("refuse"); one
+    # whose sender and interchange control number came within ``duplicate_days`` (0: no
+    # check) is delivered with an alert ("alert") or Refused ("refuse")
+    edi_errors: Mapped[str] = mapped_column(String(16), default="accept",
+                                            server_default="accept")
+    duplicates: Mapped[str] = mapped_column(String(16), default="alert",
+                                            server_default="alert")
+    duplicate_days: Mapped[int] = mapped_column(default=30, server_default="30")
     state: Mapped[str] = mapped_column(String(16), default=InstanceState.ENABLED)
     state_reason: Mapped[str] = mapped_column(default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

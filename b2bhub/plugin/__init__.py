@@ -75,7 +75,10 @@ end), each the core's own object:
   (``run_read``); ``store_and_dispatch_many`` / ``store_and_dispatch_grouped`` (grouped
   commits of requests arriving together), ``writes_in_one_statement``,
   ``store_refused``; ``deliver_in_request`` and ``delivery_standing`` for a source that
-  delivers inside its request;
+  delivers inside its request; the checks of an interchange at intake (parties from its
+  envelope, its envelope errors, duplicates: ``IntakeChecks``, ``check_intake``,
+  ``IntakeRefusal``, ``store_intake_refusal``, ``store_checked_many``,
+  ``alert_duplicates``) for a source that stores its messages itself;
 * sessions (``new_session``, ``connection``), the payload store (``payload_store``,
   ``PayloadStore``, ``PayloadBatch``, ``StoredPayload``, ``PayloadError``, ``syncfs``);
 * the core's rows as plain values (``b2bhub.services.protocol``): ``instance_type``,
@@ -552,6 +555,15 @@ _PROTOCOL_API = {
     "writes_in_one_statement": "b2bhub.engine.dispatch:writes_in_one_statement",
     "store_and_dispatch_grouped": "b2bhub.engine.grouped:store_and_dispatch_grouped",
     "store_refused": "b2bhub.engine.dispatch:store_refused",
+    # a received interchange's checks at intake (parties from the envelope, envelope
+    # errors, duplicates; docs/edi.md): the instance's settings, one call per message
+    # or batch, and the alerts of duplicates let through for a source storing them itself
+    "IntakeChecks": "b2bhub.engine.envelope_checks:IntakeChecks",
+    "IntakeRefusal": "b2bhub.engine.envelope_checks:IntakeRefusal",
+    "check_intake": "b2bhub.engine.envelope_checks:check_intake",
+    "store_checked_many": "b2bhub.engine.envelope_checks:store_checked_many",
+    "store_intake_refusal": "b2bhub.engine.envelope_checks:store_refused_with_rows",
+    "alert_duplicates": "b2bhub.engine.envelope_checks:alert_duplicates",
     # a source's synchronous mode: the delivery attempted inside the request
     "deliver_in_request": "b2bhub.runtime.in_request:deliver_in_request",
     "delivery_standing": "b2bhub.runtime.in_request:delivery_standing",

@@ -11,7 +11,9 @@ from b2bhub.domain import business_rules, routing
 from b2bhub.domain.retention import KEEP_FOREVER
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
+from b2bhub.engine.envelope_checks import DUPLICATES, EDI_ERRORS, MAX_DUPLICATE_DAYS
 from b2bhub.engine.envelope_parties import PARTIES_FROM, SOURCE
+from b2bhub.engine.history import add_line
 from b2bhub.engine.settings import PROFILES_VERSION_KEY, bump_version
 from b2bhub.models import ORGANIZATION, PARTNER, Party, PluginInstance, Route
 from b2bhub.models.pages import Page, keyset_page
@@ -36,8 +38,10 @@ PROBE_INTERVAL_RULE = (f"probe_interval must be 0 (the System > Settings probe i
 
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
                    "retry_policy", "ordered", "queue", "probe_interval", "retention_days",
-                   "parties_from",
+                   "parties_from", "edi_errors", "duplicates", "duplicate_days",
                    "business_rules"}
+#: a source's checks of envelopes at intake (docs/edi.md), each change a history line
+CHECK_FIELDS = ("edi_errors", "duplicates", "duplicate_days")
 
 
 def _check_name(name: Any, what: str) -> str:
@@ -132,7 +136,7 @@ def _describe(row: Route) -> str:
 
 def save_instance(session: Session, registry, data: dict,
                   existing: PluginInstance | None = None, *,
-                  strict: bool = False) -> PluginInstance:
+                  strict: bool = False, actor: str = "") -> PluginInstance:
     """Create or update an instance from the API shape; refuses bad input whole.
 
     ``strict``: ``config`` is a JSON body's, each value of its field's JSON type (the
@@ -185,12 +189,33 @@ def save_instance(session: Session, registry, data: dict,
         raise together(refusals)
     row = existing or PluginInstance(name=name, type=type_name)
     row.config = config
+    before = _checks_of(existing)
     _apply_delivery_fields(row, data)
+    _record_checks(session, row, before, actor)
     if "business_rules" in data:
         row.business_rules = rules
     session.add(row)
     session.flush()
     return row
+
+
+def _checks_of(row: PluginInstance | None) -> dict:
+    """An instance's intake checks as stored (a new one's: the defaults)."""
+    columns = PluginInstance.__table__.c
+    return {key: getattr(row, key) if row is not None else columns[key].default.arg
+            for key in CHECK_FIELDS}
+
+
+def _record_checks(session: Session, row: PluginInstance, before: dict, actor: str) -> None:
+    """A ``config_changed`` line naming the operator when the checks changed."""
+    after = {key: getattr(row, key) if getattr(row, key) is not None else before[key]
+             for key in CHECK_FIELDS}
+    changed = [f"{key} {after[key]} (was {before[key]})" for key in CHECK_FIELDS
+               if after[key] != before[key]]
+    if changed:
+        add_line(session, None, "config_changed",
+                 f"{actor or 'system'}: intake checks of instance {row.name}: "
+                 f"{', '.join(changed)}", actor=actor, data={"after": after, "before": before})
 
 
 def _keep_secrets(schema, given: dict, stored: dict) -> dict:
@@ -207,7 +232,10 @@ def _check_types(data: dict) -> None:
                               ("probe_interval", (int,), "a whole number of seconds"),
                               ("retention_days", (int, type(None)), "a whole number or null"),
                               ("queue", (str, type(None)), "a queue name or null"),
-                              ("parties_from", (str,), "'source' or 'envelope'")):
+                              ("parties_from", (str,), "'source' or 'envelope'"),
+                              ("edi_errors", (str,), "'accept' or 'refuse'"),
+                              ("duplicates", (str,), "'alert' or 'refuse'"),
+                              ("duplicate_days", (int,), "a whole number of days")):
         value = data.get(key)
         if key in data and (not isinstance(value, kinds) or
                             (isinstance(value, bool) and bool not in kinds)):
@@ -223,6 +251,19 @@ def _check_types(data: dict) -> None:
         raise ServiceError("parties_from must be 'source' (the source's path or "
                            "configuration) or 'envelope' (its EDI identities)",
                            {"parties_from": "must be 'source' or 'envelope'"})
+    if data.get("edi_errors", EDI_ERRORS[0]) not in EDI_ERRORS:
+        raise ServiceError("edi_errors must be 'accept' (delivered, the envelope errors "
+                           "in its history) or 'refuse' (stored Refused)",
+                           {"edi_errors": "must be 'accept' or 'refuse'"})
+    if data.get("duplicates", DUPLICATES[0]) not in DUPLICATES:
+        raise ServiceError("duplicates must be 'alert' (delivered, with a "
+                           "duplicate_received line and alert) or 'refuse' (stored Refused)",
+                           {"duplicates": "must be 'alert' or 'refuse'"})
+    if not 0 <= data.get("duplicate_days", 0) <= MAX_DUPLICATE_DAYS:
+        raise ServiceError(f"duplicate_days must be from 0 (no duplicate check) to "
+                           f"{MAX_DUPLICATE_DAYS} days",
+                           {"duplicate_days": f"must be from 0 (no check) to "
+                                              f"{MAX_DUPLICATE_DAYS}"})
     if data.get("queue") is not None and routing.validate_name(data["queue"]):
         raise ServiceError(f"queue: {routing.validate_name(data['queue'])}",
                            {"queue": "invalid name"})
@@ -284,7 +325,8 @@ def _apply_delivery_fields(row: PluginInstance, data: dict) -> None:
                                              row.max_concurrent_deliveries or 4)
     if "retry_policy" in data:
         row.retry_policy = data["retry_policy"] or None
-    for key in ("ordered", "queue", "probe_interval", "retention_days", "parties_from"):
+    for key in ("ordered", "queue", "probe_interval", "retention_days", "parties_from",
+                *CHECK_FIELDS):
         if key in data:
             setattr(row, key, data[key])
 

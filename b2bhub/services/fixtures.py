@@ -35,7 +35,7 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
         _load_profile(session, profile, n, registry)
     for n, instance in enumerate(sections["plugins"], 1):
         with _naming(f"plugin {n} ({instance.get('name', 'no name')})"):
-            svc.save_instance(session, registry, instance)
+            svc.save_instance(session, registry, instance, actor=actor)
     for n, route in enumerate(sections["routes"], 1):
         source, target = (_field(route, k, "routes", n) for k in ("source", "target"))
         with _naming(f"route {n}"):

@@ -151,6 +151,20 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
                      ("envelope", "the envelope (the parties' EDI identities)")],
             description="envelope: from and to are the parties whose EDI identities the "
             "interchange's sender and receiver are; an unknown one makes it Not routed")
+        InstanceForm.edi_errors = SelectField(
+            "Envelope errors", validate_choice=False,
+            choices=[("accept", "accept: deliver, the errors in its history"),
+                     ("refuse", "refuse: store it Refused, the errors the reason")],
+            description="an interchange whose envelope has errors (control numbers, "
+            "counts, a missing trailer)")
+        InstanceForm.duplicates = SelectField(
+            "Duplicate interchanges", validate_choice=False,
+            choices=[("alert", "alert: deliver, with a line and an alert"),
+                     ("refuse", "refuse: store it Refused, naming the earlier message")],
+            description="an interchange whose sender and control number came before")
+        InstanceForm.duplicate_days = StringField(
+            "Duplicate window (days)", default="30",
+            description="how far back an interchange counts as a duplicate; 0: no check")
     return InstanceForm(data=_form_data(plugin_cls, data or {}))
 
 
@@ -206,7 +220,7 @@ def _form_data(plugin_cls: type, data: dict) -> dict:
         out["business_rules"] = json.dumps(data["business_rules"], indent=2)
     else:
         out.pop("business_rules", None)
-    for key in ("max_concurrent_deliveries", "retention_days"):
+    for key in ("max_concurrent_deliveries", "retention_days", "duplicate_days"):
         if data.get(key) is not None:
             out[key] = str(data[key])
     out["probe_interval"] = str(data["probe_interval"]) if data.get("probe_interval") else ""
@@ -260,6 +274,11 @@ def instance_data(form: FlaskForm, plugin_cls: type, leave_out: set | None = Non
         data["retention_days"] = _whole(text, "retention_days", errors) if text else None
     if hasattr(form, "parties_from"):
         data["parties_from"] = form.parties_from.data or "source"
+    if hasattr(form, "edi_errors"):
+        data["edi_errors"] = form.edi_errors.data or "accept"
+        data["duplicates"] = form.duplicates.data or "alert"
+        text = (form.duplicate_days.data or "").strip()
+        data["duplicate_days"] = _whole(text, "duplicate_days", errors) if text else 30
     for key in leave_out or ():
         data.pop(key, None)
         errors.pop(key, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from flask import abort, redirect, render_template, url_for
+from flask import abort, g, redirect, render_template, url_for
 
 from b2bhub.api.shapes import instance_json
 from b2bhub.config.extensions import db
@@ -75,7 +75,7 @@ def edit_instance(type_name: str | None = None, name: str | None = None):
         form.name.render_kw = {"readonly": True}
     if form.validate_on_submit() and submit(
             form, lambda: save_instance_form(form, plugin_cls, lambda data: svc.save_instance(
-                db.session, hub.registry(), data, row)),
+                db.session, hub.registry(), data, row, actor=g.actor)),
             lambda saved: f"{'created' if row is None else 'changed'} {saved.type} "
                           f"instance {saved.name}"):
         return redirect(url_for("ui.plugins"))
