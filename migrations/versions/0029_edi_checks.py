@@ -3,7 +3,7 @@ envelopes it receives (envelope errors accepted or refused; duplicate interchang
 alerted or refused, within so many days)
 
 Revision ID: 0029_edi_checks
-Revises: 0027_parties_from
+Revises: 0028_party_acks
 Create Date: 2026-12-07 09:00:00.000000
 
 """
@@ -12,7 +12,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision = '0029_edi_checks'
-down_revision = '0027_parties_from'
+down_revision = '0028_party_acks'
 branch_labels = None
 depends_on = None
 
