@@ -4,7 +4,7 @@ alerted or refused, within so many days)
 
 Revision ID: 0029_edi_checks
 Revises: 0028_party_acks
-Create Date: 2026-12-07 09:00:00.000000
+Create Date: 2026-12-06 07:00:00.000000
 
 """
 import sqlalchemy as sa
