@@ -76,6 +76,12 @@ end), each the core's own object:
   commits of requests arriving together), ``writes_in_one_statement``,
   ``store_refused``; ``deliver_in_request`` and ``delivery_standing`` for a source that
   delivers inside its request;
+* EDI inspection for a source that stores its messages itself (docs/edi.md): it inspects
+  what it holds, never the payload read back from the store: ``inspect_bytes`` (a body
+  in memory) or ``InspectingReader`` (a stream, inspected as the store reads it), the
+  attributes as the message's rows (``attribute_rows_of``), and its parties from the
+  envelope (``envelope_identities``, ``by_envelope``, ``PARTIES_FROM_ENVELOPE``;
+  ``EndpointLookup`` reads an envelope's identities' parties in its one statement);
 * sessions (``new_session``, ``connection``), the payload store (``payload_store``,
   ``PayloadStore``, ``PayloadBatch``, ``StoredPayload``, ``PayloadError``, ``syncfs``);
 * the core's rows as plain values (``b2bhub.services.protocol``): ``instance_type``,
@@ -285,6 +291,10 @@ class EndpointRequest:
     store: Any
     #: the instance's ``max_size`` (or the core's default); :meth:`read` stops past it
     max_size: int = 100 * 1024 * 1024
+    #: the instance's ``parties_from`` (``source`` or ``envelope``, docs/edi.md) when the
+    #: core looked it up (``config`` given); else the handler's lookup reads it
+    #: (:attr:`Looked.parties_from`)
+    parties_from: str = "source"
 
     def read(self, chunk: int = 1 << 20) -> bytes | None:
         """The whole body, or None once it passes ``max_size`` (the rest is not read)."""
@@ -552,6 +562,15 @@ _PROTOCOL_API = {
     "writes_in_one_statement": "b2bhub.engine.dispatch:writes_in_one_statement",
     "store_and_dispatch_grouped": "b2bhub.engine.grouped:store_and_dispatch_grouped",
     "store_refused": "b2bhub.engine.dispatch:store_refused",
+    # EDI inspection of what a receiver holds (docs/edi.md): bytes in memory, or a
+    # stream read through to the payload store; the attributes as a message's rows;
+    # parties from the envelope
+    "inspect_bytes": "b2bhub.engine.inspection:inspect_bytes",
+    "InspectingReader": "b2bhub.engine.inspection:InspectingReader",
+    "attribute_rows_of": "b2bhub.engine.inspection:attribute_rows_of",
+    "envelope_identities": "b2bhub.engine.envelope_parties:envelope_identities",
+    "by_envelope": "b2bhub.engine.envelope_parties:by_envelope",
+    "PARTIES_FROM_ENVELOPE": "b2bhub.engine.envelope_parties:ENVELOPE",
     # a source's synchronous mode: the delivery attempted inside the request
     "deliver_in_request": "b2bhub.runtime.in_request:deliver_in_request",
     "delivery_standing": "b2bhub.runtime.in_request:delivery_standing",
