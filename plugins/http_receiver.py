@@ -7,7 +7,11 @@ Order of work for one request, each refusal storing nothing:
    their sha256, shown once when made; :func:`create_token`, :func:`revoke_token`).
    Missing or wrong: 401.
 2. From and to: ``X-B2BHub-From`` / ``X-B2BHub-To``, else the configured ``from_party``
-   / ``to_party``; either missing or not a party: 422.
+   / ``to_party``; either missing or not a party: 422. An instance whose
+   ``parties_from`` is ``envelope`` takes them from the body's envelope instead
+   (docs/edi.md "The receivers"): the headers and configuration are then optional
+   (a named party must still exist), and an envelope naming unknown identities makes
+   the message Not routed with the reason.
 3. The body is streamed into a payload batch (never whole in memory), at most
    ``max_size`` bytes (413 past it), and must be complete (a body shorter than its
    Content-Length or a chunked body cut off: 400). A refused body's temp file is
@@ -20,11 +24,14 @@ Order of work for one request, each refusal storing nothing:
    hourly job http_receiver.expire_keys removes older ones). A request that failed
    before it stored a message forgets its key, so the client may try again; a key left
    in progress by a process that died is taken over after :data:`ABANDONED`.
-5. Async mode: stored and dispatched by the routes, 202 with the message id and a
+5. The body's envelope is read (EDI inspection) from memory when it was preread, else
+   as it streams into the payload store; its attributes go in with the message and the
+   routes match its document types.
+6. Async mode: stored and dispatched by the routes, 202 with the message id and a
    ``Location`` of its API resource. On PostgreSQL a request without a key whose
    message is one statement goes with those of other requests of the process arriving
    meanwhile, in one statement and commit (:mod:`b2bhub.engine.grouped`).
-6. Sync mode (seed 003): the message goes to the instance's one ``target`` (routes are
+7. Sync mode (seed 003): the message goes to the instance's one ``target`` (routes are
    not consulted), then is attempted inside the request through the engine's claim,
    attempt and settlement (:meth:`b2bhub.engine.runner.TargetRunner.attempt_now`),
    1 s after the previous attempt ended, up to the target's maximum attempts; the loop

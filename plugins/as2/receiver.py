@@ -16,7 +16,10 @@ input. The order of work:
    instance's ``stream_threshold`` is read into a temp file instead (:class:`Spool`,
    linked into the store as the raw stage) and parsed from there in bounded buffers
    (:mod:`.stream`), with the same checks, texts and MDN.
-5. Accepted: the raw, unpacked and receipt stages are made durable and put in place by
+5. Accepted: the unpacked stage's EDI envelope is read from the content in memory (or as
+   it streams into its stage), its attributes going in with the message; with
+   ``parties_from: "envelope"`` from and to are the envelope's parties (docs/edi.md).
+   The raw, unpacked and receipt stages are made durable and put in place by
    one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
    are inserted, and before that transaction commits; the positive MDN is returned
    (sync) or owed (async, sent by a worker) only after that commit. Refused: the message is stored
