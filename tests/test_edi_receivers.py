@@ -172,6 +172,47 @@ def test_an_envelope_receiver_takes_the_envelope_s_parties(served, receivers, se
         assert targets(session, message_id) == ["erp"]
 
 
+def test_an_envelope_receiver_in_sync_mode_delivers_between_the_envelope_s_parties(
+        served, receivers, session):
+    answer = requests.post(f"{served}/in/direct", data=INBOUND_X12, timeout=30, headers={
+        "Authorization": f"Bearer {receivers['direct']}"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outcome"] == "delivered"
+    session.expire_all()
+    message = session.get(Message, answer.json()["message_id"])
+    assert (message.from_party, message.to_party) == ("acme", "mycompany")
+    assert ("document_type", "850") in attributes(session, message.id)
+
+
+class Broken:
+    """An inspector that recognises everything and fails reading it."""
+
+    name = "broken"
+
+    @staticmethod
+    def recognise(head: bytes) -> bool:
+        return True
+
+    @staticmethod
+    def inspect(stream):
+        stream.read(10)
+        raise ValueError("this inspector cannot read envelopes")
+
+
+def test_an_inspector_that_fails_never_fails_a_receive(served, receivers, session,
+                                                       monkeypatch, hub):
+    """Preread or streamed, the message is stored as it came, with no attributes."""
+    from b2bhub.engine import inspection
+    monkeypatch.setattr(inspection, "get_inspectors", lambda: {"broken": Broken})
+    small = post(served, "inbox", receivers["inbox"], X12)["message_id"]
+    large = post(served, "inbox", receivers["inbox"], LARGE)["message_id"]
+    session.expire_all()
+    for message_id, body in ((small, X12), (large, LARGE)):
+        assert attributes(session, message_id) == set()
+        assert hub.store.open(session.get(Message, message_id).sha256).read() == body
+        assert targets(session, message_id) == []  # no types: no typed route matches
+
+
 def test_an_envelope_receiver_s_lookup_reads_the_envelope_s_parties(served, receivers,
                                                                      session, app):
     """A preread body's envelope parties are read in the request's one lookup."""
