@@ -7,7 +7,11 @@ Order of work for one request, each refusal storing nothing:
    their sha256, shown once when made; :func:`create_token`, :func:`revoke_token`).
    Missing or wrong: 401.
 2. From and to: ``X-B2BHub-From`` / ``X-B2BHub-To``, else the configured ``from_party``
-   / ``to_party``; either missing or not a party: 422.
+   / ``to_party``; either missing or not a party: 422. An instance whose
+   ``parties_from`` is ``envelope`` takes them from the body's envelope instead
+   (docs/edi.md "The receivers"): the headers and configuration are then optional
+   (a named party must still exist), and an envelope naming unknown identities makes
+   the message Not routed with the reason.
 3. The body is streamed into a payload batch (never whole in memory), at most
    ``max_size`` bytes (413 past it), and must be complete (a body shorter than its
    Content-Length or a chunked body cut off: 400). A refused body's temp file is
@@ -20,11 +24,14 @@ Order of work for one request, each refusal storing nothing:
    hourly job http_receiver.expire_keys removes older ones). A request that failed
    before it stored a message forgets its key, so the client may try again; a key left
    in progress by a process that died is taken over after :data:`ABANDONED`.
-5. Async mode: stored and dispatched by the routes, 202 with the message id and a
+5. The body's envelope is read (EDI inspection) from memory when it was preread, else
+   as it streams into the payload store; its attributes go in with the message and the
+   routes match its document types.
+6. Async mode: stored and dispatched by the routes, 202 with the message id and a
    ``Location`` of its API resource. On PostgreSQL a request without a key whose
    message is one statement goes with those of other requests of the process arriving
    meanwhile, in one statement and commit (:mod:`b2bhub.engine.grouped`).
-6. Sync mode (seed 003): the message goes to the instance's one ``target`` (routes are
+7. Sync mode (seed 003): the message goes to the instance's one ``target`` (routes are
    not consulted), then is attempted inside the request through the engine's claim,
    attempt and settlement (:meth:`b2bhub.engine.runner.TargetRunner.attempt_now`),
    1 s after the previous attempt ended, up to the target's maximum attempts; the loop
@@ -67,6 +74,7 @@ from sqlalchemy.orm import Mapped, mapped_column, scoped_session
 
 from b2bhub.plugin import (
     INTAKE_KEYS,
+    PARTIES_FROM_ENVELOPE,
     PREREAD,
     Base,
     BigId,
@@ -75,15 +83,20 @@ from b2bhub.plugin import (
     EndpointReply,
     EndpointRequest,
     Field,
+    InspectingReader,
     NewMessage,
     NotFound,
     PeriodicJob,
     Plugin,
     ServiceError,
     add_line,
+    attribute_rows_of,
+    by_envelope,
     deliver_in_request,
     delivery_standing,
     direction_of,
+    envelope_identities,
+    inspect_bytes,
     instance_type,
     store_and_dispatch_grouped,
     store_and_dispatch_many,
@@ -258,17 +271,20 @@ LOOKUP = EndpointLookup(TYPE, settings=INTAKE_KEYS, parties=("from_party", "to_p
                         extra={"token": select(IntakeToken.id).where(
                             IntakeToken.instance == bindparam("instance"),
                             IntakeToken.token_sha256 == bindparam("token"))
-                            .scalar_subquery()})
+                            .scalar_subquery()},
+                        identities=("sender", "receiver"))
 
 
 def _lookups(session, request: EndpointRequest, token: str, from_header: str | None,
-             to_header: str | None):
+             to_header: str | None, identities: dict[str, str]):
     """What a request reads before the body is stored, in one statement (each is a round
     trip to PostgreSQL): the instance (when the core left it to us, for a preread body),
     the token's row, the sender's and the recipient's kinds (from the headers, else the
-    instance's ``from_party`` / ``to_party``) and the settings rows a new message needs.
-    None when the instance is missing or disabled; else (config, from, to, kinds of the
-    parties that exist, the settings rows, the token's id or None)."""
+    instance's ``from_party`` / ``to_party``), the parties of a preread body's envelope
+    (``identities``, by role) and the settings rows a new message needs. None when the
+    instance is missing or disabled; else (config, from, to, kinds of the parties that
+    exist, the settings rows, the token's id or None, the instance's ``parties_from``,
+    the party (name, kind) of each identity that is one's)."""
     given = request.config is not None
     config = request.config or {}
     parties = {
@@ -276,13 +292,14 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
         "to_party": to_header or (config.get("to_party") or None if given else None),
     }
     looked = LOOKUP.run(session, request.instance, look_up_instance=not given,
-                        parties=parties, token=_hash(token))
+                        parties=parties, token=_hash(token), identities=identities)
+    parties_from = request.parties_from
     if not given:
         if not looked.enabled:
             return None
-        config = looked.config
+        config, parties_from = looked.config, looked.parties_from
     return (config, looked.parties["from_party"], looked.parties["to_party"], looked.kinds,
-            looked.settings, looked.extra["token"])
+            looked.settings, looked.extra["token"], parties_from, looked.identities)
 
 
 def handle(request: EndpointRequest) -> EndpointReply:
@@ -295,21 +312,25 @@ def handle(request: EndpointRequest) -> EndpointReply:
     # often one statement, so each may run as a transaction of its own.
     alone = (key is None and request.content_length is not None
              and request.content_length <= PREREAD and _statement_at_a_time(session))
+    # A preread body is inspected from memory before the lookups, so that they read
+    # its envelope's parties too, in their one statement (docs/edi.md).
+    found = inspect_bytes(request.body.getvalue()) if request.config is None else None
     looked = _lookups(session, request, token.strip(), _header(headers, "X-B2BHub-From"),
-                      _header(headers, "X-B2BHub-To"))
+                      _header(headers, "X-B2BHub-To"), envelope_identities(found or ()))
     if looked is None:
         session.rollback()
         return _error(404, f"no enabled HTTP receiver named '{name}'")
-    config, from_party, to_party, kinds, known, token_id = looked
+    config, from_party, to_party, kinds, known, token_id, parties_from, holders = looked
+    envelope = parties_from == PARTIES_FROM_ENVELOPE
     if scheme.lower() != "bearer" or not token.strip() or token_id is None:
         session.rollback()
         return _error(401, "a valid bearer token of this receiver is required",
                       **{"WWW-Authenticate": 'Bearer realm="b2bhub"'})
-    if not from_party or not to_party:
+    if (not from_party or not to_party) and not envelope:
         session.rollback()
         return _error(422, "no sender or recipient: send X-B2BHub-From and X-B2BHub-To "
                            "or configure from_party and to_party")
-    unknown = [p for p in (from_party, to_party) if p not in kinds]
+    unknown = [p for p in (from_party, to_party) if p and p not in kinds]
     if unknown:
         session.rollback()
         return _error(422, f"unknown party: {', '.join(dict.fromkeys(unknown))}")
@@ -321,8 +342,15 @@ def handle(request: EndpointRequest) -> EndpointReply:
     if request.content_length is None or request.content_length > PREREAD:
         session.commit()  # no connection held while a large body arrives
     batch = request.store.batch()
+    body: IO[bytes] = _Limited(request.body, max_size, request.content_length)
+    if found is None:
+        # A body that was not preread is inspected as it streams into the store (a tee
+        # to the inspector's thread), not from the staged file afterwards: it is read
+        # once, whatever the payload store (an object store stages no local file), and
+        # never whole in memory.
+        body = InspectingReader(body)
     try:
-        stored = batch.put(_Limited(request.body, max_size, request.content_length))
+        stored = batch.put(body)
     except _TooLarge:
         batch.discard()
         return _error(413, f"the body is over the size limit of {max_size} bytes; "
@@ -334,6 +362,9 @@ def handle(request: EndpointRequest) -> EndpointReply:
     except BaseException:
         batch.discard()
         raise
+    finally:
+        if isinstance(body, InspectingReader):
+            found = body.attributes()  # [] unless the body was read to its end
     try:
         if key is not None:
             earlier = _claim_key(session, name, key[:255], stored.digest, config,
@@ -348,7 +379,11 @@ def handle(request: EndpointRequest) -> EndpointReply:
             stages={"unpacked": (stored.digest, stored.size)},
             original_filename=_filename(headers), correlation_id=_correlation(headers),
             sequence_key=(_header(headers, "X-B2BHub-Sequence-Key") or "")[:200] or None,
-            actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None)
+            actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None,
+            rows=attribute_rows_of(found))
+        if envelope:
+            new = _parties_from_envelope(session, new, found, kinds,
+                                         holders if request.config is None else None)
         made: list[tuple[int, int, str]] = []
         if alone and config.get("mode") != "sync":
             # nothing else to write: with the other requests' that arrive meanwhile, in
@@ -369,7 +404,9 @@ def handle(request: EndpointRequest) -> EndpointReply:
         if key is not None:
             _forget_key(session, name, key[:255])
         raise
-    if config.get("mode") == "sync":
+    if config.get("mode") == "sync" and not made:  # its envelope's parties unknown
+        reply = _answer(422, message_id, "not_routed", text=new.lines[-1]["text"])
+    elif config.get("mode") == "sync":
         [(delivery_id, _m, target)] = made
         reply = _deliver_in_request(session, message_id, delivery_id, target, known)
     else:
@@ -379,6 +416,26 @@ def handle(request: EndpointRequest) -> EndpointReply:
                  headers=json.dumps(reply.headers), body=reply.body)
         session.commit()
     return reply
+
+
+def _parties_from_envelope(session, new: NewMessage, found: list[tuple[str, str]],
+                           kinds: dict[str, str], holders: dict | None) -> NewMessage:
+    """An ``envelope`` receiver's message (docs/edi.md): from and to its envelope's
+    parties, which win over X-B2BHub-From / -To and the configured ones; when they are
+    not known, Not routed with the reason (:func:`by_envelope`), stored between the
+    parties the request or the configuration named, else those the envelope's known
+    identities are, else the identity itself (``?``: none). ``holders``: the identities'
+    parties the lookups read (a preread body); None: :func:`by_envelope` reads them."""
+    named = envelope_identities(found)
+    for role, attr in (("sender", "from_party"), ("receiver", "to_party")):
+        if not getattr(new, attr):
+            identity = named.get(role)
+            held = (holders or {}).get(identity)
+            setattr(new, attr, held[0] if held else (identity or "?")[:64])
+    seen = {**kinds, **dict((holders or {}).values())}
+    new.direction = (direction_of(seen, new.from_party, new.to_party)
+                     if new.from_party in seen and new.to_party in seen else None)
+    return by_envelope(session, new, PARTIES_FROM_ENVELOPE, holders)
 
 
 def _statement_at_a_time(session) -> bool:

@@ -332,7 +332,11 @@ def test_a_received_message_is_stored_in_few_statements(as2):
                                   mdn_signed=True, filename="po.edi")
     assert result["mdn_status"] == "processed", result
     assert seen["UPDATE"] == 0, seen  # every row goes in with its INSERT
-    assert sum(seen.values()) <= STATEMENTS_PER_RECEIVE - 1, seen
+    # DATA is an X12 interchange: its envelope's attributes (message_attributes rows)
+    # go in with the message, in the one statement on PostgreSQL; SQLite writes each
+    # kind of row with an INSERT of its own, so there they are one more
+    attributes = 1 if as2.session.get_bind().dialect.name == "sqlite" else 0
+    assert sum(seen.values()) <= STATEMENTS_PER_RECEIVE - 1 + attributes, seen
     assert seen["SELECT"] == 1, seen  # the lookups before the parse are one statement
     if as2.session.get_bind().dialect.name == "postgresql":  # the rest is one too, the
         assert seen == {"SELECT": 1, "WITH": 1}, seen  # as2_inbound row with the message

@@ -66,3 +66,24 @@ def test_without_the_instance_only_what_was_given_is_read(session):
     assert looked.kinds == {"acme": "partner", "mycompany": "organization"}
     assert looked.extra == {"same_name": None}
     assert LOOKUP.statement(False, ()) is LOOKUP.statement(False, ())  # built once a shape
+
+
+def test_an_envelope_s_identities_and_the_instance_s_parties_from_in_the_same_statement(
+        session):
+    """docs/edi.md: a receiver reads the parties of a preread body's envelope with the rest."""
+    from b2bhub.models import PartyIdentity
+
+    _set_up(session)
+    acme = session.query(Party).filter_by(name="acme").one()
+    session.add(PartyIdentity(party_id=acme.id, qualifier="ZZ", identifier="ACME"))
+    session.commit()
+    lookup = EndpointLookup("lookup_probe", settings=("probe.a",),
+                            identities=("sender", "receiver"))
+    with counted_statements(session.get_bind()) as counted:
+        looked = lookup.run(session, "probe", identities={"sender": "ZZ:ACME",
+                                                          "receiver": "ZZ:NOBODY"})
+    assert sum(counted.values()) == 1
+    assert looked.identities == {"ZZ:ACME": ("acme", "partner")}
+    assert looked.parties_from == "source" and looked.enabled is True
+    # none given: the statement has no part for them
+    assert lookup.run(session, "probe").identities == {}

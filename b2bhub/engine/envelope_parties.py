@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from b2bhub.engine.dispatch import NewMessage
+from b2bhub.engine.dispatch import NewMessage, direction_of
 from b2bhub.models import Party, PartyIdentity
 
 #: the values of an instance's ``parties_from``: the source's own (its path or its
@@ -18,39 +18,51 @@ SOURCE, ENVELOPE = "source", "envelope"
 PARTIES_FROM = (SOURCE, ENVELOPE)
 
 
-def by_envelope(session: Session, new: NewMessage, parties_from: str = ENVELOPE
-                ) -> NewMessage:
+def by_envelope(session: Session, new: NewMessage, parties_from: str = ENVELOPE,
+                parties: dict[str, tuple[str, str]] | None = None) -> NewMessage:
     """``new`` as it is when its source's ``parties_from`` is not ``envelope``; else with
-    from and to its envelope's parties, or, when they are not known, with no target and
-    a ``not_routed`` line giving the reason."""
+    from and to its envelope's parties (its direction theirs), or, when they are not
+    known, with no target and a ``not_routed`` line giving the reason. ``parties``: the
+    party (name, kind) of each identity the envelope names that is one's, when the
+    caller read them already (a receiver's lookup); else they are read here."""
     if parties_from != ENVELOPE:
         return new
-    found = {row["name"]: row["value"] for table, row in new.rows
-             if table.name == "message_attributes" and row.get("name") in ("sender",
-                                                                           "receiver")}
+    found = envelope_identities((row["name"], row["value"]) for table, row in new.rows
+                                if table.name == "message_attributes")
     if not found:
         return _not_routed(new, "no envelope: its parties cannot be taken from it")
-    parties = _parties_of(session, found.values())
+    if parties is None:
+        parties = _parties_of(session, found.values())
     for role in ("sender", "receiver"):
         if found.get(role) not in parties:
             identity = found.get(role)
             return _not_routed(new, f"envelope {role} {identity} is no party's EDI identity"
                                if identity else f"the envelope names no {role}")
-    new.from_party, new.to_party = parties[found["sender"]], parties[found["receiver"]]
+    (sender, sender_kind), (receiver, receiver_kind) = (parties[found["sender"]],
+                                                        parties[found["receiver"]])
+    new.from_party, new.to_party = sender, receiver
+    new.direction = direction_of({sender: sender_kind, receiver: receiver_kind},
+                                 sender, receiver)
     return new
 
 
-def _parties_of(session: Session, identities) -> dict[str, str]:
-    """The party of each identity (``qualifier:id``) that is one's."""
+def envelope_identities(pairs) -> dict[str, str]:
+    """The envelope's ``sender`` and ``receiver`` (``qualifier:id``) among the
+    inspection's (name, value) pairs, by role; {} without an envelope."""
+    return {name: value for name, value in pairs if name in ("sender", "receiver")}
+
+
+def _parties_of(session: Session, identities) -> dict[str, tuple[str, str]]:
+    """The party (name, kind) of each identity (``qualifier:id``) that is one's."""
     pairs = {tuple(text.split(":", 1)) for text in identities if ":" in text}
     if not pairs:
         return {}
     rows = session.execute(
-        select(PartyIdentity.qualifier, PartyIdentity.identifier, Party.name)
+        select(PartyIdentity.qualifier, PartyIdentity.identifier, Party.name, Party.kind)
         .join(Party, Party.id == PartyIdentity.party_id)
         .where(or_(*(and_(PartyIdentity.qualifier == q, PartyIdentity.identifier == i)
                      for q, i in pairs))))
-    return {f"{q}:{i}": name for q, i, name in rows}
+    return {f"{q}:{i}": (name, kind) for q, i, name, kind in rows}
 
 
 def _not_routed(new: NewMessage, reason: str) -> NewMessage:

@@ -4,7 +4,10 @@ message's attributes (``message_attributes``), one row per distinct name and val
 
 from __future__ import annotations
 
+import io
 import logging
+import queue
+import threading
 from typing import IO
 
 from b2bhub.plugin import Envelope
@@ -74,8 +77,107 @@ def inspect_payload(store, digest: str) -> list[tuple[str, str]]:
 def attribute_rows(store, digest: str) -> list[tuple]:
     """:func:`inspect_payload` as rows of ``message_attributes`` for a
     :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there)."""
+    return attribute_rows_of(inspect_payload(store, digest))
+
+
+def attribute_rows_of(pairs: list[tuple[str, str]]) -> list[tuple]:
+    """(name, value) pairs as rows of ``message_attributes`` for a
+    :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there)."""
     from b2bhub.models import MessageAttribute
 
     table = MessageAttribute.__table__
-    return [(table, {"name": name, "value": value})
-            for name, value in inspect_payload(store, digest)]
+    return [(table, {"name": name, "value": value}) for name, value in pairs]
+
+
+# --- for sources that store their messages themselves (the receivers) ------------------
+# They inspect what they hold before the message's rows go in, never reading the payload
+# back from the store: its bytes in memory, or its stream as it passes to the store.
+
+def inspect_bytes(data: bytes) -> list[tuple[str, str]]:
+    """The attributes of a payload held in memory; [] when no inspector knows it or it
+    cannot be read (as :func:`inspect_payload`: inspection never fails a receive)."""
+    try:
+        env = inspect_stream(io.BytesIO(data))
+    except Exception:
+        log.warning("a payload of %d bytes could not be inspected", len(data),
+                    exc_info=True)
+        return []
+    return attributes(env) if env is not None else []
+
+
+class InspectingReader:
+    """A binary stream whose bytes, as its reader (the payload store's ``put``) takes
+    them, are inspected on a thread of their own: the payload is read once, never whole
+    in memory (at most :attr:`DEPTH` chunks wait for the inspector), and inspection is
+    done when the stream has been read to its end. :meth:`attributes` then gives what
+    was found; :meth:`close` ends the inspection of a stream not read to its end (a
+    refused body). An inspector that fails or stops early leaves no attributes and
+    never blocks the reader: its thread takes the rest of the chunks and drops them."""
+
+    DEPTH = 4
+
+    def __init__(self, stream: IO[bytes]):
+        self._stream = stream
+        self._chunks: queue.Queue[bytes] = queue.Queue(self.DEPTH)
+        self._ended = False  # the end (or a stop) was handed to the thread
+        self._complete = False  # the stream was read to its end
+        self._found: list[tuple[str, str]] = []
+        self._thread = threading.Thread(target=self._inspect, name="inspect", daemon=True)
+        self._thread.start()
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        if not self._ended:
+            self._chunks.put(bytes(data))
+            self._ended = self._complete = not data
+        return data
+
+    def attributes(self) -> list[tuple[str, str]]:
+        """What the inspection found, once the stream was read to its end ([] else)."""
+        self.close()
+        return self._found if self._complete else []
+
+    def close(self) -> None:
+        """End the inspection (the stream is not read on) and wait for its thread."""
+        if not self._ended:
+            self._ended = True
+            self._chunks.put(b"")
+        self._thread.join()
+
+    def _inspect(self) -> None:
+        pipe = _Pipe(self._chunks)
+        try:
+            env = inspect_stream(pipe)
+            if env is not None:
+                self._found = attributes(env)
+        except Exception:
+            log.warning("a streamed payload could not be inspected", exc_info=True)
+        finally:
+            pipe.drain()
+
+
+class _Pipe:
+    """The reading end of :class:`InspectingReader`'s queue: a blocking binary stream
+    whose ``read(n)`` gives ``n`` bytes unless the end came first."""
+
+    def __init__(self, chunks: queue.Queue[bytes]):
+        self._chunks, self._left, self._done = chunks, b"", False
+
+    def read(self, size: int = -1) -> bytes:
+        parts, have = [self._left], len(self._left)
+        while not self._done and (size < 0 or have < size):
+            chunk = self._chunks.get()
+            if not chunk:
+                self._done = True
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        data = b"".join(parts)
+        cut = len(data) if size < 0 else size
+        data, self._left = data[:cut], data[cut:]
+        return data
+
+    def drain(self) -> None:
+        """Take the chunks left up to the end, so that the writer never waits."""
+        while not self._done:
+            self._done = not self._chunks.get()

@@ -79,6 +79,12 @@ end), each the core's own object:
   envelope, its envelope errors, duplicates: ``IntakeChecks``, ``check_intake``,
   ``IntakeRefusal``, ``store_intake_refusal``, ``store_checked_many``,
   ``alert_duplicates``) for a source that stores its messages itself;
+* EDI inspection for a source that stores its messages itself (docs/edi.md): it inspects
+  what it holds, never the payload read back from the store: ``inspect_bytes`` (a body
+  in memory) or ``InspectingReader`` (a stream, inspected as the store reads it), the
+  attributes as the message's rows (``attribute_rows_of``), and its parties from the
+  envelope (``envelope_identities``, ``by_envelope``, ``PARTIES_FROM_ENVELOPE``;
+  ``EndpointLookup`` reads an envelope's identities' parties in its one statement);
 * sessions (``new_session``, ``connection``), the payload store (``payload_store``,
   ``PayloadStore``, ``PayloadBatch``, ``StoredPayload``, ``PayloadError``, ``syncfs``);
 * the core's rows as plain values (``b2bhub.services.protocol``): ``instance_type``,
@@ -288,6 +294,10 @@ class EndpointRequest:
     store: Any
     #: the instance's ``max_size`` (or the core's default); :meth:`read` stops past it
     max_size: int = 100 * 1024 * 1024
+    #: the instance's ``parties_from`` (``source`` or ``envelope``, docs/edi.md) when the
+    #: core looked it up (``config`` given); else the handler's lookup reads it
+    #: (:attr:`Looked.parties_from`)
+    parties_from: str = "source"
 
     def read(self, chunk: int = 1 << 20) -> bytes | None:
         """The whole body, or None once it passes ``max_size`` (the rest is not read)."""
@@ -564,6 +574,15 @@ _PROTOCOL_API = {
     "store_checked_many": "b2bhub.engine.envelope_checks:store_checked_many",
     "store_intake_refusal": "b2bhub.engine.envelope_checks:store_refused_with_rows",
     "alert_duplicates": "b2bhub.engine.envelope_checks:alert_duplicates",
+    # EDI inspection of what a receiver holds (docs/edi.md): bytes in memory, or a
+    # stream read through to the payload store; the attributes as a message's rows;
+    # parties from the envelope
+    "inspect_bytes": "b2bhub.engine.inspection:inspect_bytes",
+    "InspectingReader": "b2bhub.engine.inspection:InspectingReader",
+    "attribute_rows_of": "b2bhub.engine.inspection:attribute_rows_of",
+    "envelope_identities": "b2bhub.engine.envelope_parties:envelope_identities",
+    "by_envelope": "b2bhub.engine.envelope_parties:by_envelope",
+    "PARTIES_FROM_ENVELOPE": "b2bhub.engine.envelope_parties:ENVELOPE",
     # a source's synchronous mode: the delivery attempted inside the request
     "deliver_in_request": "b2bhub.runtime.in_request:deliver_in_request",
     "delivery_standing": "b2bhub.runtime.in_request:delivery_standing",

@@ -184,10 +184,11 @@ def _receive(cls: type, instance: str, request: Request) -> EndpointReply:
         length, body = request.content_length, request.stream
         small = length is not None and length <= PREREAD
         config = None  # for a small body a "handler" type looks it up with the rest
+        parties_from = "source"
         if small:
             body = io.BytesIO(body.read())
         if not small or cls.endpoint_lookup != "handler":
-            config = instance_config(db.session, cls.type_name, instance)
+            config, parties_from = instance_row(db.session, cls.type_name, instance)
             if not small:
                 db.session.commit()  # its connection back to the pool while the body arrives
             if config is None:
@@ -200,7 +201,7 @@ def _receive(cls: type, instance: str, request: Request) -> EndpointReply:
             type_name=cls.type_name, instance=instance, config=config,
             headers=[(k, v) for k, v in request.headers.items() if k.lower() != "host"],
             body=body, content_length=length, now=utcnow(), session=db.session,
-            store=hub.store(), max_size=max_size))
+            store=hub.store(), max_size=max_size, parties_from=parties_from))
     except OSError as exc:  # the payload store: disk full, read-only, gone
         db.session.rollback()
         log.error("%s %s could not store the message (%s); answered 503", cls.type_name,
@@ -215,11 +216,20 @@ def _receive(cls: type, instance: str, request: Request) -> EndpointReply:
 
 def instance_config(session, type_name: str, instance: str) -> dict | None:
     """The configuration of the enabled instance (None: there is none)."""
+    return instance_row(session, type_name, instance)[0]
+
+
+def instance_row(session, type_name: str, instance: str) -> tuple[dict | None, str]:
+    """The configuration of the enabled instance (None: there is none) and its
+    ``parties_from`` (docs/edi.md), in one statement."""
     row = connection(session).execute(_INSTANCE, {"name": instance, "type": type_name}).first()
-    return dict(row.config or {}) if row is not None and row.enabled else None
+    if row is None or not row.enabled:
+        return None, "source"
+    return dict(row.config or {}), row.parties_from or "source"
 
 
-_INSTANCE = select(PluginInstance.enabled, PluginInstance.config).where(
+_INSTANCE = select(PluginInstance.enabled, PluginInstance.config,
+                   PluginInstance.parties_from).where(
     PluginInstance.name == bindparam("name"), PluginInstance.type == bindparam("type"))
 
 

@@ -82,7 +82,8 @@ class As2Receiver(Plugin):
         from plugins.as2 import receiver
         reply = receiver.receive(request.session, request.store, request.instance,
                                  request.config, request.headers, request.body,
-                                 request.content_length, request.now)
+                                 request.content_length, request.now,
+                                 parties_from=request.parties_from)
         return EndpointReply(reply.status, reply.headers, reply.body,
                              after=_wake_mdn_sender if reply.mdn_owed else None)
 

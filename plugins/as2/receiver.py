@@ -16,7 +16,10 @@ input. The order of work:
    instance's ``stream_threshold`` is read into a temp file instead (:class:`Spool`,
    linked into the store as the raw stage) and parsed from there in bounded buffers
    (:mod:`.stream`), with the same checks, texts and MDN.
-5. Accepted: the raw, unpacked and receipt stages are made durable and put in place by
+5. Accepted: the unpacked stage's EDI envelope is read from the content in memory (or as
+   it streams into its stage), its attributes going in with the message; with
+   ``parties_from: "envelope"`` from and to are the envelope's parties (docs/edi.md).
+   The raw, unpacked and receipt stages are made durable and put in place by
    one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
    are inserted, and before that transaction commits; the positive MDN is returned
    (sync) or owed (async, sent by a worker) only after that commit. Refused: the message is stored
@@ -47,13 +50,18 @@ from sqlalchemy.orm import Session
 from b2bhub.plugin import (
     INTAKE_KEYS,
     ORGANIZATION,
+    PARTIES_FROM_ENVELOPE,
     PARTNER,
     EndpointLookup,
+    InspectingReader,
     NewMessage,
     PayloadStore,
     StoredPayload,
     add_line,
+    attribute_rows_of,
+    by_envelope,
     connection,
+    inspect_bytes,
     store_and_dispatch_many,
     store_refused,
 )
@@ -197,11 +205,11 @@ def read_limited(stream: IO[bytes], limit: int) -> bytes | None:
 
 def receive(session: Session, store: PayloadStore, instance: str, config: dict | None,
             headers: list[tuple[str, str]], body: IO[bytes], content_length: int | None,
-            now: datetime) -> Reply:
+            now: datetime, parties_from: str = "source") -> Reply:
     """The reply to one request to the receiver ``instance``. ``config``: the instance's
     configuration when the caller looked it up already (it reads a large body only after
-    that); None to look it up here, with the rest (:func:`_lookups`), from a body the
-    caller holds in memory."""
+    that), and ``parties_from`` its (docs/edi.md); None to look both up here, with the
+    rest (:func:`_lookups`), from a body the caller holds in memory."""
     block = lib.header_block(headers)
     found = lib.headers_of(headers, block)
     as2_from = lib.unquote(found.get("as2-from"))
@@ -217,6 +225,8 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
             return no_receiver(instance)
         config = looked.config
         data = _read_body(body, content_length, config, store, block)
+    else:
+        looked.parties_from = parties_from
     if data is None:
         return _refuse_early(session, instance, found, _Stages(store, None), now,
                              f"the body is over the size limit of {_max_size(config)} bytes",
@@ -271,7 +281,7 @@ def _received(session, store, instance, found, raw: bytes | Spool, data: bytes |
     parse = _stream_parse_and_store if isinstance(raw, Spool) else _parse_and_store
     try:
         return parse(session, store, instance, raw, stages, found, org, partner, msgid, now,
-                     known)
+                     known, envelope=looked.parties_from == PARTIES_FROM_ENVELOPE)
     except BaseException:
         stages.discard()  # nothing of it in place (a no-op once made durable)
         raise
@@ -323,6 +333,7 @@ class _Looked:
     config: dict
     settings: dict  # the profiles version and the intake's settings rows by key
     duplicate: int | None  # the as2_inbound row of an accepted key asked for
+    parties_from: str = "source"  # the instance's (docs/edi.md)
 
 
 #: the settings rows a received message needs: the profiles version and the intake's
@@ -345,7 +356,8 @@ def _lookups(session: Session, instance: str | None, accepted_key: str | None) -
                         extra=("duplicate",) if accepted_key is not None else (),
                         accepted_key=accepted_key)
     return _Looked(enabled=bool(looked.enabled), config=dict(looked.config or {}),
-                   settings=dict(looked.settings), duplicate=looked.extra["duplicate"])
+                   settings=dict(looked.settings), duplicate=looked.extra["duplicate"],
+                   parties_from=looked.parties_from)
 
 
 def _duplicate_id(session: Session, partner: str, msgid: str) -> int | None:
@@ -402,7 +414,7 @@ def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Pro
 
 
 def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org, partner,
-                     msgid, now, known: dict) -> Reply:
+                     msgid, now, known: dict, envelope: bool = False) -> Reply:
     try:
         with lib.held_logs() as held:
             message, status, exc, mdn = _parse(raw, org, partner)
@@ -421,14 +433,17 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
                              f"malformed AS2 message: {error}")
     def content():
         content = message.content  # decoded anew at every read
-        return stages.add(content if isinstance(content, bytes) else b"")
+        content = content if isinstance(content, bytes) else b""
+        # inspected as it is, in memory (docs/edi.md): not read back from the store
+        return stages.add(content), inspect_bytes(content)
     return _store_parsed(session, store, instance, stages, found, org, partner, msgid, now, known,
                          status, exc, mdn, content, _filename(message),
-                         message.certificate_warnings)
+                         message.certificate_warnings, envelope)
 
 
 def _stream_parse_and_store(session, store, instance, spool: Spool, stages: _Stages, found,
-                            org, partner, msgid, now, known: dict) -> Reply:
+                            org, partner, msgid, now, known: dict, envelope: bool = False
+                            ) -> Reply:
     """:func:`_parse_and_store` of a message over the stream threshold (:mod:`.stream`)."""
     with lib.collecting_warnings() as warnings:
         if org is None:
@@ -447,11 +462,18 @@ def _stream_parse_and_store(session, store, instance, spool: Spool, stages: _Sta
         log.info("AS2 message %s (streamed) not processed: %r", msgid, received.exc)
 
     def content():
+        # inspected as the decoded content streams into its stage (a tee to the
+        # inspector's thread): read once, never whole in memory, and done when the
+        # stage is written, before the sync (docs/edi.md)
         with received.payload.body_stream() as body:
-            return stages.add_stream(body)
+            reader = InspectingReader(body)
+            try:
+                return stages.add_stream(reader), reader.attributes()
+            finally:
+                reader.close()
     return _store_parsed(session, store, instance, stages, found, org, partner, msgid, now, known,
                          received.status, received.exc, mdn, content, _safe_name(
-                             received.filename()), list(warnings))
+                             received.filename()), list(warnings), envelope)
 
 
 def _streamed_mdn(received: stream.Received, found: dict, org, partner, msgid: str):
@@ -479,11 +501,13 @@ def _streamed_mdn(received: stream.Received, found: dict, org, partner, msgid: s
 
 def _store_parsed(session, store, instance, stages: _Stages, found, org, partner, msgid, now,
                   known: dict, status: str, exc, mdn, content, filename: str | None,
-                  warnings: list[str]) -> Reply:
-    """Store a parsed message (``content()`` adds its unpacked stage) and reply."""
+                  warnings: list[str], envelope: bool = False) -> Reply:
+    """Store a parsed message (``content()`` adds its unpacked stage and returns it with
+    the attributes its inspection found) and reply. ``envelope``: the receiver takes
+    from and to from the envelope (docs/edi.md)."""
     # the receipt and the business document join the raw stage's batch
     mdn_stage = _mdn_stage(stages, mdn)
-    unpacked = content() if status == "processed" else None
+    unpacked, attributes = content() if status == "processed" else (None, [])
     durable = stages.durable()  # one sync for all three, while the rows go in
     from_party = partner.party if partner else party_name(lib.unquote(found.get("as2-from")))
     to_party = org.party if org else party_name(lib.unquote(found.get("as2-to")))
@@ -504,9 +528,12 @@ def _store_parsed(session, store, instance, stages: _Stages, found, org, partner
                      lines=_mdn_lines(mode, mdn) + [
                          {"type": "warning", "text": w} for w in warnings])
     # its as2_inbound row goes in with the message, in the same statement on PostgreSQL
+    # and so do its attributes (its envelope), read before it is routed
     new.rows = [(As2Inbound.__table__, _inbound_row(
         instance, from_party, msgid, mdn, mode, mdn_stage, now,
-        accepted_key=_accepted_key(from_party, msgid)))]
+        accepted_key=_accepted_key(from_party, msgid))), *attribute_rows_of(attributes)]
+    if envelope:  # the envelope's parties; the AS2 partner stays the as2_inbound row's
+        new = by_envelope(session, new, PARTIES_FROM_ENVELOPE)
     try:
         [made] = store_and_dispatch_many(session, [new], now, known)
         durable.result()  # the stages are in place before the rows referring to them
