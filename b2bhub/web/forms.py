@@ -50,7 +50,7 @@ class PartyForm(FlaskForm):
         "EDI identities", description="one qualifier:id per line, as an interchange's "
         "envelope names the party (ZZ:ACME, 01:123456789); each one party's at most")
     functional_acks = SelectField(
-        "Functional acknowledgments we send", choices=[
+        "Functional acknowledgments we send", default="none", choices=[
             ("none", "none"), ("997", "997 (X12), CONTRL (EDIFACT)"),
             ("999", "999 (X12), CONTRL (EDIFACT)")],
         description="what the partner gets back for each interchange it sends us")
