@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from b2bhub.engine.ack_waits import with_waits
 from b2bhub.engine.dispatch import NewMessage
 from b2bhub.models import Party, PartyIdentity
 
@@ -22,7 +23,12 @@ def by_envelope(session: Session, new: NewMessage, parties_from: str = ENVELOPE
                 ) -> NewMessage:
     """``new`` as it is when its source's ``parties_from`` is not ``envelope``; else with
     from and to its envelope's parties, or, when they are not known, with no target and
-    a ``not_routed`` line giving the reason."""
+    a ``not_routed`` line giving the reason. Then, its parties known, with the
+    acknowledgment waits it starts (:func:`b2bhub.engine.ack_waits.with_waits`)."""
+    return with_waits(session, _parties(session, new, parties_from))
+
+
+def _parties(session: Session, new: NewMessage, parties_from: str) -> NewMessage:
     if parties_from != ENVELOPE:
         return new
     found = {row["name"]: row["value"] for table, row in new.rows
