@@ -160,7 +160,7 @@ def test_a_997_accepting_our_group_acknowledges_the_850(loop, session):
     assert ack_waits.run(session, utcnow()) == {"matched": 1, "overdue": 0}
     assert state(session, po) == ("acknowledged", False)
     assert lines(session, po, "ack_received") == [
-        "997 (message %d): group PO 101 accepted" % ack]
+        f"997 (message {ack}): group PO 101 accepted"]
     assert lines(session, ack, "ack_matched") == [
         f"acknowledges message {po}: group PO 101 accepted"]
     assert session.scalar(select(AckReceived.state)) == "matched"

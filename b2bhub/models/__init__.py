@@ -28,7 +28,8 @@ from b2bhub.models.system import (
 )
 
 __all__ = [
-    "ORGANIZATION", "PARTNER", "AckReceived", "AckWait", "Alert", "ApiToken", "Base", "Certificate", "CleanupRun",
+    "ORGANIZATION", "PARTNER", "AckReceived", "AckWait", "Alert", "ApiToken", "Base",
+    "Certificate", "CleanupRun",
     "Delivery", "HistoryLine", "InstanceState", "Lock", "LogRecord", "Message",
     "MessageAttribute",
     "Notification", "NotificationChannel", "Party", "PartyIdentity", "Payload", "PluginInstance",
