@@ -8,7 +8,7 @@ from b2bhub.config.extensions import db
 from b2bhub.services import messages as svc
 
 MESSAGE_FILTERS = ("status", "from_party", "to_party", "source", "target", "since",
-                   "until", "q", "correlation_id", *svc.ENVELOPE_FILTERS)
+                   "until", "q", "correlation_id", *svc.ENVELOPE_FILTERS, "acknowledgment")
 
 
 def message_filter(args: dict) -> svc.MessageFilter:
@@ -25,8 +25,10 @@ def delivery_filter(args: dict) -> svc.DeliveryFilter:
 @bp.response(200, s.MessagePage)
 def list_messages(args: dict):
     """Messages newest first; every filter given must match."""
-    return s.page_json(svc.list_messages(db.session, message_filter(args), args["limit"],
-                                         args.get("cursor")))
+    page = svc.list_messages(db.session, message_filter(args), args["limit"],
+                             args.get("cursor"))
+    svc.attach_acknowledgments(db.session, page.items)
+    return s.page_json(page)
 
 
 @bp.get("/messages/<int:message_id>")
@@ -36,6 +38,7 @@ def get_message(message_id: int):
     message = svc.get_message(db.session, message_id)
     message.history = svc.message_history(db.session, message_id)
     message.envelope = svc.message_envelope(db.session, message_id)
+    svc.attach_acknowledgments(db.session, [message])
     return message
 
 

@@ -25,6 +25,7 @@ from b2bhub.plugin import STEP_STATES
 from b2bhub.services import config as config_rules
 from b2bhub.services import users
 from b2bhub.services.config import SECRET_MASK
+from b2bhub.services.messages import ACKNOWLEDGMENTS
 from b2bhub.services.tokens import ROLES
 
 MAX_ID = 2**63 - 1  # what a BIGINT holds
@@ -551,6 +552,10 @@ class MessageFilterArgs(IdPageArgs):
     group_control = _exact("a functional group's control number (GS06, UNG 0048)")
     transaction_control = _exact("a transaction set's control number (ST02, UNH 0062)")
     reference = _exact("a business reference (BEG03 PO number, BIG02, BGM 1004)")
+    acknowledgment = fields.String(validate=validate.OneOf(ACKNOWLEDGMENTS), metadata={
+        "description": "the acknowledgment expected of the partner: awaiting, overdue "
+                       "(awaiting, past the partner's ack_hours), acknowledged, rejected, "
+                       "or none (none expected)"})
 
 
 class DeliveryFilterArgs(MessageFilterArgs):
@@ -633,6 +638,31 @@ class Message(Schema):
     sha256 = fields.String(required=True, allow_none=True)
     created_at = UtcDateTime(required=True)
     updated_at = UtcDateTime(required=True)
+    acknowledgment = fields.Function(lambda m: _acknowledgment(m)[0], required=True,
+                                     allow_none=True, metadata={
+        "type": "string", "enum": ["awaiting", "acknowledged", "rejected", None],
+        "description": "the functional acknowledgment expected of the partner for an "
+                       "interchange we sent (docs/edi.md): null when none is expected"})
+    acknowledgment_overdue = fields.Function(lambda m: _acknowledgment(m)[1],
+                                             required=True, metadata={
+        "type": "boolean",
+        "description": "awaiting, and the partner's ack_hours have passed (ack_overdue)"})
+
+
+def _acknowledgment(message) -> tuple[str | None, bool]:
+    """(state, overdue) as the list or the detail attached it; read here otherwise."""
+    if isinstance(message, dict):
+        return message.get("acknowledgment"), bool(message.get("acknowledgment_overdue"))
+    found = getattr(message, "acknowledgment", None)
+    if found is None:
+        from sqlalchemy.orm import object_session
+
+        from b2bhub.engine.ack_waits import acknowledgments
+        session = object_session(message)
+        if session is None:
+            return None, False
+        found = acknowledgments(session, [message.id])[message.id]
+    return found
 
 
 class Delivery(Schema):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from b2bhub.engine.ack_waits import with_waits
 from b2bhub.engine.dispatch import NewMessage, direction_of
 from b2bhub.models import Party, PartyIdentity
 
@@ -24,7 +25,14 @@ def by_envelope(session: Session, new: NewMessage, parties_from: str = ENVELOPE,
     from and to its envelope's parties (its direction theirs), or, when they are not
     known, with no target and a ``not_routed`` line giving the reason. ``parties``: the
     party (name, kind) of each identity the envelope names that is one's, when the
-    caller read them already (a receiver's lookup); else they are read here."""
+    caller read them already (a receiver's lookup); else they are read here. Then, its
+    parties known, with the acknowledgment waits it starts
+    (:func:`b2bhub.engine.ack_waits.with_waits`)."""
+    return with_waits(session, _parties(session, new, parties_from, parties))
+
+
+def _parties(session: Session, new: NewMessage, parties_from: str,
+             parties: dict[str, tuple[str, str]] | None) -> NewMessage:
     if parties_from != ENVELOPE:
         return new
     found = envelope_identities((row["name"], row["value"]) for table, row in new.rows

@@ -65,19 +65,30 @@ def attributes(env: Envelope) -> list[tuple[str, str]]:
 def inspect_payload(store, digest: str) -> list[tuple[str, str]]:
     """The attributes of the stored payload ``digest``; [] when no inspector knows it or
     it cannot be read (the message is stored all the same, a warning logged)."""
+    env = _envelope(store, digest)
+    return attributes(env) if env is not None else []
+
+
+def _envelope(store, digest: str) -> Envelope | None:
     try:
         with store.open(digest) as stream:
-            env = inspect_stream(stream)
+            return inspect_stream(stream)
     except Exception:
         log.warning("payload %s could not be inspected", digest, exc_info=True)
-        return []
-    return attributes(env) if env is not None else []
+        return None
 
 
 def attribute_rows(store, digest: str) -> list[tuple]:
     """:func:`inspect_payload` as rows of ``message_attributes`` for a
-    :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there)."""
-    return attribute_rows_of(inspect_payload(store, digest))
+    :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there), and
+    the acknowledgment rows its envelope brings (:mod:`b2bhub.engine.ack_waits`; the
+    waits are completed or dropped by ``envelope_parties.by_envelope``)."""
+    from b2bhub.engine.ack_waits import envelope_rows
+
+    env = _envelope(store, digest)
+    if env is None:
+        return []
+    return attribute_rows_of(attributes(env)) + envelope_rows(env)
 
 
 def attribute_rows_of(pairs: list[tuple[str, str]]) -> list[tuple]:

@@ -1,5 +1,6 @@
 """The tables. Plain SQLAlchemy declarative models (no Flask), shared by every process."""
 
+from b2bhub.models.acks import AckReceived, AckWait
 from b2bhub.models.base import Base, utcnow
 from b2bhub.models.documents import MessageAttribute
 from b2bhub.models.messages import Delivery, HistoryLine, Message, Payload
@@ -27,7 +28,8 @@ from b2bhub.models.system import (
 )
 
 __all__ = [
-    "ORGANIZATION", "PARTNER", "Alert", "ApiToken", "Base", "Certificate", "CleanupRun",
+    "ORGANIZATION", "PARTNER", "AckReceived", "AckWait", "Alert", "ApiToken", "Base",
+    "Certificate", "CleanupRun",
     "Delivery", "HistoryLine", "InstanceState", "Lock", "LogRecord", "Message",
     "MessageAttribute",
     "Notification", "NotificationChannel", "Party", "PartyIdentity", "Payload", "PluginInstance",

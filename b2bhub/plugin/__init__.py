@@ -693,6 +693,10 @@ class Envelope:
     errors: list[str] = field(default_factory=list)
     set_count: int = 0
     types: list[str] = field(default_factory=list)
+    #: what an acknowledgment (X12 997 / 999, EDIFACT CONTRL) acknowledges: one dict per
+    #: group or interchange it answers for (``plugins/edi/acks.py`` names the keys);
+    #: empty for any other document
+    acknowledges: list[dict] = field(default_factory=list)
 
     def add_set(self, one: dict) -> dict:
         """Count a transaction set or message; keep its details while there is room."""

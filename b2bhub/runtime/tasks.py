@@ -68,6 +68,15 @@ def sweep() -> dict:
     return report.__dict__
 
 
+@shared_task(name="b2bhub.edi_acks", ignore_result=True)
+def edi_acks() -> dict:
+    """Beat's tick: match the acknowledgments received, raise the overdue waits
+    (:mod:`b2bhub.engine.ack_waits`)."""
+    from b2bhub.engine import ack_waits
+    with hub.new_session() as session:
+        return ack_waits.run(session, utcnow())
+
+
 @shared_task(name="b2bhub.probe_targets", ignore_result=True)
 def probe_targets() -> int:
     """Beat's probe tick: start the due probes on threads of this worker (each bounded

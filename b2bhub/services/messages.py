@@ -9,8 +9,9 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import DeliveryState, MessageStatus
-from b2bhub.engine import operator
-from b2bhub.models import Delivery, HistoryLine, Message, MessageAttribute
+from b2bhub.engine import ack_waits, operator
+from b2bhub.models import AckWait, Delivery, HistoryLine, Message, MessageAttribute
+from b2bhub.models.acks import ACKNOWLEDGED, AWAITING, REJECTED
 from b2bhub.models.pages import Page, keyset_page
 from b2bhub.services.errors import NotFound, ServiceError
 
@@ -37,6 +38,14 @@ class MessageFilter:
     group_control: str | None = None
     transaction_control: str | None = None
     reference: str | None = None
+    #: the acknowledgment expected of its partner (docs/edi.md): one of
+    #: :data:`ACKNOWLEDGMENTS`
+    acknowledgment: str | None = None
+
+
+#: the values of the ``acknowledgment`` filter: as the message shows it (``overdue``:
+#: awaiting and overdue; ``none``: none expected)
+ACKNOWLEDGMENTS = (AWAITING, "overdue", ACKNOWLEDGED, REJECTED, "none")
 
 
 #: the envelope filters of :class:`MessageFilter`, each a message attribute's name
@@ -77,7 +86,37 @@ def _message_conditions(f: MessageFilter) -> list:
             conditions.append(select(MessageAttribute.id).where(
                 MessageAttribute.message_id == Message.id, MessageAttribute.name == name,
                 MessageAttribute.value == value).exists())
+    if f.acknowledgment is not None:
+        conditions.append(_acknowledged(f.acknowledgment))
     return conditions
+
+
+def _acknowledged(value: str):
+    """The messages whose acknowledgment (:func:`b2bhub.engine.ack_waits.state_of`) is
+    ``value``, by their waits: rejected outranks awaiting, which outranks acknowledged."""
+    def waits(*where):
+        return select(AckWait.id).where(AckWait.message_id == Message.id, *where).exists()
+
+    rejected, awaiting = waits(AckWait.state == REJECTED), waits(AckWait.state == AWAITING)
+    if value == REJECTED:
+        return rejected
+    if value == AWAITING:
+        return awaiting & ~rejected
+    if value == "overdue":
+        return waits(AckWait.state == AWAITING, AckWait.overdue.is_(True)) & ~rejected
+    if value == ACKNOWLEDGED:
+        return waits() & ~awaiting & ~rejected
+    return ~waits()
+
+
+def attach_acknowledgments(session: Session, messages) -> list:
+    """Give each message its ``acknowledgment`` (state, overdue) for the API's shape,
+    read for all of them in one statement."""
+    messages = list(messages)
+    found = ack_waits.acknowledgments(session, [m.id for m in messages])
+    for message in messages:
+        message.acknowledgment = found[message.id]
+    return messages
 
 
 def _text_search(q: str):
@@ -138,6 +177,9 @@ def list_messages(session: Session, filters: MessageFilter, limit: int,
                   after: int | None = None) -> Page:
     """Messages matching ``filters``, newest first, ``limit`` at a time after id ``after``."""
     _check_values("status", filters.status, MessageStatus)
+    if filters.acknowledgment is not None and filters.acknowledgment not in ACKNOWLEDGMENTS:
+        raise ServiceError(f"acknowledgment: unknown value {filters.acknowledgment} (known: "
+                           f"{', '.join(ACKNOWLEDGMENTS)})", {"acknowledgment": "unknown value"})
     return keyset_page(session, _message_query(filters), Message.id, limit, after,
                        descending=True)
 

@@ -17,7 +17,8 @@ from b2bhub.services.errors import Conflict, NotFound, ServiceError
 
 #: the alert kinds a channel may ask for (SPEC 14)
 ALERT_KINDS = ("message_not_routed", "message_failed", "delivery_stalled", "plugin_failed",
-               "target_offline", "certificate_expiring", "duplicate_received")
+               "target_offline", "certificate_expiring", "duplicate_received",
+               "ack_overdue")
 NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 
 

@@ -138,6 +138,7 @@ def message(message_id: int):
     except ServiceError:
         abort(404, f"no message {message_id}")
     history = svc.message_history(db.session, message_id)
+    svc.attach_acknowledgments(db.session, [found])
     return render_template("ui/message.html", m=found, form=ActionForm(), history=history,
                            envelope=envelope_view(db.session, hub.store(), found),
                            explained_by=explaining_lines(history, found.deliveries),

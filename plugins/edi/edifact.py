@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import IO
 
 from b2bhub.plugin import Envelope
+from plugins.edi import acks
 from plugins.edi.segments import segments
 
 
@@ -33,6 +34,7 @@ class EdifactInspector:
                           "segment": terminator.decode("latin-1")}
         _Reader(env, element, component, release).run(
             segments(stream, terminator, head, release))
+        acks.finish(env)
         return env
 
 
@@ -46,6 +48,7 @@ class _Reader:
         self.set_segments = 0
         self.units = 0  # messages (or groups) counted for UNZ
         self.started = self.trailer = False
+        self.acks = acks.EdifactAcks(env)  # a CONTRL's UCI, UCM ... segments
 
     def run(self, segs) -> None:
         env, element = self.env, self.element
@@ -57,6 +60,8 @@ class _Reader:
             handler = _HANDLERS.get(seg[:3])
             if handler is not None:
                 handler(self, self._split(seg), env)
+            elif seg[:3] in acks.EDIFACT_TAGS:
+                self.acks.read(seg[:3], self._split(seg))
         if not self.started:
             env.error("the interchange has no UNB header")
         if not self.trailer:

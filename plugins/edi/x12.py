@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import IO
 
 from b2bhub.plugin import Envelope
+from plugins.edi import acks
 from plugins.edi.segments import segments
 
 ISA_LENGTH = 106
@@ -48,6 +49,7 @@ class X12Inspector:
         env.control = _text(isa[13])
         env.date = f"{_text(isa[9])} {_text(isa[10])}"
         _Reader(env, element).run(segments(stream, terminator, head[106:]))
+        acks.finish(env)
         return env
 
 
@@ -58,6 +60,7 @@ class _Reader:
         self.set: dict | None = None
         self.set_segments = 0
         self.trailer = False
+        self.acks = acks.X12Acks(env)  # a 997's or 999's AK segments
 
     def run(self, segs) -> None:
         element, env = self.element, self.env
@@ -71,6 +74,8 @@ class _Reader:
                 continue
             if tag in _INTERESTING:
                 getattr(self, "_" + tag.decode())(seg.split(element), env)
+            elif tag in acks.X12_TAGS:
+                self.acks.read(tag, seg.split(element))
         if not self.trailer:
             env.error("the interchange has no IEA trailer")
         if self.group is not None:
