@@ -42,10 +42,11 @@ BATCH = 100
 
 # --- at intake: rows that go in with the message ----------------------------------
 
-def envelope_rows(env: Envelope) -> list[tuple]:
+def envelope_rows(env: Envelope, waits: bool = True) -> list[tuple]:
     """The rows an envelope brings beside its attributes: a received acknowledgment's
-    ``edi_acks_received`` row, or, for any other X12 / EDIFACT interchange, the waits it
-    would have (completed or dropped by :func:`with_waits` once the parties are known)."""
+    ``edi_acks_received`` row, or, for any other X12 / EDIFACT interchange and
+    ``waits``, the waits it would have (completed or dropped by :func:`with_waits` once
+    the parties are known)."""
     if env.standard not in ("X12", "EDIFACT") or not env.sender or not env.receiver:
         return []
     if env.acknowledges:
@@ -56,7 +57,7 @@ def envelope_rows(env: Envelope) -> list[tuple]:
             "receiver": env.receiver[:64],
             "acknowledges": [{**entry, "document": document} for entry in env.acknowledges],
             "state": PENDING, "due_at": now, "created_at": now})]
-    if not env.types or set(env.types) <= ACK_TYPES or not env.control:
+    if not waits or not env.types or set(env.types) <= ACK_TYPES or not env.control:
         return []
     base = {"standard": env.standard, "our_identity": env.sender[:64],
             "partner_identity": env.receiver[:64], "interchange_control": env.control[:35]}

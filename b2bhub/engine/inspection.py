@@ -78,17 +78,19 @@ def _envelope(store, digest: str) -> Envelope | None:
         return None
 
 
-def attribute_rows(store, digest: str) -> list[tuple]:
+def attribute_rows(store, digest: str, waits: bool = False) -> list[tuple]:
     """:func:`inspect_payload` as rows of ``message_attributes`` for a
     :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there), and
-    the acknowledgment rows its envelope brings (:mod:`b2bhub.engine.ack_waits`; the
-    waits are completed or dropped by ``envelope_parties.by_envelope``)."""
+    the acknowledgment rows its envelope brings (:mod:`b2bhub.engine.ack_waits`).
+    ``waits``: with the acknowledgment waits it may start, which are incomplete until
+    the message passes through ``envelope_parties.by_envelope`` (as the core's intake
+    checks do); without, a caller storing the rows as they are stores no wait."""
     from b2bhub.engine.ack_waits import envelope_rows
 
     env = _envelope(store, digest)
     if env is None:
         return []
-    return attribute_rows_of(attributes(env)) + envelope_rows(env)
+    return attribute_rows_of(attributes(env)) + envelope_rows(env, waits)
 
 
 def attribute_rows_of(pairs: list[tuple[str, str]]) -> list[tuple]:

@@ -199,7 +199,7 @@ class SourceIntake:
                 source=self.instance_name, from_party=from_party, to_party=to_party,
                 stages={"unpacked": (stored.digest, stored.size)}, original_filename=filename,
                 correlation_id=correlation_id,
-                rows=attribute_rows(self.store, stored.digest) + kw.pop("rows", []),
+                rows=attribute_rows(self.store, stored.digest, waits=True) + kw.pop("rows", []),
                 **kw)], self.checks, now)
             self.session.commit()
         except BaseException:
@@ -260,7 +260,7 @@ class SourceIntake:
             self._payloads.discard()
             raise
         for staged in batch:  # read before the transaction, not while it holds locks
-            staged.rows = attribute_rows(self.store, staged.stored.digest)
+            staged.rows = attribute_rows(self.store, staged.stored.digest, waits=True)
         pickups, made = self._commit(batch)
         self._removing = {staged.file.relative for staged in batch}
         self._removal = self._remover().submit(self._remove, batch, pickups)
