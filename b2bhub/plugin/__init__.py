@@ -307,6 +307,7 @@ class EndpointReply:
 
     status: int
     headers: dict[str, str] = field(default_factory=dict)
+    _bad: dict | None = field(default=None, repr=False, compare=False)
     body: bytes = b""
     after: Callable[[], None] | None = None
 
@@ -662,6 +663,22 @@ class Envelope:
     errors: list[str] = field(default_factory=list)
     set_count: int = 0
     types: list[str] = field(default_factory=list)
+    #: each error of :attr:`errors` told to its place (:meth:`fault`), for an
+    #: acknowledgment: a dict of ``level`` (``interchange``, ``group`` or ``set``),
+    #: ``kind`` (``trailer`` missing, ``control`` number not matching, ``count`` wrong),
+    #: ``segment`` (the trailer's tag), ``text``, ``group`` (the group's place in
+    #: :attr:`groups`, None outside one), for a set its ``type``, ``control`` and
+    #: ``identifier`` (EDIFACT S009 whole), for a wrong count ``said`` (the trailer's).
+    #: A set's faults are kept for the first :attr:`MAX_DETAILS` of them
+    faults: list[dict] = field(default_factory=list)
+    #: how many sets had an error, by their group's place (None: outside a group),
+    #: counted for all of them
+    bad_sets: dict = field(default_factory=dict)
+    #: header values an acknowledgment repeats: X12 ``usage`` (ISA15), ``application_
+    #: sender`` / ``application_receiver`` (the first GS02 / GS03); EDIFACT ``test``
+    #: (UNB 0035)
+    headers: dict[str, str] = field(default_factory=dict)
+    _bad: dict | None = field(default=None, repr=False, compare=False)
 
     def add_set(self, one: dict) -> dict:
         """Count a transaction set or message; keep its details while there is room."""
@@ -676,6 +693,22 @@ class Envelope:
         """Name an envelope error (the first hundred are kept)."""
         if len(self.errors) < 100:
             self.errors.append(text)
+
+    def fault(self, text: str, level: str, kind: str, segment: str, *,
+              group: int | None = None, one: dict | None = None, **more: str) -> None:
+        """Name an envelope error (:meth:`error`) and where it is (:attr:`faults`):
+        ``one`` the set it is in, ``group`` its group's place in :attr:`groups`."""
+        self.error(text)
+        place = {"level": level, "kind": kind, "segment": segment, "text": text,
+                 "group": group, **more}
+        if one is not None:
+            place.update(type=one["type"], control=one["control"])
+            if self._bad is not one:  # a set with two errors counts once
+                self._bad = one
+                self.bad_sets[group] = self.bad_sets.get(group, 0) + 1
+            if sum(self.bad_sets.values()) > self.MAX_DETAILS:
+                return
+        self.faults.append(place)
 
 
 class Inspector(Protocol):
