@@ -49,6 +49,8 @@ beat_schedule = {
                "options": {"expires": 5.0}},
     "source-scheduler": {"task": "b2bhub.schedule_sources", "schedule": 1.0,
                          "options": {"expires": 2.0}},
+    # the functional acknowledgments due to partners (b2bhub.engine.acks)
+    "acks": {"task": "b2bhub.make_acks", "schedule": 5.0, "options": {"expires": 5.0}},
     "notify": {"task": "b2bhub.notify", "schedule": 5.0,
                "options": {"expires": 5.0}},
     "housekeeping": {"task": "b2bhub.housekeeping", "schedule": 60.0,

@@ -5,7 +5,7 @@ message's attributes (``message_attributes``), one row per distinct name and val
 from __future__ import annotations
 
 import logging
-from typing import IO
+from typing import IO, Any
 
 from b2bhub.plugin import Envelope
 from b2bhub.plugin.registry import get_inspectors
@@ -34,10 +34,17 @@ class _Head:
 
 def inspect_stream(stream: IO[bytes], inspectors: dict | None = None) -> Envelope | None:
     """The envelope the first recognising inspector reads of ``stream``; None if none."""
+    found = inspect_with(stream, inspectors)
+    return found[1] if found is not None else None
+
+
+def inspect_with(stream: IO[bytes], inspectors: dict | None = None
+                 ) -> tuple[Any, Envelope] | None:
+    """The first recognising inspector and the envelope it reads of ``stream``."""
     head = stream.read(HEAD)
     for inspector in (get_inspectors() if inspectors is None else inspectors).values():
         if inspector.recognise(head):
-            return inspector.inspect(_Head(head, stream))
+            return inspector, inspector.inspect(_Head(head, stream))
     return None
 
 
@@ -73,9 +80,12 @@ def inspect_payload(store, digest: str) -> list[tuple[str, str]]:
 
 def attribute_rows(store, digest: str) -> list[tuple]:
     """:func:`inspect_payload` as rows of ``message_attributes`` for a
-    :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there)."""
+    :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there), and
+    the ``edi_ack_jobs`` row of an interchange to acknowledge (b2bhub/engine/acks.py)."""
+    from b2bhub.engine.acks import job_rows
     from b2bhub.models import MessageAttribute
 
     table = MessageAttribute.__table__
-    return [(table, {"name": name, "value": value})
-            for name, value in inspect_payload(store, digest)]
+    pairs = inspect_payload(store, digest)
+    return [(table, {"name": name, "value": value}) for name, value in pairs] + job_rows(
+        pairs)

@@ -108,7 +108,8 @@ __all__ = ["ANSWER_BODY_LIMIT", "FILE_WRITER_DEFAULT", "OutcomeKind", "PREREAD",
            "ConnectionTest", "DeliveryInfo", "EndpointReply", "EndpointRequest",
            "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
            "PickedFile", "Plugin", "PluginStartError", "ProfileKind", "SourceContext",
-           "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP"]
+           "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP",
+           "AckRequest", "Acknowledgment"]
 
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
@@ -711,6 +712,34 @@ class Envelope:
         self.faults.append(place)
 
 
+@dataclass(frozen=True)
+class AckRequest:
+    """What the core asks an inspector's ``acknowledge`` for (docs/edi.md): the
+    partner's setting ``kind`` (``997`` or ``999``; an EDIFACT interchange gets a CONTRL
+    with either), our control number for the acknowledgment (``control``, the next of
+    the partner's and standard's counter), our identity and theirs (``qualifier:id``:
+    ours is the one the interchange was sent to) and the time it is made."""
+
+    kind: str
+    control: int
+    sender: str
+    receiver: str
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Acknowledgment:
+    """An inspector's functional acknowledgment of an interchange: the interchange to
+    send back (``payload``), its ``document_type`` (``997``, ``999``, ``CONTRL``), the
+    ``outcome`` as a word (``accepted``, ``accepted with errors``, ``partially
+    accepted``, ``rejected``) and the errors it reports (``detail``, "" for none)."""
+
+    payload: bytes
+    document_type: str
+    outcome: str
+    detail: str = ""
+
+
 class Inspector(Protocol):
     """A document inspector, registered under :data:`INSPECTOR_GROUP` (a class or an
     object with these). The core opens a message's ``unpacked`` stage once at intake,
@@ -723,3 +752,8 @@ class Inspector(Protocol):
     def recognise(self, head: bytes) -> bool: ...
 
     def inspect(self, stream: IO[bytes]) -> Envelope: ...
+
+    # optional: a functional acknowledgment of an envelope it read (X12 997 / 999,
+    # EDIFACT CONTRL), None when it makes none for it
+    # def acknowledge(self, envelope: Envelope, request: AckRequest) -> Acknowledgment | None
+

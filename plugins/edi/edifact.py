@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import IO
 
-from b2bhub.plugin import Envelope
+from b2bhub.plugin import Acknowledgment, AckRequest, Envelope
+from plugins.edi.acks import contrl
 from plugins.edi.segments import segments
 
 
@@ -16,6 +17,11 @@ class EdifactInspector:
     @staticmethod
     def recognise(head: bytes) -> bool:
         return head.lstrip()[:3] in (b"UNA", b"UNB")
+
+    @staticmethod
+    def acknowledge(env: Envelope, request: AckRequest) -> Acknowledgment | None:
+        """A functional acknowledgment of ``env`` (plugins/edi/acks.py)."""
+        return contrl(env, request)
 
     @staticmethod
     def inspect(stream: IO[bytes]) -> Envelope:

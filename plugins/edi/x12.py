@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import IO
 
-from b2bhub.plugin import Envelope
+from b2bhub.plugin import Acknowledgment, AckRequest, Envelope
+from plugins.edi.acks import x12_ack
 from plugins.edi.segments import segments
 
 ISA_LENGTH = 106
@@ -18,6 +19,11 @@ class X12Inspector:
     @staticmethod
     def recognise(head: bytes) -> bool:
         return head.lstrip()[:3] == b"ISA" and len(head.lstrip()) > 3
+
+    @staticmethod
+    def acknowledge(env: Envelope, request: AckRequest) -> Acknowledgment | None:
+        """A functional acknowledgment of ``env`` (plugins/edi/acks.py)."""
+        return x12_ack(env, request)
 
     @staticmethod
     def inspect(stream: IO[bytes]) -> Envelope:
