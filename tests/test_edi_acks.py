@@ -225,7 +225,7 @@ def test_each_x12_envelope_error_gets_its_codes(edi, session, pyx12_maps, change
     assert pyx12_valid(pyx12_maps, body)
     assert [s for s in segments_of(body) if s[0] in ("AK2", "AK5", "AK9")] == ak
     [text] = [t for k, t in lines(session, received) if k == "ack_generated"]
-    assert text.startswith(f"997 sent as message ") and f": {outcome}: " in text
+    assert text.startswith("997 sent as message ") and f": {outcome}: " in text
 
 
 @pytest.mark.parametrize("change,ta1", [
