@@ -62,7 +62,8 @@ RETRY_DELAYS = (30, 120, 600, 1800, 3600)
 MAX_ATTEMPTS = 8
 #: our control numbers run 1 ... MOST_NUMBER (X12's ISA13 has nine digits), then 1 again
 MOST_NUMBER = 999_999_999
-CLAIM = 50
+#: jobs taken per claim (each is a transaction of its own; small, so that workers share)
+CLAIM = 10
 
 
 def job_rows(pairs: list[tuple[str, str]]) -> list[tuple]:
@@ -89,7 +90,7 @@ class AckReport:
 
 
 def run_due_acks(session: Session, store, now: datetime, owner: str,
-                 batches: int = 10) -> AckReport:
+                 batches: int = 20) -> AckReport:
     """Make the due acknowledgments, at most ``batches`` claims of :data:`CLAIM`;
     ``more_due`` when some were left for another run."""
     report = AckReport()

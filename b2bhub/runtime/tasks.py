@@ -75,6 +75,9 @@ def make_acks() -> dict:
     from b2bhub.engine.acks import run_due_acks
     with hub.new_session() as session:
         report = run_due_acks(session, hub.store(), utcnow(), hub.process_owner())
+    if report.made or report.failed:
+        log.info("functional acknowledgments: %d made, %d failed", report.made,
+                 report.failed)
     if report.more_due and not stop_control.requested.is_set():
         make_acks.apply_async(expires=60, retry=False)
     return report.__dict__
