@@ -308,7 +308,6 @@ class EndpointReply:
 
     status: int
     headers: dict[str, str] = field(default_factory=dict)
-    _bad: dict | None = field(default=None, repr=False, compare=False)
     body: bytes = b""
     after: Callable[[], None] | None = None
 
