@@ -357,3 +357,20 @@ def test_an_edifact_group_error_rejects_the_group(edi, session):
     segs, _, _ = contrl_of(edi, session, received)
     assert segs["UCF"] == ["9", "", "", "4", "28", "UNE"]
     assert segs["UCI"][3] == "4"
+
+
+def test_a_job_claimed_by_a_worker_that_died_is_made_once_after_its_lease(edi, session):
+    from b2bhub.engine.acks import LEASE, claim, make_ack
+    received = receive(edi, session, INBOUND)
+    token, ids = claim(session, T0, "dead-worker")  # claimed, then killed: nothing made
+    assert ids == [received]
+    make_acks(edi, session, T0 + timedelta(seconds=5))  # still leased: left alone
+    assert ack_of(edi, session, received) is None
+    make_acks(edi, session, T0 + LEASE + timedelta(seconds=1))  # taken again, made
+    ack = ack_of(edi, session, received)
+    assert ack is not None
+    # the first worker, were it only slow, finds its claim gone and makes nothing
+    assert make_ack(session, edi.store, received, token, T0 + LEASE) == 0
+    session.expire_all()
+    assert session.scalar(select(func.count()).select_from(Message)) == 2
+    assert [t for t, _ in lines(session, received)].count("ack_generated") == 1
