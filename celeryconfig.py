@@ -52,6 +52,8 @@ beat_schedule = {
     # acknowledgments received matched to what we sent, overdue ones raised (docs/edi.md)
     "edi-acks": {"task": "b2bhub.edi_acks", "schedule": 5.0,
                  "options": {"expires": 5.0}},
+    # the functional acknowledgments due to partners (b2bhub.engine.acks)
+    "acks": {"task": "b2bhub.make_acks", "schedule": 5.0, "options": {"expires": 5.0}},
     "notify": {"task": "b2bhub.notify", "schedule": 5.0,
                "options": {"expires": 5.0}},
     "housekeeping": {"task": "b2bhub.housekeeping", "schedule": 60.0,

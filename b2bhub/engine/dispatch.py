@@ -394,10 +394,10 @@ def _insert_intake_message(session: Session, new: NewMessage, status: MessageSta
 
 def _insert_payload_rows(session: Session, message_id: int, new: NewMessage,
                          now: datetime) -> None:
-    if new.stages:
-        session.execute(insert(Payload), [
-            {"message_id": message_id, "stage": stage, "digest": digest, "size": size,
-             "created_at": now} for stage, (digest, size) in new.stages.items()])
+    conn = connection(session)  # then its rows of other tables (attributes, an ack job)
+    insert_rows(conn, Payload.__table__, _payload_rows([new], [message_id]), {"created_at": now})
+    for table, rows in _own_rows([new], [message_id]).items():
+        conn.execute(insert(table), rows)
 
 
 def store_refused(session: Session, new: NewMessage, reason: str, now: datetime) -> int:

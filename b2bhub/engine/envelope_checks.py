@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, insert, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session, aliased
 
 from b2bhub.domain.states import MessageStatus
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many, store_refused
 from b2bhub.engine.envelope_parties import SOURCE, by_envelope
-from b2bhub.engine.history import connection, raise_alert
+from b2bhub.engine.history import raise_alert
 from b2bhub.models import Message, MessageAttribute
 
 #: ``edi_errors``: an interchange with envelope errors is delivered, its history listing
@@ -187,15 +187,9 @@ def store_checked_many(session: Session, batch: list[NewMessage], checks: Intake
 
 
 def store_refused_with_rows(session: Session, refusal: IntakeRefusal, now: datetime) -> int:
-    """``store_refused``, and the message's rows of other tables (its envelope's
-    attributes: found by the messages' filters, read for an acknowledgment)."""
-    message_id = store_refused(session, refusal.new, refusal.reason, now)
-    tables: dict = {}
-    for table, row in refusal.new.rows:
-        tables.setdefault(table, []).append({**row, "message_id": message_id})
-    for table, rows in tables.items():
-        connection(session).execute(insert(table), rows)
-    return message_id
+    """``store_refused`` of the refusal's message, its rows of other tables with it (its
+    envelope's attributes, found by the messages' filters; its acknowledgment's job)."""
+    return store_refused(session, refusal.new, refusal.reason, now)
 
 
 def alert_duplicates(session: Session, batch: list[NewMessage], ids: list[int],

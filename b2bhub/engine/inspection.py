@@ -8,7 +8,7 @@ import io
 import logging
 import queue
 import threading
-from typing import IO
+from typing import IO, Any
 
 from b2bhub.plugin import Envelope
 from b2bhub.plugin.registry import get_inspectors
@@ -37,10 +37,17 @@ class _Head:
 
 def inspect_stream(stream: IO[bytes], inspectors: dict | None = None) -> Envelope | None:
     """The envelope the first recognising inspector reads of ``stream``; None if none."""
+    found = inspect_with(stream, inspectors)
+    return found[1] if found is not None else None
+
+
+def inspect_with(stream: IO[bytes], inspectors: dict | None = None
+                 ) -> tuple[Any, Envelope] | None:
+    """The first recognising inspector and the envelope it reads of ``stream``."""
     head = stream.read(HEAD)
     for inspector in (get_inspectors() if inspectors is None else inspectors).values():
         if inspector.recognise(head):
-            return inspector.inspect(_Head(head, stream))
+            return inspector, inspector.inspect(_Head(head, stream))
     return None
 
 
@@ -81,16 +88,20 @@ def _envelope(store, digest: str) -> Envelope | None:
 def attribute_rows(store, digest: str, waits: bool = False) -> list[tuple]:
     """:func:`inspect_payload` as rows of ``message_attributes`` for a
     :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there), and
-    the acknowledgment rows its envelope brings (:mod:`b2bhub.engine.ack_waits`).
+    the acknowledgment rows its envelope brings: a received acknowledgment's to match
+    (:mod:`b2bhub.engine.ack_waits`), an interchange's ``edi_ack_jobs`` row for the
+    acknowledgment we send (:mod:`b2bhub.engine.acks`).
     ``waits``: with the acknowledgment waits it may start, which are incomplete until
     the message passes through ``envelope_parties.by_envelope`` (as the core's intake
     checks do); without, a caller storing the rows as they are stores no wait."""
     from b2bhub.engine.ack_waits import envelope_rows
+    from b2bhub.engine.acks import job_rows
 
     env = _envelope(store, digest)
     if env is None:
         return []
-    return attribute_rows_of(attributes(env)) + envelope_rows(env, waits)
+    pairs = attributes(env)
+    return attribute_rows_of(pairs) + envelope_rows(env, waits) + job_rows(pairs)
 
 
 def attribute_rows_of(pairs: list[tuple[str, str]]) -> list[tuple]:

@@ -2,7 +2,7 @@
 
 from b2bhub.models.acks import AckReceived, AckWait
 from b2bhub.models.base import Base, utcnow
-from b2bhub.models.documents import MessageAttribute
+from b2bhub.models.documents import AckJob, AckNumber, MessageAttribute
 from b2bhub.models.messages import Delivery, HistoryLine, Message, Payload
 from b2bhub.models.notifications import Notification, NotificationChannel
 from b2bhub.models.parties import (
@@ -28,8 +28,8 @@ from b2bhub.models.system import (
 )
 
 __all__ = [
-    "ORGANIZATION", "PARTNER", "AckReceived", "AckWait", "Alert", "ApiToken", "Base",
-    "Certificate", "CleanupRun",
+    "ORGANIZATION", "PARTNER", "AckJob", "AckNumber", "AckReceived", "AckWait", "Alert",
+    "ApiToken", "Base", "Certificate", "CleanupRun",
     "Delivery", "HistoryLine", "InstanceState", "Lock", "LogRecord", "Message",
     "MessageAttribute",
     "Notification", "NotificationChannel", "Party", "PartyIdentity", "Payload", "PluginInstance",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import ForeignKey, Index, String
+from datetime import datetime
+
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from b2bhub.models.base import Base, BigId
@@ -23,3 +25,35 @@ class MessageAttribute(Base):
         ForeignKey("messages.id", ondelete="CASCADE"), index=True)
     name: Mapped[str] = mapped_column(String(32))
     value: Mapped[str] = mapped_column(String(255))
+
+
+class AckJob(Base):
+    """A received interchange whose functional acknowledgment is still to be made
+    (docs/edi.md), written with the message when the inspection found an envelope to
+    acknowledge; due when ``due_at`` is empty or past. A worker takes it by setting
+    ``claimed_by`` and moving ``due_at`` a lease ahead (one UPDATE only one wins), and
+    makes the acknowledgment and deletes the row in one transaction fenced by
+    ``claimed_by``: a worker killed in between leaves it to be taken again after the
+    lease."""
+
+    __tablename__ = "edi_ack_jobs"
+
+    message_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("messages.id", ondelete="CASCADE"), primary_key=True)
+    due_at: Mapped[datetime | None] = mapped_column(default=None, index=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(80), default=None)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_error: Mapped[str] = mapped_column(String(500), default="", server_default="")
+
+
+class AckNumber(Base):
+    """The last control number of our functional acknowledgments to a partner in a
+    standard (``X12``, ``EDIFACT``): the next is taken by one UPDATE of this row in the
+    transaction that stores the acknowledgment, so two are never the same."""
+
+    __tablename__ = "edi_ack_numbers"
+
+    party_id: Mapped[int] = mapped_column(
+        ForeignKey("parties.id", ondelete="CASCADE"), primary_key=True)
+    standard: Mapped[str] = mapped_column(String(16), primary_key=True)
+    last_number: Mapped[int] = mapped_column(BigInteger)

@@ -117,7 +117,8 @@ __all__ = ["ANSWER_BODY_LIMIT", "FILE_WRITER_DEFAULT", "OutcomeKind", "PREREAD",
            "ConnectionTest", "DeliveryInfo", "EndpointReply", "EndpointRequest",
            "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
            "PickedFile", "Plugin", "PluginStartError", "ProfileKind", "SourceContext",
-           "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP"]
+           "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP",
+           "AckRequest", "Acknowledgment"]
 
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
@@ -697,6 +698,22 @@ class Envelope:
     #: group or interchange it answers for (``plugins/edi/acks.py`` names the keys);
     #: empty for any other document
     acknowledges: list[dict] = field(default_factory=list)
+    #: each error of :attr:`errors` told to its place (:meth:`fault`), for an
+    #: acknowledgment: a dict of ``level`` (``interchange``, ``group`` or ``set``),
+    #: ``kind`` (``trailer`` missing, ``control`` number not matching, ``count`` wrong),
+    #: ``segment`` (the trailer's tag), ``text``, ``group`` (the group's place in
+    #: :attr:`groups`, None outside one), for a set its ``type``, ``control`` and
+    #: ``identifier`` (EDIFACT S009 whole), for a wrong count ``said`` (the trailer's).
+    #: A set's faults are kept for the first :attr:`MAX_DETAILS` of them
+    faults: list[dict] = field(default_factory=list)
+    #: how many sets had an error, by their group's place (None: outside a group),
+    #: counted for all of them
+    bad_sets: dict = field(default_factory=dict)
+    #: header values an acknowledgment repeats: X12 ``usage`` (ISA15), ``application_
+    #: sender`` / ``application_receiver`` (the first GS02 / GS03); EDIFACT ``test``
+    #: (UNB 0035)
+    headers: dict[str, str] = field(default_factory=dict)
+    _bad: dict | None = field(default=None, repr=False, compare=False)
 
     def add_set(self, one: dict) -> dict:
         """Count a transaction set or message; keep its details while there is room."""
@@ -712,6 +729,50 @@ class Envelope:
         if len(self.errors) < 100:
             self.errors.append(text)
 
+    def fault(self, text: str, level: str, kind: str, segment: str, *,
+              group: int | None = None, one: dict | None = None, **more: str) -> None:
+        """Name an envelope error (:meth:`error`) and where it is (:attr:`faults`):
+        ``one`` the set it is in, ``group`` its group's place in :attr:`groups`."""
+        self.error(text)
+        place = {"level": level, "kind": kind, "segment": segment, "text": text,
+                 "group": group, **more}
+        if one is not None:
+            place.update(type=one["type"], control=one["control"])
+            if self._bad is not one:  # a set with two errors counts once
+                self._bad = one
+                self.bad_sets[group] = self.bad_sets.get(group, 0) + 1
+            if sum(self.bad_sets.values()) > self.MAX_DETAILS:
+                return
+        self.faults.append(place)
+
+
+@dataclass(frozen=True)
+class AckRequest:
+    """What the core asks an inspector's ``acknowledge`` for (docs/edi.md): the
+    partner's setting ``kind`` (``997`` or ``999``; an EDIFACT interchange gets a CONTRL
+    with either), our control number for the acknowledgment (``control``, the next of
+    the partner's and standard's counter), our identity and theirs (``qualifier:id``:
+    ours is the one the interchange was sent to) and the time it is made."""
+
+    kind: str
+    control: int
+    sender: str
+    receiver: str
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Acknowledgment:
+    """An inspector's functional acknowledgment of an interchange: the interchange to
+    send back (``payload``), its ``document_type`` (``997``, ``999``, ``CONTRL``), the
+    ``outcome`` as a word (``accepted``, ``accepted with errors``, ``partially
+    accepted``, ``rejected``) and the errors it reports (``detail``, "" for none)."""
+
+    payload: bytes
+    document_type: str
+    outcome: str
+    detail: str = ""
+
 
 class Inspector(Protocol):
     """A document inspector, registered under :data:`INSPECTOR_GROUP` (a class or an
@@ -725,3 +786,8 @@ class Inspector(Protocol):
     def recognise(self, head: bytes) -> bool: ...
 
     def inspect(self, stream: IO[bytes]) -> Envelope: ...
+
+    # optional: a functional acknowledgment of an envelope it read (X12 997 / 999,
+    # EDIFACT CONTRL), None when it makes none for it
+    # def acknowledge(self, envelope: Envelope, request: AckRequest) -> Acknowledgment | None
+

@@ -75,6 +75,19 @@ def edi_acks() -> dict:
     from b2bhub.engine import ack_waits
     with hub.new_session() as session:
         return ack_waits.run(session, utcnow())
+@shared_task(name="b2bhub.make_acks", ignore_result=True)
+def make_acks() -> dict:
+    """Beat's tick (and its own follow-up while more are due): make the functional
+    acknowledgments that are due (b2bhub/engine/acks.py)."""
+    from b2bhub.engine.acks import run_due_acks
+    with hub.new_session() as session:
+        report = run_due_acks(session, hub.store(), utcnow(), hub.process_owner())
+    if report.made or report.failed:
+        log.info("functional acknowledgments: %d made, %d failed", report.made,
+                 report.failed)
+    if report.more_due and not stop_control.requested.is_set():
+        make_acks.apply_async(expires=60, retry=False)
+    return report.__dict__
 
 
 @shared_task(name="b2bhub.probe_targets", ignore_result=True)

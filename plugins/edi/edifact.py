@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import IO
 
-from b2bhub.plugin import Envelope
+from b2bhub.plugin import Acknowledgment, AckRequest, Envelope
 from plugins.edi import acks
+from plugins.edi.ack_builder import contrl
 from plugins.edi.segments import segments
 
 
@@ -17,6 +18,11 @@ class EdifactInspector:
     @staticmethod
     def recognise(head: bytes) -> bool:
         return head.lstrip()[:3] in (b"UNA", b"UNB")
+
+    @staticmethod
+    def acknowledge(env: Envelope, request: AckRequest) -> Acknowledgment | None:
+        """A functional acknowledgment of ``env`` (plugins/edi/ack_builder.py)."""
+        return contrl(env, request)
 
     @staticmethod
     def inspect(stream: IO[bytes]) -> Envelope:
@@ -49,6 +55,7 @@ class _Reader:
         self.units = 0  # messages (or groups) counted for UNZ
         self.started = self.trailer = False
         self.acks = acks.EdifactAcks(env)  # a CONTRL's UCI, UCM ... segments
+        self.identifier = ""  # the open message's S009, whole
 
     def run(self, segs) -> None:
         env, element = self.env, self.element
@@ -65,11 +72,25 @@ class _Reader:
         if not self.started:
             env.error("the interchange has no UNB header")
         if not self.trailer:
-            env.error("the interchange has no UNZ trailer")
-        if self.group is not None:
-            env.error(f"group {self.group['control']} has no UNE trailer")
+            env.fault("the interchange has no UNZ trailer", "interchange", "trailer", "UNZ")
+        self._unclosed()
+
+    def _unclosed(self, group: bool = True) -> None:
+        """The message (and the group) still open have no trailer (the interchange
+        ended, or the next header or trailer came)."""
         if self.set is not None:
-            env.error(f"message {self.set['control']} has no UNT trailer")
+            self.env.fault(f"message {self.set['control']} has no UNT trailer", "set",
+                           "trailer", "UNT", group=self._at(), one=self.set,
+                           identifier=self.identifier)
+            self.set = None
+        if group and self.group is not None:
+            self.env.fault(f"group {self.group['control']} has no UNE trailer", "group",
+                           "trailer", "UNE", group=self._at())
+            self.group = None
+
+    def _at(self) -> int | None:
+        """The place of the group open in ``env.groups`` (None: no group is open)."""
+        return len(self.env.groups) - 1 if self.group is not None else None
 
     def _split(self, seg: bytes) -> list[list[str]]:
         """Elements of components, with release characters resolved."""
@@ -102,14 +123,18 @@ class _Reader:
         env.receiver = f"{_c(receiver, 1)}:{_c(receiver, 0)}"
         env.date = " ".join(_e(f, 4))
         env.control = _c(_e(f, 5), 0)
+        env.headers["test"] = _c(_e(f, 11), 0)
 
     def ung(self, f, env):
+        self._unclosed()
         self.group = {"functional_id": _c(_e(f, 1), 0), "control": _c(_e(f, 5), 0),
                       "version": ":".join(_e(f, 7)), "sets": 0}
         env.groups.append(self.group)
         self.units += 1
 
     def unh(self, f, env):
+        self._unclosed(group=False)
+        self.identifier = ":".join(_e(f, 2))
         self.set = {"type": ":".join(_e(f, 2)[:3]), "control": _c(_e(f, 1), 0),
                     "reference": "",
                     "group": self.group["control"] if self.group else ""}
@@ -129,35 +154,40 @@ class _Reader:
             env.error("a UNT without its UNH")
             return
         count, ref = _c(_e(f, 1), 0), _c(_e(f, 2), 0)
+        where = {"group": self._at(), "one": self.set, "identifier": self.identifier}
         if ref != self.set["control"]:
-            env.error(f"UNT 0062 {ref} does not match UNH 0062 "
-                              f"{self.set['control']}")
+            env.fault(f"UNT 0062 {ref} does not match UNH 0062 {self.set['control']}",
+                      "set", "control", "UNT", **where)
         if count != str(self.set_segments):
-            env.error(f"UNT says {count} segments, message {self.set['control']} "
-                              f"has {self.set_segments}")
+            env.fault(f"UNT says {count} segments, message {self.set['control']} "
+                      f"has {self.set_segments}", "set", "count", "UNT", said=count, **where)
         self.set = None
 
     def une(self, f, env):
         if self.group is None:
             env.error("a UNE without its UNG")
             return
+        self._unclosed(group=False)
         count, ref = _c(_e(f, 1), 0), _c(_e(f, 2), 0)
         if ref != self.group["control"]:
-            env.error(f"UNE 0048 {ref} does not match UNG 0048 "
-                              f"{self.group['control']}")
+            env.fault(f"UNE 0048 {ref} does not match UNG 0048 {self.group['control']}",
+                      "group", "control", "UNE", group=self._at())
         if count != str(self.group["sets"]):
-            env.error(f"UNE says {count} messages, group {self.group['control']} "
-                              f"has {self.group['sets']}")
+            env.fault(f"UNE says {count} messages, group {self.group['control']} "
+                      f"has {self.group['sets']}", "group", "count", "UNE",
+                      group=self._at(), said=count)
         self.group = None
 
     def unz(self, f, env):
         self.trailer = True
+        self._unclosed()
         count, ref = _c(_e(f, 1), 0), _c(_e(f, 2), 0)
         if ref != env.control:
-            env.error(f"UNZ 0020 {ref} does not match UNB 0020 {env.control}")
+            env.fault(f"UNZ 0020 {ref} does not match UNB 0020 {env.control}",
+                      "interchange", "control", "UNZ")
         if count != str(self.units):
-            env.error(f"UNZ says {count} messages or groups, the interchange "
-                              f"has {self.units}")
+            env.fault(f"UNZ says {count} messages or groups, the interchange "
+                      f"has {self.units}", "interchange", "count", "UNZ", said=count)
 
 
 _HANDLERS = {b"UNB": _Reader.unb, b"UNG": _Reader.ung, b"UNH": _Reader.unh,

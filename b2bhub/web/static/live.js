@@ -14,7 +14,8 @@
   var TYPES = ["received", "status_changed", "delivery_changed", "not_routed",
     "redispatch_requested", "redeliver_requested", "send_again_requested",
     "cancel_requested", "resubmit_requested", "skip_requested", "stale_outcome_ignored",
-    "duplicate_received", "comment", "alert_acknowledged", "config_changed"];
+    "duplicate_received", "comment", "alert_acknowledged", "config_changed",
+    "ack_generated", "ack_failed"];
   var dot = document.getElementById("live-state");
   var logs = document.querySelector("tbody[data-live-logs]");
   if (logs) { tailLogs(logs); return; }
