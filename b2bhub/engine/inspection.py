@@ -117,16 +117,40 @@ def attribute_rows_of(pairs: list[tuple[str, str]]) -> list[tuple]:
 # They inspect what they hold before the message's rows go in, never reading the payload
 # back from the store: its bytes in memory, or its stream as it passes to the store.
 
-def inspect_bytes(data: bytes) -> list[tuple[str, str]]:
-    """The attributes of a payload held in memory; [] when no inspector knows it or it
-    cannot be read (as :func:`inspect_payload`: inspection never fails a receive)."""
+class Found(list):
+    """The attributes a receiver's inspection found ((name, value) pairs), with the
+    :class:`Envelope` they were read from (None: none), for :func:`message_rows`."""
+
+    def __init__(self, env: Envelope | None = None):
+        super().__init__(attributes(env) if env is not None else ())
+        self.envelope = env
+
+
+def message_rows(found: list[tuple[str, str]]) -> list[tuple]:
+    """The rows a received message's inspection brings, to go in with it
+    (``NewMessage.rows``), as :func:`attribute_rows` gives the core's intake: its
+    attributes, a received acknowledgment's row to match, the acknowledgment waits it
+    may start (completed by ``envelope_parties.by_envelope``, which the intake checks
+    run), the job of the acknowledgment we send. ``found``: :func:`inspect_bytes` or
+    :meth:`InspectingReader.attributes` (plain pairs: the attributes alone)."""
+    from b2bhub.engine.ack_waits import envelope_rows
+    from b2bhub.engine.acks import job_rows
+
+    env = getattr(found, "envelope", None)
+    if env is None:
+        return attribute_rows_of(found)
+    return attribute_rows_of(found) + envelope_rows(env, True) + job_rows(found)
+
+
+def inspect_bytes(data: bytes) -> Found:
+    """The attributes of a payload held in memory; none when no inspector knows it or
+    it cannot be read (as :func:`inspect_payload`: inspection never fails a receive)."""
     try:
-        env = inspect_stream(io.BytesIO(data))
+        return Found(inspect_stream(io.BytesIO(data)))
     except Exception:
         log.warning("a payload of %d bytes could not be inspected", len(data),
                     exc_info=True)
-        return []
-    return attributes(env) if env is not None else []
+        return Found()
 
 
 class InspectingReader:
@@ -145,7 +169,7 @@ class InspectingReader:
         self._chunks: queue.Queue[bytes] = queue.Queue(self.DEPTH)
         self._ended = False  # the end (or a stop) was handed to the thread
         self._complete = False  # the stream was read to its end
-        self._found: list[tuple[str, str]] = []
+        self._found = Found()
         self._thread = threading.Thread(target=self._inspect, name="inspect", daemon=True)
         self._thread.start()
 
@@ -159,7 +183,7 @@ class InspectingReader:
     def attributes(self) -> list[tuple[str, str]]:
         """What the inspection found, once the stream was read to its end ([] else)."""
         self.close()
-        return self._found if self._complete else []
+        return self._found if self._complete else Found()
 
     def close(self) -> None:
         """End the inspection (the stream is not read on) and wait for its thread."""
@@ -172,8 +196,7 @@ class InspectingReader:
         pipe = _Pipe(self._chunks)
         try:
             env = inspect_stream(pipe)
-            if env is not None:
-                self._found = attributes(env)
+            self._found = Found(env)
         except Exception:
             log.warning("a streamed payload could not be inspected", exc_info=True)
         finally:

@@ -82,7 +82,8 @@ end), each the core's own object:
 * EDI inspection for a source that stores its messages itself (docs/edi.md): it inspects
   what it holds, never the payload read back from the store: ``inspect_bytes`` (a body
   in memory) or ``InspectingReader`` (a stream, inspected as the store reads it), the
-  attributes as the message's rows (``attribute_rows_of``), and its parties from the
+  attributes as the message's rows (``attribute_rows_of``; ``message_rows`` with the
+  acknowledgment rows its envelope brings), and its parties from the
   envelope (``envelope_identities``, ``by_envelope``, ``PARTIES_FROM_ENVELOPE``;
   ``EndpointLookup`` reads an envelope's identities' parties in its one statement);
 * sessions (``new_session``, ``connection``), the payload store (``payload_store``,
@@ -581,6 +582,7 @@ _PROTOCOL_API = {
     "inspect_bytes": "b2bhub.engine.inspection:inspect_bytes",
     "InspectingReader": "b2bhub.engine.inspection:InspectingReader",
     "attribute_rows_of": "b2bhub.engine.inspection:attribute_rows_of",
+    "message_rows": "b2bhub.engine.inspection:message_rows",
     "envelope_identities": "b2bhub.engine.envelope_parties:envelope_identities",
     "by_envelope": "b2bhub.engine.envelope_parties:by_envelope",
     "PARTIES_FROM_ENVELOPE": "b2bhub.engine.envelope_parties:ENVELOPE",
