@@ -61,10 +61,14 @@ def attributes(env: Envelope) -> list[tuple[str, str]]:
 
 def inspect_payload(store, digest: str) -> list[tuple[str, str]]:
     """The attributes of the stored payload ``digest``; [] when no inspector knows it or
-    it cannot be read (the message is stored all the same, a warning logged)."""
+    it cannot be read (the message is stored all the same, a warning logged). With no
+    inspector chosen (``B2BHUB_INSPECTORS`` empty) the payload is not even opened."""
+    inspectors = get_inspectors()
+    if not inspectors:
+        return []
     try:
         with store.open(digest) as stream:
-            env = inspect_stream(stream)
+            env = inspect_stream(stream, inspectors)
     except Exception:
         log.warning("payload %s could not be inspected", digest, exc_info=True)
         return []
