@@ -61,6 +61,8 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
         app.config["SECRET_KEY"] = configuration.secret_key(app.config["DATA_DIR"])
     logging.basicConfig(level=app.config["LOG_LEVEL"],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from b2bhub.plugin.registry import get_inspectors
+    get_inspectors()  # B2BHUB_INSPECTORS naming no installed inspector stops the start
 
     from b2bhub.config import database
     database.install()

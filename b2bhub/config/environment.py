@@ -63,6 +63,9 @@ VARIABLES: list[tuple[str, str | None, str]] = [
      "cleanup's time (System > Settings, UTC) has come"),
     ("B2BHUB_WORKER_QUEUES", "deliveries,default",
      "queues a worker consumes (add an instance's own queue for dedicated workers)"),
+    ("B2BHUB_INSPECTORS", None, "the document inspectors that read envelopes at intake, "
+     "by name, comma-separated (x12,edifact); default every registered one; empty: none, "
+     "inspection off"),
     ("B2BHUB_FAULT_PAUSE", "", "fault suite only: POINT:SECONDS[:NTH], a worker pauses "
      "there so it can be killed there (b2bhub/engine/faults.py)"),
     ("B2BHUB_FAKE_CLOCK_FILE", "", "fault suite only: a file holding seconds added to "
@@ -88,6 +91,17 @@ PLATFORM_VARIABLES: list[tuple[str, str, str]] = [
 def _env(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
+
+
+def inspector_names() -> tuple[str, ...] | None:
+    """The inspectors ``B2BHUB_INSPECTORS`` names, in its order; None when it is unset
+    (every registered one runs), ``()`` when it is set empty (none: inspection off).
+    Which names exist is the registry's to say
+    (:func:`b2bhub.plugin.registry.get_inspectors`)."""
+    value = os.environ.get("B2BHUB_INSPECTORS")
+    if value is None:
+        return None
+    return tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
 
 
 def database_url_of(url: str) -> str:

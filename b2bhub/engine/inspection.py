@@ -15,8 +15,10 @@ from b2bhub.plugin.registry import get_inspectors
 
 log = logging.getLogger(__name__)
 HEAD = 512
-#: at most this many rows per message (a 100,000-set interchange keeps its first ones)
-MAX_ROWS = 20_000
+#: at most this many rows per message: room for the control number and reference of
+#: every set whose details an envelope keeps (a 100,000-set interchange's first 10,000),
+#: and 1,000 more for the interchange's own, its groups', its types and its errors
+MAX_ROWS = 2 * Envelope.MAX_DETAILS + 1_000
 
 
 class _Head:
@@ -65,21 +67,27 @@ def attributes(env: Envelope) -> list[tuple[str, str]]:
         pairs.append(("transaction_control", one["control"]))
         if one.get("reference"):
             pairs.append(("reference", one["reference"]))
-    pairs += [("edi_error", text) for text in env.errors]
-    return list(dict.fromkeys((n, v[:255]) for n, v in pairs if v))[:MAX_ROWS]
+    # the errors (at most 100) are kept whatever the sets' details take of the room
+    errors = list(dict.fromkeys(("edi_error", text[:255]) for text in env.errors if text))
+    kept = list(dict.fromkeys((n, v[:255]) for n, v in pairs if v))
+    return kept[:MAX_ROWS - len(errors)] + errors
 
 
 def inspect_payload(store, digest: str) -> list[tuple[str, str]]:
     """The attributes of the stored payload ``digest``; [] when no inspector knows it or
-    it cannot be read (the message is stored all the same, a warning logged)."""
+    it cannot be read (the message is stored all the same, a warning logged). With no
+    inspector chosen (``B2BHUB_INSPECTORS`` empty) the payload is not even opened."""
     env = _envelope(store, digest)
     return attributes(env) if env is not None else []
 
 
 def _envelope(store, digest: str) -> Envelope | None:
+    inspectors = get_inspectors()
+    if not inspectors:
+        return None
     try:
         with store.open(digest) as stream:
-            return inspect_stream(stream)
+            return inspect_stream(stream, inspectors)
     except Exception:
         log.warning("payload %s could not be inspected", digest, exc_info=True)
         return None

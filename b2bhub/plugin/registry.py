@@ -19,6 +19,7 @@ from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any
 
+from b2bhub.config import environment
 from b2bhub.plugin.schema import schema_problem
 
 __all__ = ["GROUP", "ROLES", "PluginRegistry", "get_registry", "plugin_problem", "registry"]
@@ -182,9 +183,9 @@ def inspector_problem(obj: Any, entry_point_name: str) -> str | None:
     return None
 
 
-def get_inspectors() -> dict[str, Any]:
-    """The document inspectors by name, in name order, loaded once; one that fails to
-    import or to look like an inspector is logged and skipped."""
+def registered_inspectors() -> dict[str, Any]:
+    """Every document inspector installed, by name, in name order, loaded once; one that
+    fails to import or to look like an inspector is logged and skipped."""
     global _inspectors
     if _inspectors is None:
         with _load_lock:
@@ -204,3 +205,41 @@ def get_inspectors() -> dict[str, Any]:
                     found[ep.name] = obj
                 _inspectors = dict(sorted(found.items()))
     return _inspectors
+
+
+class InspectorsSettingError(ValueError):
+    """``B2BHUB_INSPECTORS`` names an inspector that is not installed."""
+
+
+_chosen: tuple[tuple[str, ...] | None, dict[str, Any]] | None = None
+
+
+def choose_inspectors(names: tuple[str, ...] | None) -> dict[str, Any]:
+    """The registered inspectors ``names`` chooses, in name order: all of them for None,
+    none for ``()``; a name not registered is an :class:`InspectorsSettingError` naming
+    the known ones."""
+    known = registered_inspectors()
+    if names is None:
+        return known
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise InspectorsSettingError(
+            f"B2BHUB_INSPECTORS names {', '.join(map(repr, unknown))}, which "
+            f"{'is not an' if len(unknown) == 1 else 'are not'} installed "
+            f"inspector{'' if len(unknown) == 1 else 's'}; known inspectors: "
+            f"{', '.join(known) or 'none'} (unset: all of them; empty: none)")
+    return {name: obj for name, obj in known.items() if name in names}
+
+
+def get_inspectors() -> dict[str, Any]:
+    """The document inspectors that run at intake, by name, in name order: those the
+    operator's ``B2BHUB_INSPECTORS`` chooses (:func:`choose_inspectors`), every
+    registered one when it is unset. Read at every call (a dictionary look-up when the
+    setting has not changed); the factory calls it once at start, so a name that is no
+    inspector stops a process from starting."""
+    global _chosen
+    names = environment.inspector_names()
+    chosen = _chosen
+    if chosen is None or chosen[0] != names:
+        chosen = _chosen = (names, choose_inspectors(names))
+    return chosen[1]
