@@ -15,14 +15,17 @@ class MessageAttribute(Base):
     ``sender`` / ``receiver`` (``qualifier:id``), ``interchange_control``,
     ``interchange_date``, ``groups`` / ``sets`` (counts), ``group_type``,
     ``group_control``, ``document_type``, ``transaction_control``, ``reference`` and
-    ``edi_error``. Found by name and value (the messages' filters)."""
+    ``edi_error``. Found by name and value (the messages' filters), and a message's by
+    its id and name (``ix_message_attributes_message_name``: a plan that reads one
+    message's sender is then the only one that matches the index whole)."""
 
     __tablename__ = "message_attributes"
-    __table_args__ = (Index("ix_message_attributes_name_value", "name", "value"),)
+    __table_args__ = (Index("ix_message_attributes_name_value", "name", "value"),
+                      Index("ix_message_attributes_message_name", "message_id", "name"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     message_id: Mapped[int] = mapped_column(
-        ForeignKey("messages.id", ondelete="CASCADE"), index=True)
+        ForeignKey("messages.id", ondelete="CASCADE"))
     name: Mapped[str] = mapped_column(String(32))
     value: Mapped[str] = mapped_column(String(255))
 
