@@ -26,7 +26,10 @@ Order of work for one request, each refusal storing nothing:
    in progress by a process that died is taken over after :data:`ABANDONED`.
 5. The body's envelope is read (EDI inspection) from memory when it was preread, else
    as it streams into the payload store; its attributes go in with the message and the
-   routes match its document types.
+   routes match its document types. The instance's checks at intake apply
+   (``check_intake``, docs/edi.md): an interchange they refuse (envelope errors, a
+   duplicate) is stored Refused and answered 422 ``refused`` with the reason; a
+   duplicate let through is alerted.
 6. Async mode: stored and dispatched by the routes, 202 with the message id and a
    ``Location`` of its API resource. On PostgreSQL a request without a key whose
    message is one statement goes with those of other requests of the process arriving

@@ -17,8 +17,11 @@ input. The order of work:
    linked into the store as the raw stage) and parsed from there in bounded buffers
    (:mod:`.stream`), with the same checks, texts and MDN.
 5. Accepted: the unpacked stage's EDI envelope is read from the content in memory (or as
-   it streams into its stage), its attributes going in with the message; with
-   ``parties_from: "envelope"`` from and to are the envelope's parties (docs/edi.md).
+   it streams into its stage), its attributes going in with the message; the instance's
+   checks at intake apply (``check_intake``, docs/edi.md): with ``parties_from:
+   "envelope"`` from and to are the envelope's parties; an interchange they refuse
+   (envelope errors, a duplicate) is stored Refused with the reason, its MDN the
+   positive one (the AS2 transfer succeeded), and a duplicate let through is alerted.
    The raw, unpacked and receipt stages are made durable and put in place by
    one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
    are inserted, and before that transaction commits; the positive MDN is returned
