@@ -26,7 +26,10 @@ Order of work for one request, each refusal storing nothing:
    in progress by a process that died is taken over after :data:`ABANDONED`.
 5. The body's envelope is read (EDI inspection) from memory when it was preread, else
    as it streams into the payload store; its attributes go in with the message and the
-   routes match its document types.
+   routes match its document types. The instance's checks at intake apply
+   (``check_intake``, docs/edi.md): an interchange they refuse (envelope errors, a
+   duplicate) is stored Refused and answered 422 ``refused`` with the reason; a
+   duplicate let through is alerted.
 6. Async mode: stored and dispatched by the routes, 202 with the message id and a
    ``Location`` of its API resource. On PostgreSQL a request without a key whose
    message is one statement goes with those of other requests of the process arriving
@@ -84,14 +87,17 @@ from b2bhub.plugin import (
     EndpointRequest,
     Field,
     InspectingReader,
+    IntakeChecks,
+    IntakeRefusal,
     NewMessage,
     NotFound,
     PeriodicJob,
     Plugin,
     ServiceError,
     add_line,
+    alert_duplicates,
     attribute_rows_of,
-    by_envelope,
+    check_intake,
     deliver_in_request,
     delivery_standing,
     direction_of,
@@ -100,6 +106,7 @@ from b2bhub.plugin import (
     instance_type,
     store_and_dispatch_grouped,
     store_and_dispatch_many,
+    store_intake_refusal,
     utcnow,
     writes_in_one_statement,
 )
@@ -283,7 +290,7 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
     instance's ``from_party`` / ``to_party``), the parties of a preread body's envelope
     (``identities``, by role) and the settings rows a new message needs. None when the
     instance is missing or disabled; else (config, from, to, kinds of the parties that
-    exist, the settings rows, the token's id or None, the instance's ``parties_from``,
+    exist, the settings rows, the token's id or None, the instance's intake checks,
     the party (name, kind) of each identity that is one's)."""
     given = request.config is not None
     config = request.config or {}
@@ -293,13 +300,13 @@ def _lookups(session, request: EndpointRequest, token: str, from_header: str | N
     }
     looked = LOOKUP.run(session, request.instance, look_up_instance=not given,
                         parties=parties, token=_hash(token), identities=identities)
-    parties_from = request.parties_from
+    checks = request.checks or IntakeChecks(request.parties_from)
     if not given:
         if not looked.enabled:
             return None
-        config, parties_from = looked.config, looked.parties_from
+        config, checks = looked.config, looked.checks
     return (config, looked.parties["from_party"], looked.parties["to_party"], looked.kinds,
-            looked.settings, looked.extra["token"], parties_from, looked.identities)
+            looked.settings, looked.extra["token"], checks, looked.identities)
 
 
 def handle(request: EndpointRequest) -> EndpointReply:
@@ -320,8 +327,8 @@ def handle(request: EndpointRequest) -> EndpointReply:
     if looked is None:
         session.rollback()
         return _error(404, f"no enabled HTTP receiver named '{name}'")
-    config, from_party, to_party, kinds, known, token_id, parties_from, holders = looked
-    envelope = parties_from == PARTIES_FROM_ENVELOPE
+    config, from_party, to_party, kinds, known, token_id, checks, holders = looked
+    envelope = checks.parties_from == PARTIES_FROM_ENVELOPE
     if scheme.lower() != "bearer" or not token.strip() or token_id is None:
         session.rollback()
         return _error(401, "a valid bearer token of this receiver is required",
@@ -381,20 +388,33 @@ def handle(request: EndpointRequest) -> EndpointReply:
             sequence_key=(_header(headers, "X-B2BHub-Sequence-Key") or "")[:200] or None,
             actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None,
             rows=attribute_rows_of(found))
+        # the envelope's identities' parties as the lookups read them (a preread body);
+        # None: check_intake reads them
+        read = holders if request.config is None else None
         if envelope:
-            new = _parties_from_envelope(session, new, found, kinds,
-                                         holders if request.config is None else None)
+            new = _envelope_defaults(new, found, kinds, read)
+        # the instance's checks (docs/edi.md "Checks at intake"): parties from the
+        # envelope, its errors and a duplicate (one SELECT, for an interchange only)
+        checked = check_intake(session, new, checks, request.now, parties=read)
         made: list[tuple[int, int, str]] = []
-        if alone and config.get("mode") != "sync":
+        refusal = checked if isinstance(checked, IntakeRefusal) else None
+        new = checked.new if refusal is not None else checked
+        duplicate = refusal is None and _is_duplicate(new)
+        if alone and config.get("mode") != "sync" and refusal is None and not duplicate:
             # nothing else to write: with the other requests' that arrive meanwhile, in
             # one statement and commit (b2bhub.engine.grouped, which also sees to a
             # group of more than one statement going in a transaction)
             message_id = store_and_dispatch_grouped(session, new, request.now, known)
         else:
-            if alone and not writes_in_one_statement(session, [new], known):
+            if alone and (refusal is not None or duplicate
+                          or not writes_in_one_statement(session, [new], known)):
                 session.commit()  # more than one statement: the next begins a transaction
-            [message_id] = store_and_dispatch_many(session, [new], request.now, known,
-                                                   made)
+            if refusal is not None:  # kept, Refused with the reason, its envelope too
+                message_id = store_intake_refusal(session, refusal, request.now)
+            else:
+                [message_id] = store_and_dispatch_many(session, [new], request.now, known,
+                                                       made)
+                alert_duplicates(session, [new], [message_id], request.now)
             if key is not None:
                 _key_row(session, name, key[:255], message_id=message_id)
             session.commit()
@@ -404,8 +424,11 @@ def handle(request: EndpointRequest) -> EndpointReply:
         if key is not None:
             _forget_key(session, name, key[:255])
         raise
-    if config.get("mode") == "sync" and not made:  # its envelope's parties unknown
-        reply = _answer(422, message_id, "not_routed", text=new.lines[-1]["text"])
+    if refusal is not None:  # an envelope error or a duplicate the instance refuses
+        reply = _answer(422, message_id, "refused", text=refusal.reason)
+    elif config.get("mode") == "sync" and not made:  # its envelope's parties unknown
+        reply = _answer(422, message_id, "not_routed", text=next(
+            line["text"] for line in new.lines if line["type"] == "not_routed"))
     elif config.get("mode") == "sync":
         [(delivery_id, _m, target)] = made
         reply = _deliver_in_request(session, message_id, delivery_id, target, known)
@@ -418,14 +441,14 @@ def handle(request: EndpointRequest) -> EndpointReply:
     return reply
 
 
-def _parties_from_envelope(session, new: NewMessage, found: list[tuple[str, str]],
-                           kinds: dict[str, str], holders: dict | None) -> NewMessage:
-    """An ``envelope`` receiver's message (docs/edi.md): from and to its envelope's
-    parties, which win over X-B2BHub-From / -To and the configured ones; when they are
-    not known, Not routed with the reason (:func:`by_envelope`), stored between the
-    parties the request or the configuration named, else those the envelope's known
-    identities are, else the identity itself (``?``: none). ``holders``: the identities'
-    parties the lookups read (a preread body); None: :func:`by_envelope` reads them."""
+def _envelope_defaults(new: NewMessage, found: list[tuple[str, str]],
+                       kinds: dict[str, str], holders: dict | None) -> NewMessage:
+    """An ``envelope`` receiver's message before :func:`check_intake` gives it its
+    envelope's parties (docs/edi.md), which win over X-B2BHub-From / -To and the
+    configured ones: the parties it is stored between when they are not known (Not
+    routed with the reason): those the request or the configuration named, else those
+    the envelope's known identities are, else the identity itself (``?``: none).
+    ``holders``: the identities' parties the lookups read (a preread body), or None."""
     named = envelope_identities(found)
     for role, attr in (("sender", "from_party"), ("receiver", "to_party")):
         if not getattr(new, attr):
@@ -435,7 +458,12 @@ def _parties_from_envelope(session, new: NewMessage, found: list[tuple[str, str]
     seen = {**kinds, **dict((holders or {}).values())}
     new.direction = (direction_of(seen, new.from_party, new.to_party)
                      if new.from_party in seen and new.to_party in seen else None)
-    return by_envelope(session, new, PARTIES_FROM_ENVELOPE, holders)
+    return new
+
+
+def _is_duplicate(new: NewMessage) -> bool:
+    """A duplicate interchange let through: its alert follows the store."""
+    return any(line.get("type") == "duplicate_received" for line in new.lines)
 
 
 def _statement_at_a_time(session) -> bool:

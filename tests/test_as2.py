@@ -22,14 +22,22 @@ from pathlib import Path
 import pyas2lib
 import pytest
 import requests
-from sqlalchemy import event, select
+from sqlalchemy import event, select, update
 from sqlalchemy.engine import Engine
 
 from b2bhub.engine import wakeups as wakeup_module
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch
 from b2bhub.engine.machine.receipts import fail_overdue_receipts
 from b2bhub.engine.runner import TargetRunner
-from b2bhub.models import Delivery, HistoryLine, Message, Payload, utcnow
+from b2bhub.models import (
+    Alert,
+    Delivery,
+    HistoryLine,
+    Message,
+    Payload,
+    PluginInstance,
+    utcnow,
+)
 from b2bhub.payloads.store import PayloadBatch, PayloadStore
 from b2bhub.plugin import PREREAD
 from b2bhub.runtime.hub import new_session
@@ -39,6 +47,7 @@ from plugins.as2.plugin import As2Receiver, As2Sender
 from plugins.as2.receiver import SMALL_STAGE
 from tests.as2kit import make_pair
 from tests.enginekit import counted_statements
+from tests.test_edi_inspect import x12
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the receiver instance, the profiles and routes versions, the delivery settings and a
@@ -46,6 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 #: sequence numbers), history, the as2_inbound row (these five one statement on
 #: PostgreSQL)
 STATEMENTS_PER_RECEIVE = 7
+#: a well-formed X12 interchange (DATA's envelope is cut short: an envelope error)
+INTERCHANGE = x12()
 DATA = b"ISA*00*          *00*          *ZZ*ACME~GS*PO*ACME*HUB~ST*850*0001~SE*2*0001~\r\n"
 
 
@@ -322,17 +333,35 @@ def send_signed(as2) -> dict:
                             mdn_signed=True)
 
 
+def set_checks(as2, **checks) -> None:
+    """The receiver instance's intake checks (docs/edi.md "Checks at intake")."""
+    as2.session.execute(update(PluginInstance).where(PluginInstance.name == "as2in")
+                        .values(**checks))
+    as2.session.commit()
+
+
+def send_counted(as2, data: bytes) -> tuple[dict, dict]:
+    """The partner's result of sending ``data`` and the statements the hub ran for it."""
+    with counted_statements(Engine) as seen:
+        result = as2.partner.send(as2.url, data=data, sign=True, encrypt=True,
+                                  mdn_mode="sync", mdn_signed=True, filename="po.edi")
+    assert result["mdn_status"] == "processed", result
+    return result, seen
+
+
 def test_a_received_message_is_stored_in_few_statements(as2):
     """The message row carries its direction and the MDN line goes in with the intake's
     history lines: no read-back, no UPDATE, no separate lookups after the insert."""
     as2.choose(sign=True, encrypt=True)
-    as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync", mdn_signed=True)
-    with counted_statements(Engine) as seen:
-        result = as2.partner.send(as2.url, sign=True, encrypt=True, mdn_mode="sync",
-                                  mdn_signed=True, filename="po.edi")
-    assert result["mdn_status"] == "processed", result
+    # a well-formed interchange (no edi_errors line), sent twice: the duplicate check is
+    # off, as its lookup is one SELECT more (counted by
+    # test_the_duplicate_check_costs_one_select_per_interchange)
+    set_checks(as2, duplicate_days=0)
+    as2.partner.send(as2.url, data=INTERCHANGE, sign=True, encrypt=True, mdn_mode="sync",
+                     mdn_signed=True)
+    _result, seen = send_counted(as2, INTERCHANGE)
     assert seen["UPDATE"] == 0, seen  # every row goes in with its INSERT
-    # DATA is an X12 interchange: its envelope's attributes (message_attributes rows)
+    # an X12 interchange: its envelope's attributes (message_attributes rows)
     # go in with the message, in the one statement on PostgreSQL; SQLite writes each
     # kind of row with an INSERT of its own, so there they are one more
     attributes = 1 if as2.session.get_bind().dialect.name == "sqlite" else 0
@@ -348,6 +377,30 @@ def test_a_received_message_is_stored_in_few_statements(as2):
         ("received", "po.edi received from acme for mycompany by as2in"),
         ("delivery_changed", "sink: queued"),
         ("mdn_sent", "signed MDN returned in the response")]
+
+
+def test_the_duplicate_check_costs_one_select_per_interchange(as2):
+    """With the duplicate check on (the default), an interchange's receive costs exactly
+    one SELECT more, and a second copy gets duplicate_received and its alert."""
+    as2.choose(sign=True, encrypt=True)
+    set_checks(as2, duplicate_days=0)
+    send_counted(as2, x12(control="000000201"))  # warm: plans, caches
+    _result, off = send_counted(as2, x12(control="000000202"))
+    set_checks(as2, duplicate_days=30)
+    send_counted(as2, x12(control="000000203"))  # warm: the lookup's plan
+    _result, on = send_counted(as2, x12(control="000000204"))
+    assert on == {**off, "SELECT": off["SELECT"] + 1}, (on, off)
+
+    send_counted(as2, x12(control="000000204"))
+    first, second = as2.messages()[-2:]
+    text = f"interchange 000000204 from ZZ:MYCOMPANY was received before as message {first.id}"
+    lines = [(t, x) for t, x in as2.session.execute(
+        select(HistoryLine.type, HistoryLine.text).where(
+            HistoryLine.message_id == second.id).order_by(HistoryLine.id))]
+    assert ("duplicate_received", text) in lines
+    assert second.status == "received"  # let through: duplicates "alert", the default
+    assert [(a.subject, a.message_id) for a in as2.session.scalars(select(Alert).where(
+        Alert.kind == "duplicate_received"))] == [(f"message:{second.id}", second.id)]
 
 
 def test_the_hub_signs_its_mdns_and_messages_through_openssl(as2, monkeypatch):

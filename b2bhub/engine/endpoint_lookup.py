@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import String, and_, bindparam, func, literal, null, select
 
 from b2bhub.engine.driver import run_read
+from b2bhub.engine.envelope_checks import IntakeChecks
 from b2bhub.engine.history import connection
 from b2bhub.models import Party, PartyIdentity, PluginInstance, Setting
 
@@ -38,7 +39,9 @@ class Looked:
     that exists, by name; ``settings``: the settings rows' values by key (None: no row);
     ``extra``: the endpoint's own values by name (None when not asked for);
     ``parties_from``: the instance's (``source`` when it was not looked up);
-    ``identities``: the party (name, kind) of each EDI identity given that is one's."""
+    ``identities``: the party (name, kind) of each EDI identity given that is one's;
+    ``checks``: the instance's intake checks, ``parties_from`` among them (docs/edi.md
+    "Checks at intake"; the defaults when it was not looked up)."""
 
     enabled: bool | None
     config: dict | None
@@ -48,6 +51,7 @@ class Looked:
     extra: dict[str, Any]
     parties_from: str = "source"
     identities: dict[str, tuple[str, str]] = field(default_factory=dict)
+    checks: IntakeChecks = field(default_factory=IntakeChecks)
 
 
 class EndpointLookup:
@@ -103,20 +107,25 @@ class EndpointLookup:
         found = {f"{q}:{v}": (getattr(row, f"idn_{i}"), getattr(row, f"idk_{i}"))
                  for i, (q, v) in named.items()
                  if with_identities and getattr(row, f"idn_{i}") is not None}
+        checks = IntakeChecks.of(row) if look_up_instance and row.enabled is not None \
+            else IntakeChecks()
         return Looked(
             enabled=None if row.enabled is None else bool(row.enabled), config=config,
             parties=names, kinds=kinds,
             settings={key: getattr(row, f"s{i}") for i, key in enumerate(self.settings)},
             extra={name: getattr(row, f"x{i}") if name in wanted else None
                    for i, name in enumerate(self.extra)},
-            parties_from=(look_up_instance and row.parties_from) or "source",
-            identities=found)
+            parties_from=checks.parties_from, identities=found, checks=checks)
 
     def statement(self, look_up_instance: bool = True, extra: tuple[str, ...] | None = None):
         """The statement of one shape (built once per shape; :func:`run_read` compiles it
         once)."""
         wanted = tuple(self.extra) if extra is None else tuple(extra)
         return _statement(self, look_up_instance, frozenset(wanted))
+
+
+#: the instance's columns of its intake checks (:class:`IntakeChecks`), read with it
+CHECKS = ("parties_from", "edi_errors", "duplicates", "duplicate_days")
 
 
 @functools.cache
@@ -141,10 +150,11 @@ def _statement(lookup: EndpointLookup, look_up_instance: bool, wanted: frozenset
         inner += [bindparam(f"id{part}_{i}", type_=String).label(f"id{part}_{i}")
                   for i, _role in enumerate(lookup.identities) for part in "qv"]
     if look_up_instance:
-        inner += [instances.c.enabled, instances.c.config, instances.c.parties_from]
+        inner += [instances.c.enabled, instances.c.config,
+                  *(instances.c[name] for name in CHECKS)]
     if not inner:
         return select(*columns, null().label("enabled"), null().label("config"),
-                      null().label("parties_from"))
+                      *(null().label(name) for name in CHECKS))
     one_row = select(*inner)
     if look_up_instance:
         one = select(literal(1).label("one")).subquery("one")
@@ -164,7 +174,6 @@ def _statement(lookup: EndpointLookup, look_up_instance: bool, wanted: frozenset
             named.c.qualifier == getattr(one_row.c, f"idq_{i}"),
             named.c.identifier == getattr(one_row.c, f"idv_{i}"))).outerjoin(
             holder, holder.c.id == named.c.party_id)
-    columns += [one_row.c.enabled if look_up_instance else null().label("enabled"),
-                one_row.c.config if look_up_instance else null().label("config"),
-                one_row.c.parties_from if look_up_instance else null().label("parties_from")]
+    columns += [one_row.c[name] if look_up_instance else null().label(name)
+                for name in ("enabled", "config", *CHECKS)]
     return select(*columns).select_from(joined)

@@ -53,12 +53,13 @@ class IntakeChecks:
     @classmethod
     def of(cls, instance: Any) -> IntakeChecks:
         """The settings of an instance row, or of a mapping with its API fields (a
-        missing one keeps its default)."""
+        missing or NULL one keeps its default)."""
         get = instance.get if isinstance(instance, dict) else (
             lambda key, default: getattr(instance, key, default))
-        return cls(*(get(key, default) for key, default in (
-            ("parties_from", SOURCE), ("edi_errors", ACCEPT), ("duplicates", ALERT),
-            ("duplicate_days", DUPLICATE_DAYS))))
+        return cls(*(default if (value := get(key, default)) is None else value
+                     for key, default in (
+                         ("parties_from", SOURCE), ("edi_errors", ACCEPT),
+                         ("duplicates", ALERT), ("duplicate_days", DUPLICATE_DAYS))))
 
 
 @dataclass
@@ -74,12 +75,16 @@ class IntakeRefusal:
 
 
 def check_intake(session: Session, new: NewMessage, checks: IntakeChecks, now: datetime,
-                 earlier: int | None = -1) -> NewMessage | IntakeRefusal:
+                 earlier: int | None = -1,
+                 parties: dict[str, tuple[str, str]] | None = None
+                 ) -> NewMessage | IntakeRefusal:
     """``new`` as it is stored (parties from the envelope, lines of the errors and of a
     duplicate let through) or its refusal. ``earlier``: the earlier message of the same
     interchange when the caller looked it up already (None: none); else it is looked up
-    here, for a message with an envelope only."""
-    new = by_envelope(session, new, checks.parties_from)
+    here, for a message with an envelope only, when ``duplicate_days`` is over 0.
+    ``parties``: the envelope's identities' parties when the caller read them already
+    (a receiver's lookup, :func:`by_envelope`)."""
+    new = by_envelope(session, new, checks.parties_from, parties)
     envelope = envelope_of(new)
     errors = envelope.get("edi_error", [])
     reasons, lines = [], []

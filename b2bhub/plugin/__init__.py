@@ -300,6 +300,10 @@ class EndpointRequest:
     #: core looked it up (``config`` given); else the handler's lookup reads it
     #: (:attr:`Looked.parties_from`)
     parties_from: str = "source"
+    #: the instance's :class:`IntakeChecks` (``parties_from`` among them) when the core
+    #: looked it up; else None, and the handler's lookup reads them
+    #: (:attr:`Looked.checks`)
+    checks: Any = None
 
     def read(self, chunk: int = 1 << 20) -> bytes | None:
         """The whole body, or None once it passes ``max_size`` (the rest is not read)."""

@@ -31,6 +31,7 @@ from werkzeug.wrappers import Request
 from b2bhub.config.environment import name_the_server
 from b2bhub.config.extensions import db
 from b2bhub.engine import wakeups
+from b2bhub.engine.envelope_checks import IntakeChecks
 from b2bhub.engine.history import connection
 from b2bhub.models import PluginInstance, utcnow
 from b2bhub.observability import tracing
@@ -184,11 +185,11 @@ def _receive(cls: type, instance: str, request: Request) -> EndpointReply:
         length, body = request.content_length, request.stream
         small = length is not None and length <= PREREAD
         config = None  # for a small body a "handler" type looks it up with the rest
-        parties_from = "source"
+        checks = IntakeChecks()
         if small:
             body = io.BytesIO(body.read())
         if not small or cls.endpoint_lookup != "handler":
-            config, parties_from = instance_row(db.session, cls.type_name, instance)
+            config, checks = instance_row(db.session, cls.type_name, instance)
             if not small:
                 db.session.commit()  # its connection back to the pool while the body arrives
             if config is None:
@@ -201,7 +202,8 @@ def _receive(cls: type, instance: str, request: Request) -> EndpointReply:
             type_name=cls.type_name, instance=instance, config=config,
             headers=[(k, v) for k, v in request.headers.items() if k.lower() != "host"],
             body=body, content_length=length, now=utcnow(), session=db.session,
-            store=hub.store(), max_size=max_size, parties_from=parties_from))
+            store=hub.store(), max_size=max_size, parties_from=checks.parties_from,
+            checks=checks))
     except OSError as exc:  # the payload store: disk full, read-only, gone
         db.session.rollback()
         log.error("%s %s could not store the message (%s); answered 503", cls.type_name,
@@ -219,17 +221,20 @@ def instance_config(session, type_name: str, instance: str) -> dict | None:
     return instance_row(session, type_name, instance)[0]
 
 
-def instance_row(session, type_name: str, instance: str) -> tuple[dict | None, str]:
-    """The configuration of the enabled instance (None: there is none) and its
-    ``parties_from`` (docs/edi.md), in one statement."""
+def instance_row(session, type_name: str, instance: str
+                 ) -> tuple[dict | None, IntakeChecks]:
+    """The configuration of the enabled instance (None: there is none) and its intake
+    checks (``parties_from``, ``edi_errors``, ``duplicates``, ``duplicate_days``:
+    docs/edi.md), in one statement."""
     row = connection(session).execute(_INSTANCE, {"name": instance, "type": type_name}).first()
     if row is None or not row.enabled:
-        return None, "source"
-    return dict(row.config or {}), row.parties_from or "source"
+        return None, IntakeChecks()
+    return dict(row.config or {}), IntakeChecks.of(row)
 
 
 _INSTANCE = select(PluginInstance.enabled, PluginInstance.config,
-                   PluginInstance.parties_from).where(
+                   PluginInstance.parties_from, PluginInstance.edi_errors,
+                   PluginInstance.duplicates, PluginInstance.duplicate_days).where(
     PluginInstance.name == bindparam("name"), PluginInstance.type == bindparam("type"))
 
 

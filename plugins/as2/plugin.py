@@ -83,7 +83,8 @@ class As2Receiver(Plugin):
         reply = receiver.receive(request.session, request.store, request.instance,
                                  request.config, request.headers, request.body,
                                  request.content_length, request.now,
-                                 parties_from=request.parties_from)
+                                 parties_from=request.parties_from,
+                                 checks=request.checks)
         return EndpointReply(reply.status, reply.headers, reply.body,
                              after=_wake_mdn_sender if reply.mdn_owed else None)
 

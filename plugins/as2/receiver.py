@@ -17,8 +17,11 @@ input. The order of work:
    linked into the store as the raw stage) and parsed from there in bounded buffers
    (:mod:`.stream`), with the same checks, texts and MDN.
 5. Accepted: the unpacked stage's EDI envelope is read from the content in memory (or as
-   it streams into its stage), its attributes going in with the message; with
-   ``parties_from: "envelope"`` from and to are the envelope's parties (docs/edi.md).
+   it streams into its stage), its attributes going in with the message; the instance's
+   checks at intake apply (``check_intake``, docs/edi.md): with ``parties_from:
+   "envelope"`` from and to are the envelope's parties; an interchange they refuse
+   (envelope errors, a duplicate) is stored Refused with the reason, its MDN the
+   positive one (the AS2 transfer succeeded), and a duplicate let through is alerted.
    The raw, unpacked and receipt stages are made durable and put in place by
    one sync, on a thread while the message, its deliveries and the ``as2_inbound`` row
    are inserted, and before that transaction commits; the positive MDN is returned
@@ -35,7 +38,7 @@ import os
 import re
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from email import policy
 from email.parser import BytesHeaderParser
@@ -50,19 +53,22 @@ from sqlalchemy.orm import Session
 from b2bhub.plugin import (
     INTAKE_KEYS,
     ORGANIZATION,
-    PARTIES_FROM_ENVELOPE,
     PARTNER,
     EndpointLookup,
     InspectingReader,
+    IntakeChecks,
+    IntakeRefusal,
     NewMessage,
     PayloadStore,
     StoredPayload,
     add_line,
+    alert_duplicates,
     attribute_rows_of,
-    by_envelope,
+    check_intake,
     connection,
     inspect_bytes,
     store_and_dispatch_many,
+    store_intake_refusal,
     store_refused,
 )
 from plugins.as2 import lib, mdn_in, profiles, stream
@@ -205,11 +211,13 @@ def read_limited(stream: IO[bytes], limit: int) -> bytes | None:
 
 def receive(session: Session, store: PayloadStore, instance: str, config: dict | None,
             headers: list[tuple[str, str]], body: IO[bytes], content_length: int | None,
-            now: datetime, parties_from: str = "source") -> Reply:
+            now: datetime, parties_from: str = "source",
+            checks: IntakeChecks | None = None) -> Reply:
     """The reply to one request to the receiver ``instance``. ``config``: the instance's
     configuration when the caller looked it up already (it reads a large body only after
-    that), and ``parties_from`` its (docs/edi.md); None to look both up here, with the
-    rest (:func:`_lookups`), from a body the caller holds in memory."""
+    that), and ``checks`` its intake checks (docs/edi.md; without them, the defaults
+    with ``parties_from``); None to look both up here, with the rest
+    (:func:`_lookups`), from a body the caller holds in memory."""
     block = lib.header_block(headers)
     found = lib.headers_of(headers, block)
     as2_from = lib.unquote(found.get("as2-from"))
@@ -226,7 +234,7 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
         config = looked.config
         data = _read_body(body, content_length, config, store, block)
     else:
-        looked.parties_from = parties_from
+        looked.checks = checks or IntakeChecks(parties_from)
     if data is None:
         return _refuse_early(session, instance, found, _Stages(store, None), now,
                              f"the body is over the size limit of {_max_size(config)} bytes",
@@ -281,7 +289,7 @@ def _received(session, store, instance, found, raw: bytes | Spool, data: bytes |
     parse = _stream_parse_and_store if isinstance(raw, Spool) else _parse_and_store
     try:
         return parse(session, store, instance, raw, stages, found, org, partner, msgid, now,
-                     known, envelope=looked.parties_from == PARTIES_FROM_ENVELOPE)
+                     known, checks=looked.checks)
     except BaseException:
         stages.discard()  # nothing of it in place (a no-op once made durable)
         raise
@@ -333,7 +341,8 @@ class _Looked:
     config: dict
     settings: dict  # the profiles version and the intake's settings rows by key
     duplicate: int | None  # the as2_inbound row of an accepted key asked for
-    parties_from: str = "source"  # the instance's (docs/edi.md)
+    #: the instance's intake checks, parties_from among them (docs/edi.md)
+    checks: IntakeChecks = field(default_factory=IntakeChecks)
 
 
 #: the settings rows a received message needs: the profiles version and the intake's
@@ -357,7 +366,7 @@ def _lookups(session: Session, instance: str | None, accepted_key: str | None) -
                         accepted_key=accepted_key)
     return _Looked(enabled=bool(looked.enabled), config=dict(looked.config or {}),
                    settings=dict(looked.settings), duplicate=looked.extra["duplicate"],
-                   parties_from=looked.parties_from)
+                   checks=looked.checks)
 
 
 def _duplicate_id(session: Session, partner: str, msgid: str) -> int | None:
@@ -414,7 +423,7 @@ def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Pro
 
 
 def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org, partner,
-                     msgid, now, known: dict, envelope: bool = False) -> Reply:
+                     msgid, now, known: dict, checks: IntakeChecks | None = None) -> Reply:
     try:
         with lib.held_logs() as held:
             message, status, exc, mdn = _parse(raw, org, partner)
@@ -438,12 +447,12 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
         return stages.add(content), inspect_bytes(content)
     return _store_parsed(session, store, instance, stages, found, org, partner, msgid, now, known,
                          status, exc, mdn, content, _filename(message),
-                         message.certificate_warnings, envelope)
+                         message.certificate_warnings, checks)
 
 
 def _stream_parse_and_store(session, store, instance, spool: Spool, stages: _Stages, found,
-                            org, partner, msgid, now, known: dict, envelope: bool = False
-                            ) -> Reply:
+                            org, partner, msgid, now, known: dict,
+                            checks: IntakeChecks | None = None) -> Reply:
     """:func:`_parse_and_store` of a message over the stream threshold (:mod:`.stream`)."""
     with lib.collecting_warnings() as warnings:
         if org is None:
@@ -473,7 +482,7 @@ def _stream_parse_and_store(session, store, instance, spool: Spool, stages: _Sta
                 reader.close()
     return _store_parsed(session, store, instance, stages, found, org, partner, msgid, now, known,
                          received.status, received.exc, mdn, content, _safe_name(
-                             received.filename()), list(warnings), envelope)
+                             received.filename()), list(warnings), checks)
 
 
 def _streamed_mdn(received: stream.Received, found: dict, org, partner, msgid: str):
@@ -501,10 +510,12 @@ def _streamed_mdn(received: stream.Received, found: dict, org, partner, msgid: s
 
 def _store_parsed(session, store, instance, stages: _Stages, found, org, partner, msgid, now,
                   known: dict, status: str, exc, mdn, content, filename: str | None,
-                  warnings: list[str], envelope: bool = False) -> Reply:
+                  warnings: list[str], checks: IntakeChecks | None = None) -> Reply:
     """Store a parsed message (``content()`` adds its unpacked stage and returns it with
-    the attributes its inspection found) and reply. ``envelope``: the receiver takes
-    from and to from the envelope (docs/edi.md)."""
+    the attributes its inspection found) and reply. ``checks``: the instance's intake
+    checks (docs/edi.md "Checks at intake"): from and to from the envelope, its errors
+    and a duplicate interchange. A message they refuse was received all the same at the
+    AS2 level: it is stored Refused, and its MDN is the positive one pyas2lib built."""
     # the receipt and the business document join the raw stage's batch
     mdn_stage = _mdn_stage(stages, mdn)
     unpacked, attributes = content() if status == "processed" else (None, [])
@@ -532,10 +543,15 @@ def _store_parsed(session, store, instance, stages: _Stages, found, org, partner
     new.rows = [(As2Inbound.__table__, _inbound_row(
         instance, from_party, msgid, mdn, mode, mdn_stage, now,
         accepted_key=_accepted_key(from_party, msgid))), *attribute_rows_of(attributes)]
-    if envelope:  # the envelope's parties; the AS2 partner stays the as2_inbound row's
-        new = by_envelope(session, new, PARTIES_FROM_ENVELOPE)
+    # the envelope's parties (the AS2 partner stays the as2_inbound row's), its errors, a
+    # duplicate interchange (one SELECT, for an interchange only)
+    checked = check_intake(session, new, checks or IntakeChecks(), now)
     try:
-        [made] = store_and_dispatch_many(session, [new], now, known)
+        if isinstance(checked, IntakeRefusal):  # its as2_inbound row goes in too
+            made = store_intake_refusal(session, checked, now)
+        else:
+            [made] = store_and_dispatch_many(session, [checked], now, known)
+            alert_duplicates(session, [checked], [made], now)
         durable.result()  # the stages are in place before the rows referring to them
         session.commit()
     except IntegrityError:  # the same Message-ID committed meanwhile by another request
@@ -544,6 +560,10 @@ def _store_parsed(session, store, instance, stages: _Stages, found, org, partner
         if duplicate_id is None:
             return _text(503, "try again")
         return _duplicate(session, store, duplicate_id, from_party, msgid, now)
+    if isinstance(checked, IntakeRefusal):
+        log.info("AS2 message %s from %s received and refused: %s", msgid, from_party,
+                 checked.reason)
+        return _reply(mdn, mode, made, f"received; refused: {checked.reason}")
     return _reply(mdn, mode, made, "accepted")
 
 
