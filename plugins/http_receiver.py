@@ -96,7 +96,6 @@ from b2bhub.plugin import (
     ServiceError,
     add_line,
     alert_duplicates,
-    attribute_rows_of,
     check_intake,
     deliver_in_request,
     delivery_standing,
@@ -104,6 +103,7 @@ from b2bhub.plugin import (
     envelope_identities,
     inspect_bytes,
     instance_type,
+    message_rows,
     store_and_dispatch_grouped,
     store_and_dispatch_many,
     store_intake_refusal,
@@ -387,7 +387,7 @@ def handle(request: EndpointRequest) -> EndpointReply:
             original_filename=_filename(headers), correlation_id=_correlation(headers),
             sequence_key=(_header(headers, "X-B2BHub-Sequence-Key") or "")[:200] or None,
             actor=name, targets=[config["target"]] if config.get("mode") == "sync" else None,
-            rows=attribute_rows_of(found))
+            rows=message_rows(found))
         # the envelope's identities' parties as the lookups read them (a preread body);
         # None: check_intake reads them
         read = holders if request.config is None else None

@@ -361,11 +361,12 @@ def test_a_received_message_is_stored_in_few_statements(as2):
                      mdn_signed=True)
     _result, seen = send_counted(as2, INTERCHANGE)
     assert seen["UPDATE"] == 0, seen  # every row goes in with its INSERT
-    # an X12 interchange: its envelope's attributes (message_attributes rows)
-    # go in with the message, in the one statement on PostgreSQL; SQLite writes each
-    # kind of row with an INSERT of its own, so there they are one more
-    attributes = 1 if as2.session.get_bind().dialect.name == "sqlite" else 0
-    assert sum(seen.values()) <= STATEMENTS_PER_RECEIVE - 1 + attributes, seen
+    # an X12 interchange: its envelope's attributes (message_attributes rows) and the
+    # job of the acknowledgment its partner may be due (edi_ack_jobs) go in with the
+    # message, in the one statement on PostgreSQL; SQLite writes each kind of row with
+    # an INSERT of its own, so there they are two more
+    envelope_rows = 2 if as2.session.get_bind().dialect.name == "sqlite" else 0
+    assert sum(seen.values()) <= STATEMENTS_PER_RECEIVE - 1 + envelope_rows, seen
     assert seen["SELECT"] == 1, seen  # the lookups before the parse are one statement
     if as2.session.get_bind().dialect.name == "postgresql":  # the rest is one too, the
         assert seen == {"SELECT": 1, "WITH": 1}, seen  # as2_inbound row with the message
@@ -389,7 +390,12 @@ def test_the_duplicate_check_costs_one_select_per_interchange(as2):
     set_checks(as2, duplicate_days=30)
     send_counted(as2, x12(control="000000203"))  # warm: the lookup's plan
     _result, on = send_counted(as2, x12(control="000000204"))
-    assert on == {**off, "SELECT": off["SELECT"] + 1}, (on, off)
+    # one read more (a SELECT starting WITH its control numbers), every write the same
+    reads = ("SELECT", "WITH")
+    assert sum(on.get(k, 0) for k in reads) == sum(off.get(k, 0) for k in reads) + 1, (
+        on, off)
+    assert {k: v for k, v in on.items() if k not in reads} == {
+        k: v for k, v in off.items() if k not in reads}, (on, off)
 
     send_counted(as2, x12(control="000000204"))
     first, second = as2.messages()[-2:]

@@ -270,7 +270,9 @@ def test_no_ack_for_a_partner_set_to_none_an_ack_or_a_relay(edi, session):
         groups=[("FA", "5", [("997", "0001", "")])]))
     relayed = receive(edi, session, INBOUND, "acme", "globex")  # not to us
     outbound = receive(edi, session, X12, "mycompany", "acme")
-    assert session.scalar(select(func.count()).select_from(AckJob)) == 3  # not the 997
+    # the intake read each message's parties: no job is written for an acknowledgment
+    # nobody is due (the worker would drop it; it asks again for the jobs it gets)
+    assert session.scalar(select(func.count()).select_from(AckJob)) == 0
     make_acks(edi, session)
     for message_id in (from_globex, an_ack, relayed, outbound):
         assert ack_of(edi, session, message_id) is None

@@ -156,7 +156,12 @@ def test_the_duplicate_check_costs_one_select_per_interchange(
     session.commit()
     counted(X12.replace(b"000000101", b"000000103"))  # warm: the lookup's plan
     on = counted(X12.replace(b"000000101", b"000000104"))
-    assert on == {**off, "SELECT": off["SELECT"] + 1}, (on, off)
+    # one read more (a SELECT starting WITH its control numbers), every write the same
+    reads = ("SELECT", "WITH")
+    assert sum(on.get(k, 0) for k in reads) == sum(off.get(k, 0) for k in reads) + 1, (
+        on, off)
+    assert {k: v for k, v in on.items() if k not in reads} == {
+        k: v for k, v in off.items() if k not in reads}, (on, off)
     assert counted(b"no envelope here either") == note_off
 
 

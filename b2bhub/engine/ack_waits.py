@@ -27,7 +27,7 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.engine.history import add_lines, raise_alert, resolve_alert
-from b2bhub.models import ORGANIZATION, PARTNER, AckReceived, AckWait, Party, utcnow
+from b2bhub.models import ORGANIZATION, PARTNER, AckJob, AckReceived, AckWait, Party, utcnow
 from b2bhub.models.acks import ACKNOWLEDGED, AWAITING, REJECTED
 from b2bhub.plugin import Envelope
 
@@ -71,19 +71,36 @@ def envelope_rows(env: Envelope, waits: bool = True) -> list[tuple]:
             for control, functional_id in keys]
 
 
-def with_waits(session: Session, new):
+def party_acks(session: Session, names) -> dict[str, tuple[str, int | None, str]]:
+    """Each named party's kind, ``ack_hours`` and ``functional_acks``, in one statement
+    (for a batch of messages at once: :func:`with_waits` takes them)."""
+    return {name: (kind, hours, acks) for name, kind, hours, acks in session.execute(
+        select(Party.name, Party.kind, Party.ack_hours, Party.functional_acks).where(
+            Party.name.in_(set(names))))}
+
+
+def with_waits(session: Session, new, acks_of: dict | None = None):
     """``new`` (a :class:`b2bhub.engine.dispatch.NewMessage`) with its waits complete
     when it goes from one of our organizations to a partner that has ``ack_hours``, and
-    without them otherwise. One statement, only for a message that has an envelope."""
+    without them otherwise; once its parties are read, without the job of an
+    acknowledgment its sender is not due (:mod:`b2bhub.engine.acks`; the worker asks
+    again). ``acks_of``: :func:`party_acks` of a batch's parties, read before; else one
+    statement, only for a message that has an envelope and whose direction its source
+    did not give as inbound or internal (an inbound one's job stays for the worker)."""
     table = AckWait.__table__
     waits = [row for t, row in new.rows if t is table]
     if not waits:
         return new
     new.rows = [(t, row) for t, row in new.rows if t is not table]
-    kinds = {name: (kind, hours) for name, kind, hours in session.execute(
-        select(Party.name, Party.kind, Party.ack_hours).where(
-            Party.name.in_({new.from_party, new.to_party})))}
-    sender, receiver = kinds.get(new.from_party), kinds.get(new.to_party)
+    if new.direction in ("inbound", "internal"):
+        return new  # its source knew its parties' kinds: no partner waits on us
+    wanted = {new.from_party, new.to_party}
+    if acks_of is None or not wanted <= acks_of.keys():
+        acks_of = {**(acks_of or {}), **party_acks(session, wanted)}
+    sender, receiver = acks_of.get(new.from_party), acks_of.get(new.to_party)
+    if sender is None or sender[0] != PARTNER or sender[2] == "none" \
+            or receiver is None or receiver[0] != ORGANIZATION:
+        new.rows = [(t, row) for t, row in new.rows if t is not AckJob.__table__]
     if sender is None or receiver is None or sender[0] != ORGANIZATION \
             or receiver[0] != PARTNER or not receiver[1]:
         return new

@@ -20,6 +20,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, aliased
 
 from b2bhub.domain.states import MessageStatus
+from b2bhub.engine.ack_waits import party_acks
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many, store_refused
 from b2bhub.engine.envelope_parties import SOURCE, by_envelope
 from b2bhub.engine.history import raise_alert
@@ -76,15 +77,16 @@ class IntakeRefusal:
 
 def check_intake(session: Session, new: NewMessage, checks: IntakeChecks, now: datetime,
                  earlier: int | None = -1,
-                 parties: dict[str, tuple[str, str]] | None = None
-                 ) -> NewMessage | IntakeRefusal:
+                 parties: dict[str, tuple[str, str]] | None = None,
+                 acks_of: dict | None = None) -> NewMessage | IntakeRefusal:
     """``new`` as it is stored (parties from the envelope, lines of the errors and of a
     duplicate let through) or its refusal. ``earlier``: the earlier message of the same
     interchange when the caller looked it up already (None: none); else it is looked up
     here, for a message with an envelope only, when ``duplicate_days`` is over 0.
     ``parties``: the envelope's identities' parties when the caller read them already
-    (a receiver's lookup, :func:`by_envelope`)."""
-    new = by_envelope(session, new, checks.parties_from, parties)
+    (a receiver's lookup, :func:`by_envelope`); ``acks_of``: the parties' acknowledgment
+    settings when the caller read them for a batch (``ack_waits.party_acks``)."""
+    new = by_envelope(session, new, checks.parties_from, parties, acks_of)
     envelope = envelope_of(new)
     errors = envelope.get("edi_error", [])
     reasons, lines = [], []
@@ -170,9 +172,15 @@ def store_checked_many(session: Session, batch: list[NewMessage], checks: Intake
     ``store_refused`` (its envelope attributes kept), the rest with
     ``store_and_dispatch_many``, the duplicate alerts raised; the ids in batch order.
     A batch holding the same interchange twice gives the second the first's id."""
-    keys = [interchange_key(envelope_of(new)) for new in batch]
+    envelopes = [envelope_of(new) for new in batch]
+    keys = [interchange_key(envelope) for envelope in envelopes]
     found = (earlier_messages(session, keys, checks.duplicate_days, now)
              if checks.duplicate_days > 0 else {})
+    # the parties' acknowledgment settings, once for the batch's interchanges
+    acks_of = party_acks(session, {name for new, envelope in zip(batch, envelopes,
+                                                                 strict=True)
+                                   if envelope for name in (new.from_party, new.to_party)}
+                         ) if any(envelopes) else None
     ids: list[int | None] = [None] * len(batch)
     pending: list[tuple[int, NewMessage]] = []
     first: dict[tuple[str, str], int] = {}  # an interchange's first place in the batch
@@ -190,7 +198,7 @@ def store_checked_many(session: Session, batch: list[NewMessage], checks: Intake
             if ids[first[key]] is None:
                 store_pending()
             earlier = ids[first[key]]
-        checked = check_intake(session, new, checks, now, earlier)
+        checked = check_intake(session, new, checks, now, earlier, acks_of=acks_of)
         if isinstance(checked, IntakeRefusal):
             ids[place] = store_refused_with_rows(session, checked, now)
             continue

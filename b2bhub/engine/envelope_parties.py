@@ -20,15 +20,16 @@ PARTIES_FROM = (SOURCE, ENVELOPE)
 
 
 def by_envelope(session: Session, new: NewMessage, parties_from: str = ENVELOPE,
-                parties: dict[str, tuple[str, str]] | None = None) -> NewMessage:
+                parties: dict[str, tuple[str, str]] | None = None,
+                acks_of: dict | None = None) -> NewMessage:
     """``new`` as it is when its source's ``parties_from`` is not ``envelope``; else with
     from and to its envelope's parties (its direction theirs), or, when they are not
     known, with no target and a ``not_routed`` line giving the reason. ``parties``: the
     party (name, kind) of each identity the envelope names that is one's, when the
     caller read them already (a receiver's lookup); else they are read here. Then, its
     parties known, with the acknowledgment waits it starts
-    (:func:`b2bhub.engine.ack_waits.with_waits`)."""
-    return with_waits(session, _parties(session, new, parties_from, parties))
+    (:func:`b2bhub.engine.ack_waits.with_waits`, given ``acks_of``)."""
+    return with_waits(session, _parties(session, new, parties_from, parties), acks_of)
 
 
 def _parties(session: Session, new: NewMessage, parties_from: str,

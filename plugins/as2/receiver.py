@@ -63,10 +63,10 @@ from b2bhub.plugin import (
     StoredPayload,
     add_line,
     alert_duplicates,
-    attribute_rows_of,
     check_intake,
     connection,
     inspect_bytes,
+    message_rows,
     store_and_dispatch_many,
     store_intake_refusal,
     store_refused,
@@ -542,7 +542,7 @@ def _store_parsed(session, store, instance, stages: _Stages, found, org, partner
     # and so do its attributes (its envelope), read before it is routed
     new.rows = [(As2Inbound.__table__, _inbound_row(
         instance, from_party, msgid, mdn, mode, mdn_stage, now,
-        accepted_key=_accepted_key(from_party, msgid))), *attribute_rows_of(attributes)]
+        accepted_key=_accepted_key(from_party, msgid))), *message_rows(attributes)]
     # the envelope's parties (the AS2 partner stays the as2_inbound row's), its errors, a
     # duplicate interchange (one SELECT, for an interchange only)
     checked = check_intake(session, new, checks or IntakeChecks(), now)
