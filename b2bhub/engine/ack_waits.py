@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from b2bhub.engine.history import add_lines, raise_alert, resolve_alert
@@ -112,11 +112,10 @@ def with_waits(session: Session, new, acks_of: dict | None = None):
     return new
 
 
-def is_ack(session: Session, message_id: int) -> bool:
-    """Whether the message is an acknowledgment received (kept, not routed on unless a
-    route asks: its Not routed raises no alert)."""
-    return session.scalar(select(AckReceived.id).where(
-        AckReceived.message_id == message_id).limit(1)) is not None
+def acknowledgment_received(message_id: int):
+    """An EXISTS clause: the message is an acknowledgment received (kept, not routed on
+    unless a route asks: its Not routed raises no alert)."""
+    return exists(select(AckReceived.id).where(AckReceived.message_id == message_id))
 
 
 # --- the worker: matching and overdue ---------------------------------------------

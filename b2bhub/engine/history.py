@@ -162,11 +162,16 @@ def _created_at(dialect):
 
 
 def raise_alert(session: Session, kind: str, subject: str, text: str,
-                message_id: int | None = None, now: datetime | None = None) -> bool:
-    """Open an alert unless one of the same kind is open for the subject; True if new."""
-    open_id = session.scalar(select(Alert.id).where(
-        Alert.kind == kind, Alert.subject == subject, Alert.resolved_at.is_(None)).limit(1))
-    if open_id is not None:
+                message_id: int | None = None, now: datetime | None = None,
+                unless=None) -> bool:
+    """Open an alert unless one of the same kind is open for the subject; True if new.
+    ``unless``: an EXISTS clause that, true, raises none, read in the same statement."""
+    opened = select(Alert.id).where(Alert.kind == kind, Alert.subject == subject,
+                                    Alert.resolved_at.is_(None))
+    if unless is None:
+        if session.scalar(opened.limit(1)) is not None:
+            return False
+    elif any(session.execute(select(opened.exists(), unless)).one()):
         return False
     session.add(Alert(kind=kind, subject=subject, text=text, message_id=message_id,
                       created_at=now or utcnow()))

@@ -14,7 +14,7 @@ from sqlalchemy.orm.util import identity_key
 
 from b2bhub.domain.states import LABELS, MessageStatus
 from b2bhub.domain.status import ALERTING_STATUSES, derive_status
-from b2bhub.engine.ack_waits import is_ack
+from b2bhub.engine.ack_waits import acknowledgment_received
 from b2bhub.engine.driver import DriverSQL, int_array, word_array
 from b2bhub.engine.history import add_lines, connection, raise_alert, resolve_alert
 from b2bhub.models import Message
@@ -156,10 +156,12 @@ def _message_alerts(session: Session, message_id: int, old: str, new: str,
                     f"message {message_id} ended {LABELS[new]}", message_id, now)
     elif old in ALERTING_STATUSES:
         resolve_alert(session, "message_failed", subject, now)
-    if new == MessageStatus.NOT_ROUTED and not is_ack(session, message_id):
-        # an acknowledgment received is kept, not routed on unless a route asks
+    if new == MessageStatus.NOT_ROUTED:
+        # an acknowledgment received is kept, not routed on unless a route asks: no
+        # alert (asked in the same statement as the open alert)
         raise_alert(session, "message_not_routed", subject,
-                    f"message {message_id}: no route matched", message_id, now)
+                    f"message {message_id}: no route matched", message_id, now,
+                    unless=acknowledgment_received(message_id))
     elif old == MessageStatus.NOT_ROUTED:
         resolve_alert(session, "message_not_routed", subject, now)
 
