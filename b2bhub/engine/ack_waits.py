@@ -71,6 +71,15 @@ def envelope_rows(env: Envelope, waits: bool = True) -> list[tuple]:
             for control, functional_id in keys]
 
 
+def ack_due(sender_kind: str | None, functional_acks: str | None,
+            receiver_kind: str | None) -> bool:
+    """Whether an interchange is due a functional acknowledgment from us: its sender is
+    a partner set to get them, its receiver one of our organizations (docs/edi.md; the
+    same rule as ``acks.drop_unwanted``'s SQL)."""
+    return sender_kind == PARTNER and functional_acks not in (None, "none") \
+        and receiver_kind == ORGANIZATION
+
+
 def party_acks(session: Session, names) -> dict[str, tuple[str, int | None, str]]:
     """Each named party's kind, ``ack_hours`` and ``functional_acks``, in one statement
     (for a batch of messages at once: :func:`with_waits` takes them)."""
@@ -98,8 +107,7 @@ def with_waits(session: Session, new, acks_of: dict | None = None):
     if acks_of is None or not wanted <= acks_of.keys():
         acks_of = {**(acks_of or {}), **party_acks(session, wanted)}
     sender, receiver = acks_of.get(new.from_party), acks_of.get(new.to_party)
-    if sender is None or sender[0] != PARTNER or sender[2] == "none" \
-            or receiver is None or receiver[0] != ORGANIZATION:
+    if not ack_due(sender and sender[0], sender and sender[2], receiver and receiver[0]):
         new.rows = [(t, row) for t, row in new.rows if t is not AckJob.__table__]
     if sender is None or receiver is None or sender[0] != ORGANIZATION \
             or receiver[0] != PARTNER or not receiver[1]:

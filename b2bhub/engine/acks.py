@@ -35,6 +35,7 @@ from sqlalchemy import case, delete, exists, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, aliased
 
+from b2bhub.engine.ack_waits import ack_due
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many
 from b2bhub.engine.history import add_line
 from b2bhub.engine.inspection import attributes, inspect_with
@@ -195,8 +196,8 @@ def _read(session: Session, message_id: int) -> _Received | None:
     parties = {p.name: p for p in session.scalars(select(Party).where(
         Party.name.in_([message.from_party, message.to_party])))}
     partner, org = parties.get(message.from_party), parties.get(message.to_party)
-    if partner is None or org is None or partner.kind != PARTNER \
-            or partner.functional_acks == "none" or org.kind != ORGANIZATION:
+    if partner is None or org is None or not ack_due(partner.kind, partner.functional_acks,
+                                                     org.kind):
         return None
     return _Received(message.id, message.source, message.from_party, message.to_party,
                      message.correlation_id, partner.id, partner.functional_acks,

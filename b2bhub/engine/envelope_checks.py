@@ -78,16 +78,20 @@ class IntakeRefusal:
 def check_intake(session: Session, new: NewMessage, checks: IntakeChecks, now: datetime,
                  earlier: int | None = -1,
                  parties: dict[str, tuple[str, str]] | None = None,
-                 acks_of: dict | None = None) -> NewMessage | IntakeRefusal:
+                 acks_of: dict | None = None,
+                 envelope: dict[str, list[str]] | None = None) -> NewMessage | IntakeRefusal:
     """``new`` as it is stored (parties from the envelope, lines of the errors and of a
     duplicate let through) or its refusal. ``earlier``: the earlier message of the same
     interchange when the caller looked it up already (None: none); else it is looked up
     here, for a message with an envelope only, when ``duplicate_days`` is over 0.
     ``parties``: the envelope's identities' parties when the caller read them already
     (a receiver's lookup, :func:`by_envelope`); ``acks_of``: the parties' acknowledgment
-    settings when the caller read them for a batch (``ack_waits.party_acks``)."""
+    settings when the caller read them for a batch (``ack_waits.party_acks``);
+    ``envelope``: :func:`envelope_of` ``new`` when the caller has it (the parties' step
+    changes no attribute)."""
     new = by_envelope(session, new, checks.parties_from, parties, acks_of)
-    envelope = envelope_of(new)
+    if envelope is None:
+        envelope = envelope_of(new)
     errors = envelope.get("edi_error", [])
     reasons, lines = [], []
     if errors:
@@ -174,8 +178,7 @@ def store_checked_many(session: Session, batch: list[NewMessage], checks: Intake
     A batch holding the same interchange twice gives the second the first's id."""
     envelopes = [envelope_of(new) for new in batch]
     keys = [interchange_key(envelope) for envelope in envelopes]
-    found = (earlier_messages(session, keys, checks.duplicate_days, now)
-             if checks.duplicate_days > 0 else {})
+    found = earlier_messages(session, keys, checks.duplicate_days, now)
     # the parties' acknowledgment settings, once for the batch's interchanges
     acks_of = party_acks(session, {name for new, envelope in zip(batch, envelopes,
                                                                  strict=True)
@@ -192,15 +195,16 @@ def store_checked_many(session: Session, batch: list[NewMessage], checks: Intake
         alert_duplicates(session, [new for _i, new in pending], made, now)
         pending.clear()
 
-    for place, (new, key) in enumerate(zip(batch, keys, strict=True)):
+    for place, (new, envelope, key) in enumerate(zip(batch, envelopes, keys, strict=True)):
         earlier = found.get(key) if key else None
         if earlier is None and key in first and checks.duplicate_days > 0:
             if ids[first[key]] is None:
                 store_pending()
             earlier = ids[first[key]]
-        checked = check_intake(session, new, checks, now, earlier, acks_of=acks_of)
+        checked = check_intake(session, new, checks, now, earlier, acks_of=acks_of,
+                               envelope=envelope)
         if isinstance(checked, IntakeRefusal):
-            ids[place] = store_refused_with_rows(session, checked, now)
+            ids[place] = store_intake_refusal(session, checked, now)
             continue
         pending.append((place, checked))
         if key is not None and key not in found:
@@ -210,7 +214,7 @@ def store_checked_many(session: Session, batch: list[NewMessage], checks: Intake
     return ids
 
 
-def store_refused_with_rows(session: Session, refusal: IntakeRefusal, now: datetime) -> int:
+def store_intake_refusal(session: Session, refusal: IntakeRefusal, now: datetime) -> int:
     """``store_refused`` of the refusal's message, its rows of other tables with it (its
     envelope's attributes, found by the messages' filters; its acknowledgment's job)."""
     return store_refused(session, refusal.new, refusal.reason, now)

@@ -73,15 +73,10 @@ def attributes(env: Envelope) -> list[tuple[str, str]]:
     return kept[:MAX_ROWS - len(errors)] + errors
 
 
-def inspect_payload(store, digest: str) -> list[tuple[str, str]]:
-    """The attributes of the stored payload ``digest``; [] when no inspector knows it or
+def _envelope(store, digest: str) -> Envelope | None:
+    """The envelope of the stored payload ``digest``; None when no inspector knows it or
     it cannot be read (the message is stored all the same, a warning logged). With no
     inspector chosen (``B2BHUB_INSPECTORS`` empty) the payload is not even opened."""
-    env = _envelope(store, digest)
-    return attributes(env) if env is not None else []
-
-
-def _envelope(store, digest: str) -> Envelope | None:
     inspectors = get_inspectors()
     if not inspectors:
         return None
@@ -94,7 +89,8 @@ def _envelope(store, digest: str) -> Envelope | None:
 
 
 def attribute_rows(store, digest: str, waits: bool = False) -> list[tuple]:
-    """:func:`inspect_payload` as rows of ``message_attributes`` for a
+    """The attributes of the stored payload ``digest`` (:func:`_envelope`) as rows of
+    ``message_attributes`` for a
     :class:`b2bhub.engine.dispatch.NewMessage` (each given its message id there), and
     the acknowledgment rows its envelope brings: a received acknowledgment's to match
     (:mod:`b2bhub.engine.ack_waits`), an interchange's ``edi_ack_jobs`` row for the
@@ -152,7 +148,7 @@ def message_rows(found: list[tuple[str, str]]) -> list[tuple]:
 
 def inspect_bytes(data: bytes) -> Found:
     """The attributes of a payload held in memory; none when no inspector knows it or
-    it cannot be read (as :func:`inspect_payload`: inspection never fails a receive)."""
+    it cannot be read (as for a stored payload: inspection never fails a receive)."""
     try:
         return Found(inspect_stream(io.BytesIO(data)))
     except Exception:

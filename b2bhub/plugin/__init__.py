@@ -578,7 +578,7 @@ _PROTOCOL_API = {
     "IntakeRefusal": "b2bhub.engine.envelope_checks:IntakeRefusal",
     "check_intake": "b2bhub.engine.envelope_checks:check_intake",
     "store_checked_many": "b2bhub.engine.envelope_checks:store_checked_many",
-    "store_intake_refusal": "b2bhub.engine.envelope_checks:store_refused_with_rows",
+    "store_intake_refusal": "b2bhub.engine.envelope_checks:store_intake_refusal",
     "alert_duplicates": "b2bhub.engine.envelope_checks:alert_duplicates",
     # EDI inspection of what a receiver holds (docs/edi.md): bytes in memory, or a
     # stream read through to the payload store; the attributes as a message's rows;
