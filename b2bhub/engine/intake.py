@@ -16,7 +16,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from time import monotonic
 from typing import IO, Any
@@ -28,8 +28,9 @@ from b2bhub.engine import collection
 from b2bhub.engine.dispatch import NewMessage
 from b2bhub.engine.envelope_checks import SOURCE, IntakeChecks, store_checked_many
 from b2bhub.engine.history import connection
-from b2bhub.engine.inspection import attribute_rows
+from b2bhub.engine.inspection import attribute_rows, inspect_bytes, message_rows
 from b2bhub.engine.rows import insert_rows
+from b2bhub.engine.staging import StagingRead
 from b2bhub.models import Party, PollerPickup, Setting, utcnow
 from b2bhub.payloads.store import PayloadBatch, PayloadStore, StoredPayload
 from b2bhub.plugin import PickedFile
@@ -71,7 +72,8 @@ class _Staged:
     filename: str
     stored: StoredPayload
     correlation_id: str | None = None
-    rows: list[tuple] = field(default_factory=list)  # its message_attributes
+    #: its message_attributes (and acknowledgment rows); None: read from the store
+    rows: list[tuple] | None = None
 
 
 class SourceIntake:
@@ -191,15 +193,18 @@ class SourceIntake:
                            filename: str | None = None, *, correlation_id: str | None = None,
                            **kw: Any) -> int:
         """Store one message in a transaction of its own; returns its id."""
-        stored = self.store.put(payload)
+        held = isinstance(payload, bytes | bytearray | memoryview)
+        stored = self.store.put(reading := payload if held else StagingRead(payload, self.fence))
+        rows = _held_rows(stored, reading)
+        if rows is None:  # a large stream: inspected from the store
+            rows = attribute_rows(self.store, stored.digest, waits=True)
         now = self.clock()
         try:
             self.fence.check(self.session, now)
             [message_id] = store_checked_many(self.session, [NewMessage(
                 source=self.instance_name, from_party=from_party, to_party=to_party,
                 stages={"unpacked": (stored.digest, stored.size)}, original_filename=filename,
-                correlation_id=correlation_id,
-                rows=attribute_rows(self.store, stored.digest, waits=True) + kw.pop("rows", []),
+                correlation_id=correlation_id, rows=rows + kw.pop("rows", []),
                 **kw)], self.checks, now)
             self.session.commit()
         except BaseException:
@@ -218,25 +223,28 @@ class SourceIntake:
         if file.relative in self._removing:
             return False  # stored, and being removed (a scan again at once saw it)
         self.fence.keep_alive()
-        stored = self._stage(file)
-        if stored is None:
+        staged = self._stage(file)
+        if staged is None:
             return False
+        stored, rows = staged
         self._staged.append(_Staged(file, from_party, to_party, filename, stored,
-                                    correlation_id))
+                                    correlation_id, rows))
         if len(self._staged) >= self.batch_size:
             self.flush()
         return True
 
-    def _stage(self, file: PickedFile) -> StoredPayload | None:
+    def _stage(self, file: PickedFile) -> tuple[StoredPayload, list[tuple] | None] | None:
+        """The file in the batch's payloads and its inspection's rows from the bytes read
+        (None for a large file: from the store); None if it changed or could not be read."""
         try:
             with file.open() as stream:
                 # A source's file with a ``path`` (the poller's take_by_link) goes in
                 # by a hard link where it can; its name is removed after the commit
                 # whichever way it was stored.
-                stored = self._payloads.put(_KeepAlive(stream, self.fence),
-                                            link=getattr(file, "path", None))
+                reading = StagingRead(stream, self.fence)
+                stored = self._payloads.put(reading, link=getattr(file, "path", None))
             if stored.size == file.size and file.unchanged():
-                return stored
+                return stored, _held_rows(stored, reading)
             self._payloads.drop(stored)
             reason = "it changed while being read"
         except OSError as exc:
@@ -260,7 +268,8 @@ class SourceIntake:
             self._payloads.discard()
             raise
         for staged in batch:  # read before the transaction, not while it holds locks
-            staged.rows = attribute_rows(self.store, staged.stored.digest, waits=True)
+            if staged.rows is None:
+                staged.rows = attribute_rows(self.store, staged.stored.digest, waits=True)
         pickups, made = self._commit(batch)
         self._removing = {staged.file.relative for staged in batch}
         self._removal = self._remover().submit(self._remove, batch, pickups)
@@ -430,18 +439,10 @@ def _removals_durable(files: list[PickedFile], instance: str) -> list[PickedFile
     return [f for f in files if done.get(getattr(f, "directory", id(f)), True)]
 
 
-class _KeepAlive:
-    """A binary stream that keeps the scan's lease alive while a long file is read."""
-
-    def __init__(self, stream: IO[bytes], fence: Fence):
-        self._stream, self._fence = stream, fence
-
-    def read(self, size: int = -1) -> bytes:
-        self._fence.keep_alive()
-        return self._stream.read(size)
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
+def _held_rows(stored: StoredPayload, reading: Any) -> list[tuple] | None:
+    """The rows of a payload's inspection from its bytes, if they were held."""
+    held = reading.held(stored.size) if isinstance(reading, StagingRead) else reading
+    return None if held is None else message_rows(inspect_bytes(bytes(held)))
 
 
 def _key(file: PickedFile, digest: str) -> tuple:
