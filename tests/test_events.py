@@ -63,8 +63,9 @@ def test_events_resume_after_the_given_id_with_each_line_once(api, hub, fast_str
     assert [int(e[0]) for e in events] == lines
     some = events[0][2]
     assert set(some) == {"id", "message_id", "delivery_id", "type", "text", "actor",
-                         "created_at", "message_status"}
+                         "created_at", "message_status", "message_status_code"}
     assert some["message_id"] == first.id and some["message_status"] == first.status
+    assert some["message_status_code"] == "ENFILEIRADA"  # received: queued (docs/status-codes.md)
     assert events[0][1] == some["type"]
 
     resumed = read_events(api.get("/api/v1/events", headers={"Last-Event-ID": lines[2]}),

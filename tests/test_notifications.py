@@ -137,8 +137,11 @@ def test_a_failed_message_reaches_an_inbox_and_a_webhook_once_each(
     assert mail["To"] == "ops@example.com"
     body = mail.get_payload(0).get_payload(decode=True).decode()
     assert alert.text in body and f"/ui/messages/{message.id}" in body
+    # the message's status, ours and seed 003's identifier (docs/status-codes.md)
+    assert "Status: error (ERRO_ENTREGA)" in body
     [post] = webhook.posts
     assert post["title"] == mail["Subject"] and alert.text in post["message"]
+    assert "Status: error (ERRO_ENTREGA)" in post["message"]
     rows = session.scalars(select(Notification).order_by(Notification.id)).all()
     assert [(n.event, n.state, n.attempts, n.alert_ids) for n in rows] == [
         ("opened", "sent", 1, [alert.id]), ("opened", "sent", 1, [alert.id])]

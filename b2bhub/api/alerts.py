@@ -17,8 +17,10 @@ from b2bhub.services import alerts as svc
 @bp.response(200, s.AlertPage)
 def list_alerts(args: dict):
     """Alerts newest first, open ones unless ``state`` says otherwise."""
-    return s.page_json(svc.list_alerts(db.session, args["state"], args.get("kind"),
-                                       args["limit"], args.get("cursor")))
+    page = svc.list_alerts(db.session, args["state"], args.get("kind"), args["limit"],
+                           args.get("cursor"))
+    svc.attach_message_status(db.session, page.items)
+    return s.page_json(page)
 
 
 @bp.post("/alerts/<int:alert_id>/acknowledge", summary="Acknowledge an alert",
@@ -30,4 +32,4 @@ def acknowledge_alert(alert_id: int):
     condition is gone. 409 ``already_acknowledged`` the second time."""
     alert = svc.acknowledge(db.session, alert_id, g.actor, utcnow())
     db.session.commit()
-    return alert
+    return svc.attach_message_status(db.session, [alert])[0]

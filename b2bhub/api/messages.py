@@ -25,16 +25,42 @@ def delivery_filter(args: dict) -> svc.DeliveryFilter:
 @bp.response(200, s.MessagePage)
 def list_messages(args: dict):
     """Messages newest first; every filter given must match."""
-    page = svc.list_messages(db.session, message_filter(args), args["limit"],
-                             args.get("cursor"))
-    svc.attach_acknowledgments(db.session, page.items)
-    return s.page_json(page)
+    return _messages(args)
 
 
 @bp.get("/messages/<int:message_id>")
 @bp.response(200, s.MessageDetail)
 def get_message(message_id: int):
     """One message with its deliveries, history (oldest first) and payload stages."""
+    return _message(message_id)
+
+
+# Seed 003's paths, for clients written against them (docs/status-codes.md): the same
+# answers as /messages, whose ``status`` filter takes the seed's identifiers too.
+@bp.get("/mensagens", summary="Messages (seed 003's path)")
+@bp.arguments(s.MessageFilterArgs, location="query")
+@bp.response(200, s.MessagePage)
+def list_mensagens(args: dict):
+    """``GET /messages`` under seed 003's path: the same filters (``status`` takes
+    ``ERRO_ENTREGA`` and the seed's other identifiers) and the same answer."""
+    return _messages(args)
+
+
+@bp.get("/mensagens/<int:message_id>", summary="One message (seed 003's path)")
+@bp.response(200, s.MessageDetail)
+def get_mensagem(message_id: int):
+    """``GET /messages/{message_id}`` under seed 003's path: the same answer."""
+    return _message(message_id)
+
+
+def _messages(args: dict) -> dict:
+    page = svc.list_messages(db.session, message_filter(args), args["limit"],
+                             args.get("cursor"))
+    svc.attach_acknowledgments(db.session, page.items)
+    return s.page_json(page)
+
+
+def _message(message_id: int):
     message = svc.get_message(db.session, message_id)
     message.history = svc.message_history(db.session, message_id)
     message.envelope = svc.message_envelope(db.session, message_id)

@@ -20,6 +20,7 @@ from marshmallow import RAISE, Schema, ValidationError, fields, validate, valida
 
 from b2bhub.domain import business_rules, retry, routing
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
+from b2bhub.domain.status_codes import CODES, status_code
 from b2bhub.observability import tracing
 from b2bhub.plugin import STEP_STATES
 from b2bhub.services import config as config_rules
@@ -35,6 +36,8 @@ SMALL_ID = f"int(max={MAX_SMALL_ID})"
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 STATUSES = [s.value for s in MessageStatus]
+#: what a status filter takes: ours, or seed 003's identifiers (docs/status-codes.md)
+STATUS_FILTERS = STATUSES + list(CODES)
 STATES = [s.value for s in DeliveryState]
 
 
@@ -535,7 +538,9 @@ def _exact(description: str) -> fields.String:
 
 
 class MessageFilterArgs(IdPageArgs):
-    status = CommaList(STATUSES)
+    status = CommaList(STATUS_FILTERS, metadata={"description": (
+        "one or more of our statuses or seed 003's identifiers (ERRO_ENTREGA stands for "
+        "every status mapped to it; docs/status-codes.md), comma-separated")})
     from_party = _filter(data_key="from")
     to_party = _filter(data_key="to")
     source = _filter()
@@ -559,7 +564,9 @@ class MessageFilterArgs(IdPageArgs):
 
 
 class DeliveryFilterArgs(MessageFilterArgs):
-    status = CommaList(STATUSES, metadata={"description": "of the delivery's message"})
+    status = CommaList(STATUS_FILTERS, metadata={"description": (
+        "of the delivery's message: our statuses or seed 003's identifiers, "
+        "comma-separated")})
     target = _filter()
     state = CommaList(STATES)
     message = _id(metadata={"description": "deliveries of this message"})
@@ -580,7 +587,8 @@ class BulkRedeliverArgs(Schema):
     filter, or ``"all": true`` to mean every such delivery: an empty body is refused,
     never read as "everything"."""
 
-    status = fields.List(fields.String(validate=validate.OneOf(STATUSES)))
+    status = fields.List(fields.String(validate=validate.OneOf(STATUS_FILTERS)), metadata={
+        "description": "of the delivery's message: our statuses or seed 003's identifiers"})
     from_party = _filter(data_key="from")
     to_party = _filter(data_key="to")
     source = _filter()
@@ -624,6 +632,10 @@ class Message(Schema):
     to_party = fields.String(data_key="to", required=True)
     direction = fields.String(required=True)
     status = fields.String(required=True, validate=validate.OneOf(STATUSES))
+    status_code = fields.Function(
+        lambda m: status_code(m["status"] if isinstance(m, dict) else m.status),
+        required=True, metadata={"type": "string", "enum": list(CODES), "description": (
+            "the status as seed 003's identifier (never translated; docs/status-codes.md)")})
     status_text = fields.String(required=True)
     original_filename = fields.String(required=True, allow_none=True)
     external_id = fields.String(required=True, allow_none=True)
@@ -747,6 +759,14 @@ class Alert(Schema):
     subject = fields.String(required=True)
     text = fields.String(required=True)
     message_id = fields.Integer(required=True, allow_none=True)
+    message_status = fields.Function(
+        lambda a: getattr(a, "message_status", None), required=True, allow_none=True,
+        metadata={"type": "string", "enum": STATUSES + [None], "description": (
+            "the current status of the message the alert is about (null: none)")})
+    status_code = fields.Function(
+        lambda a: status_code(getattr(a, "message_status", None)), required=True,
+        allow_none=True, metadata={"type": "string", "enum": list(CODES) + [None],
+                                   "description": "that status as seed 003's identifier"})
     created_at = UtcDateTime(required=True)
     acknowledged_at = UtcDateTime(required=True, allow_none=True)
     acknowledged_by = fields.String(required=True, allow_none=True)
@@ -834,6 +854,8 @@ def _seconds(text: str) -> fields.Float:
 
 class StatsMessages(Schema):
     by_status = _counts("messages by status")
+    by_status_code = _counts("messages by seed 003's status identifier (each one's count "
+                             "is that of the statuses mapped to it)")
     total = fields.Integer(required=True)
 
 

@@ -13,6 +13,7 @@ from datetime import timedelta
 import b2bhub.api.schemas as s
 from b2bhub.api.blueprint import bp
 from b2bhub.config.extensions import db
+from b2bhub.domain.status_codes import codes_counted
 from b2bhub.engine import stats
 from b2bhub.models import StatsMinute, utcnow
 
@@ -36,6 +37,7 @@ def get_stats(args: dict):
     return {
         "at": now,
         "messages": {"by_status": now_figures.messages,
+                     "by_status_code": codes_counted(now_figures.messages),
                      "total": sum(now_figures.messages.values())},
         "deliveries": {"by_state": now_figures.deliveries,
                        "total": sum(now_figures.deliveries.values()),

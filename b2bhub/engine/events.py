@@ -31,6 +31,7 @@ from datetime import datetime
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import Connection
 
+from b2bhub.domain.status_codes import status_code
 from b2bhub.models import HistoryLine, Message
 
 #: autovacuum's workers run transactions too (minutes long on a large table) but never
@@ -59,7 +60,7 @@ def line_json(row) -> dict:
     return {"id": row.id, "message_id": row.message_id, "delivery_id": row.delivery_id,
             "type": row.type, "text": row.text, "actor": row.actor,
             "created_at": row.created_at.isoformat() + "Z",
-            "message_status": row.status}
+            "message_status": row.status, "message_status_code": status_code(row.status)}
 
 
 def read_history(conn: Connection, after: int, limit: int) -> list[dict]:

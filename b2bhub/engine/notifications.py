@@ -39,7 +39,8 @@ from urllib.parse import urlsplit, urlunsplit
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from b2bhub.models import Alert, Notification, NotificationChannel
+from b2bhub.domain.status_codes import status_code
+from b2bhub.models import Alert, Message, Notification, NotificationChannel
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +95,12 @@ def plan(session: Session, now: datetime, batch: int = BATCH, most: int = MOST) 
             alerts += marked
             if len(marked) < batch:
                 break
+        statuses = _statuses(session, alerts) if channels else {}
         for channel in channels:
             if event == "resolved" and not channel.on_resolve:
                 continue
             wanted = [a for a in alerts if not channel.kinds or a.kind in channel.kinds]
-            made += _notify(session, channel, event, wanted, now)
+            made += _notify(session, channel, event, wanted, now, statuses)
         session.commit()
     return made
 
@@ -116,8 +118,15 @@ def _mark(session: Session, column, since, gathered: datetime, now: datetime,
         .execution_options(synchronize_session=False)).all()
 
 
+def _statuses(session: Session, alerts: list) -> dict[int, str]:
+    """The current status of each message the alerts are about, in one read."""
+    ids = {a.message_id for a in alerts if a.message_id is not None}
+    return dict(session.execute(select(Message.id, Message.status).where(
+        Message.id.in_(ids))).all()) if ids else {}
+
+
 def _notify(session: Session, channel: NotificationChannel, event: str, alerts: list,
-            now: datetime) -> int:
+            now: datetime, statuses: dict[int, str]) -> int:
     if not alerts:
         return 0
     if len(alerts) > DIGEST_OVER:
@@ -125,15 +134,20 @@ def _notify(session: Session, channel: NotificationChannel, event: str, alerts: 
     else:
         rows = [{"channel_id": channel.id, "event": event, "alert_ids": [a.id],
                  "title": f"b2bhub: {a.kind} {event}: {a.text}"[:200],
-                 "body": _body(a, event), "due_at": now} for a in alerts]
+                 "body": _body(a, event, statuses.get(a.message_id)), "due_at": now}
+                for a in alerts]
     session.execute(Notification.__table__.insert(), rows)
     return len(rows)
 
 
-def _body(alert, event: str) -> str:
+def _body(alert, event: str, status: str | None) -> str:
+    """A notification's text; an alert about a message names the message's status now,
+    ours and seed 003's identifier (``b2bhub.domain.status_codes``)."""
     lines = [f"Alert {alert.kind} {event}: {alert.text}", f"Subject: {alert.subject}"]
     if alert.message_id is not None:
         lines.append(f"Message: /ui/messages/{alert.message_id}")
+        if status is not None:
+            lines.append(f"Status: {status} ({status_code(status)})")
     lines.append("Open alerts: /ui/alerts")
     return "\n".join(lines)
 

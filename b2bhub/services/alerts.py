@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from b2bhub.engine.history import add_line
-from b2bhub.models import Alert
+from b2bhub.models import Alert, Message
 from b2bhub.models.pages import Page, keyset_page
 from b2bhub.services.errors import Conflict, NotFound
 
@@ -32,6 +32,17 @@ def list_alerts(session: Session, state: str, kind: str | None, limit: int,
     if kind:
         stmt = stmt.where(Alert.kind == kind)
     return keyset_page(session, stmt, Alert.id, limit, after, descending=True)
+
+
+def attach_message_status(session: Session, alerts: list[Alert]) -> list[Alert]:
+    """Give each alert ``message_status``: the current status of the message it is
+    about (None for an alert about no message, or one whose message is gone); one read."""
+    ids = {a.message_id for a in alerts if a.message_id is not None}
+    statuses = dict(session.execute(select(Message.id, Message.status).where(
+        Message.id.in_(ids))).all()) if ids else {}
+    for alert in alerts:
+        alert.message_status = statuses.get(alert.message_id)
+    return alerts
 
 
 def open_alerts(session: Session, limit: int = 500) -> list[Alert]:

@@ -26,6 +26,9 @@ KINDS = {
                      Delivery.failure_kind == FailureKind.BUSINESS),
     "stalled": Delivery.state == DeliveryState.STALLED,
 }
+#: seed 003's identifiers a client may give for a kind (docs/status-codes.md): its two
+#: delivery errors; a stalled delivery is ENFILEIRADA there (still waiting for a worker)
+KIND_CODES = {"ERRO_ENTREGA": "technical", "ERRO_NEGOCIO": "business"}
 #: the most deliveries one bulk Redeliver takes, so one click cannot hold the database
 #: for minutes; the page says when more remain
 BULK_LIMIT = 5000
@@ -44,12 +47,14 @@ class ErrorFilter:
 
 
 def _query(f: ErrorFilter) -> Select:
-    wrong = [kind for kind in f.kinds or () if kind not in KINDS]
+    kinds = [KIND_CODES.get(kind, kind) for kind in f.kinds or ()]
+    wrong = [kind for kind in kinds if kind not in KINDS]
     if wrong:
         raise ServiceError(f"kind: unknown value(s) {', '.join(wrong)} "
-                           f"(known: {', '.join(KINDS)})", {"kind": "unknown value"})
+                           f"(known: {', '.join([*KINDS, *KIND_CODES])})",
+                           {"kind": "unknown value"})
     stmt = select(Delivery).join(Message, Message.id == Delivery.message_id).where(
-        or_(*(KINDS[kind] for kind in f.kinds or KINDS)))
+        or_(*(KINDS[kind] for kind in kinds or KINDS)))
     if f.target:
         stmt = stmt.where(Delivery.target == f.target)
     if f.partner:

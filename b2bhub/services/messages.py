@@ -9,6 +9,7 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain.states import DeliveryState, MessageStatus
+from b2bhub.domain.status_codes import CODES, statuses_of
 from b2bhub.engine import ack_waits, operator
 from b2bhub.models import AckWait, Delivery, HistoryLine, Message, MessageAttribute
 from b2bhub.models.acks import ACKNOWLEDGED, AWAITING, REJECTED
@@ -63,7 +64,10 @@ class DeliveryFilter(MessageFilter):
 
 
 def _check_values(field: str, given: list[str] | None, allowed: type) -> None:
-    known = [member.value for member in allowed]
+    """Refuse a value of ``given`` that is not one of ``allowed`` (a message status may
+    also be one of seed 003's identifiers: ``b2bhub.domain.status_codes``)."""
+    known = [member.value for member in allowed] + (
+        list(CODES) if allowed is MessageStatus else [])
     wrong = [value for value in given or () if value not in known]
     if wrong:
         raise ServiceError(f"{field}: unknown value(s) {', '.join(wrong)} "
@@ -77,7 +81,7 @@ def _message_conditions(f: MessageFilter) -> list:
         (Message.source, f.source), (Message.correlation_id, f.correlation_id))
         if value is not None]
     if f.status:
-        conditions.append(Message.status.in_(f.status))
+        conditions.append(Message.status.in_(statuses_of(f.status)))
     if f.q:
         conditions.append(_text_search(f.q))
     for name in ENVELOPE_FILTERS:
