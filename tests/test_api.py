@@ -149,8 +149,9 @@ def test_party_refusals(api):
     error_of(api.post("/api/v1/partners", data="{not json", content_type="application/json"),
              400)
     error_of(api.post("/api/v1/partners", json=["acme"]), 400)
+    # the name in the body is not the party's: valid in shape, refused for its meaning
     error_of(api.put("/api/v1/partners/acme", json={"name": "acme2", "display_name": "A"}),
-             400)
+             422)
     error_of(api.get("/api/v1/organizations/acme"), 404, "not_found")
     error_of(api.put("/api/v1/partners/nobody", json={"display_name": "N"}), 404)
 
@@ -226,19 +227,19 @@ def test_instance_refusals(api, record_dir):
     assert error["details"]["config"] == {"record_dir": "required",
                                           "sleep": "must be a number"}
     error = error_of(api.post("/api/v1/plugins/configs", json={"name": "w", "type": "ftp"}),
-                     400)
+                     400)  # the document lists the types there are
     assert "ftp" in error["message"] and "recorder" in error["message"]
     error_of(api.post("/api/v1/plugins/configs",
                       json={"name": "w", "type": "noop", "enabled": "yes"}), 400)
     error_of(api.post("/api/v1/plugins/configs",
                       json={"name": "w", "type": "noop", "max_concurrent_deliveries": 0}), 400)
     error_of(api.post("/api/v1/plugins/configs",
-                      json={"name": "w", "type": "noop", "queue": "Not A Queue"}), 400)
+                      json={"name": "w", "type": "noop", "queue": "Not A Queue"}), 422)
     assert api.post("/api/v1/plugins/configs",
                     json={"name": "w", "type": "noop"}).status_code == 201
     error_of(api.post("/api/v1/plugins/configs", json={"name": "w", "type": "noop"}), 409)
-    error_of(api.put("/api/v1/plugins/configs/w", json={"name": "w2"}), 400)
-    error_of(api.put("/api/v1/plugins/configs/w", json={"type": "external_echo"}), 400)
+    error_of(api.put("/api/v1/plugins/configs/w", json={"name": "w2"}), 422)  # renamed
+    error_of(api.put("/api/v1/plugins/configs/w", json={"type": "external_echo"}), 422)
     assert api.get("/api/v1/plugins/configs/w").get_json()["type"] == "noop"
     error_of(api.get("/api/v1/plugins/configs/nope"), 404, "not_found")
 
@@ -303,14 +304,18 @@ def test_redundant_route_is_409_naming_the_route_in_the_way(api, configured):
 
 
 def test_route_refusals(api, configured):
-    cases = [{"source": "inbox", "from": "nobody", "target": "writer_a"},
-             {"source": "inbox", "target": "missing"},
-             {"source": "writer_a", "target": "writer_b"},  # a target cannot start a route
-             {"source": "inbox", "target": "inbox"},        # a source cannot end one
-             {"source": "inbox", "from": 7, "target": "writer_a"},
+    # what the hub holds: valid in shape, refused for its meaning (422)
+    meaning = [{"source": "inbox", "from": "nobody", "target": "writer_a"},
+               {"source": "inbox", "target": "missing"},
+               {"source": "writer_a", "target": "writer_b"},  # a target cannot start a route
+               {"source": "inbox", "target": "inbox"}]        # a source cannot end one
+    # what the document says: the wrong shape (400)
+    shape = [{"source": "inbox", "from": 7, "target": "writer_a"},
              {"source": "inbox"},
              {"source": "inbox", "target": "writer_a", "via": "x"}]
-    for body in cases:
+    for body in meaning:
+        error_of(api.post("/api/v1/routes", json=body), 422, "invalid")
+    for body in shape:
         error_of(api.post("/api/v1/routes", json=body), 400, "invalid")
     assert api.get("/api/v1/routes").get_json()["items"] == []
 

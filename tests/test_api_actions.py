@@ -63,10 +63,12 @@ def test_send_by_hand_refusals_are_clear_and_store_no_message(setup, api, sessio
     setup.route("inbox", "*", "acme", "writer_a")
     setup.route("inbox", "mycompany", "*", "writer_b")
     cases = [
-        ({"from": "mycompany", "to": "acme"}, 400, "choose a target"),
-        ({"from": "acme", "to": "globex", "target": "writer_a"}, 400, "organization"),
-        ({"from": "nobody", "to": "acme", "target": "writer_a"}, 400, "no party"),
-        ({"from": "mycompany", "to": "acme", "target": "inbox"}, 400, "not an enabled target"),
+        # valid in shape, refused for what the hub holds (422)
+        ({"from": "mycompany", "to": "acme"}, 422, "choose a target"),
+        ({"from": "acme", "to": "globex", "target": "writer_a"}, 422, "organization"),
+        ({"from": "nobody", "to": "acme", "target": "writer_a"}, 422, "no party"),
+        ({"from": "mycompany", "to": "acme", "target": "inbox"}, 422, "not an enabled target"),
+        # the wrong shape (400)
         ({"to": "acme"}, 400, "missing field: from"),
     ]
     for form, status, text in cases:

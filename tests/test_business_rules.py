@@ -374,7 +374,7 @@ def test_the_api_saves_rules_and_refuses_bad_ones_with_the_reason(api, registry,
     body = {"name": "poster", "type": "answer_poster", "config": {"url": "http://x"},
             "business_rules": [REJECTED, {"name": "dup", "body_regex": "(dup"}]}
     refused = api.post("/api/v1/plugins/configs", json=body)
-    assert refused.status_code == 400
+    assert refused.status_code == 422  # a regular expression only the hub can judge
     error = refused.get_json()["error"]
     assert error["details"]["business_rules"] == {
         "rule 2 (dup)": "body_regex is not a valid regular expression: missing ) at "
@@ -389,7 +389,7 @@ def test_the_api_saves_rules_and_refuses_bad_ones_with_the_reason(api, registry,
         "name": "dup", "body_regex": "dup(licate)?", "block": "none"}
     bad_path = api.put("/api/v1/plugins/configs/poster", json={
         "config": {"url": "http://x"}, "business_rules": [{"name": "p", "json_path": "$..["}]})
-    assert bad_path.status_code == 400
+    assert bad_path.status_code == 422  # a JSONPath only the hub can judge
     assert "json_path is not a valid JSONPath" in bad_path.get_json()["error"]["details"][
         "business_rules"]["rule 1 (p)"]
     not_a_list = api.put("/api/v1/plugins/configs/poster", json={
@@ -401,7 +401,7 @@ def test_the_api_saves_rules_and_refuses_bad_ones_with_the_reason(api, registry,
     assert cleared.get_json()["business_rules"] == []
     source = api.post("/api/v1/plugins/configs", json={
         "name": "inbox", "type": "manual_source", "business_rules": [REJECTED]})
-    assert source.status_code == 400
+    assert source.status_code == 422  # rules on a source: the type's role decides
     assert source.get_json()["error"]["details"] == {
         "business_rules": "only a target instance takes them"}
 

@@ -296,3 +296,26 @@ def test_a_stopped_shared_feed_reads_no_more_until_read_again(app):
         entries = shared.read(newest, wait=0.1)
     assert [row["text"] for _, row, _ in entries] == ["after the restart"]
     shared.stop()
+
+
+def test_each_event_is_the_object_the_document_describes(api, hub, fast_streams):
+    """The document names each event's data schema (``x-event-data``), and every event
+    sent is an object of it."""
+    from openapi_schema_validator import OAS30Validator
+
+    hub.parties()
+    hub.instance("inbox", "manual_source")
+    hub.instance("out", "noop")
+    hub.route("inbox", "*", "*", "out")
+    hub.message()
+    doc = api.get("/api/v1/openapi.json").json
+    stream = doc["paths"]["/api/v1/events"]["get"]["responses"]["200"]["content"]
+    ref = stream["text/event-stream"]["schema"]["x-event-data"]["$ref"]
+    schema = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    validator = OAS30Validator(schema)
+    events = read_events(api.get("/api/v1/events?after=0"), 2)
+    assert len(events) == 2
+    for _id, _type, data in events:
+        validator.validate(data)
+        assert set(data) == set(schema["properties"])
+    assert not OAS30Validator(schema).is_valid({**events[0][2], "message_status_code": "X"})

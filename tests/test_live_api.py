@@ -192,6 +192,15 @@ def test_log_records_stream_as_server_sent_events(app, api):
     assert [(kind, data["message"], data["kind"]) for _, kind, data in events] == [
         ("log", "first warning", "worker"), ("log", "then an error", "worker")]
     assert int(events[0][0]) < int(events[1][0]) == events[1][2]["id"]
+    # each one the object the document names for the stream's events
+    from openapi_schema_validator import OAS30Validator
+    doc = api.get("/api/v1/openapi.json").get_json()
+    content = doc["paths"]["/api/v1/logs/stream"]["get"]["responses"]["200"]["content"]
+    ref = content["text/event-stream"]["schema"]["x-event-data"]["$ref"]
+    schema = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    for _, _, data in events:
+        OAS30Validator(schema).validate(data)
+        assert set(data) == set(schema["properties"])
 
 
 def test_a_log_level_that_does_not_exist_is_refused_with_its_name(app):

@@ -118,8 +118,8 @@ def test_the_api_shows_sets_and_refuses_identities(hub, api):
         "display_name": "ACME", "edi_identities": ["ZZ:MYCOMPANY"]}), 409, "identity_taken")
     assert error["message"] == "EDI identity ZZ:MYCOMPANY is already organization " \
                                "mycompany's"
-    error_of(api.put("/api/v1/partners/acme", json={
-        "display_name": "ACME", "edi_identities": ["ZZ:A+B"]}), 400, "invalid")
+    error_of(api.put("/api/v1/partners/acme", json={  # the hub's rule for an identity: 422
+        "display_name": "ACME", "edi_identities": ["ZZ:A+B"]}), 422, "invalid")
     error_of(api.post("/api/v1/partners", json={
         "name": "globex", "edi_identities": ["ZZ:ACME"]}), 409, "identity_taken")
     assert api.get("/api/v1/partners/acme").get_json()["edi_identities"] == [

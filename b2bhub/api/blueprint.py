@@ -115,11 +115,11 @@ TAGS = {
 }
 #: the refusals an operation may name, by status
 REFUSALS = {400: "BAD_REQUEST", 404: "NOT_FOUND", 409: "CONFLICT", 413: "REQUEST_ENTITY_TOO_LARGE",
-            503: "SERVICE_UNAVAILABLE"}
+            422: "UNPROCESSABLE_ENTITY", 503: "SERVICE_UNAVAILABLE"}
 
 
 #: the operation's body fields whose validity depends on what the hub holds (a name that
-#: must exist, a certificate that must parse, a plugin type's settings): a 400 naming only
+#: must exist, a certificate that must parse, a plugin type's settings): a 422 naming only
 #: these may answer a body the schema calls valid
 SERVER_CHECKS = "x-server-checks"
 
@@ -194,7 +194,9 @@ class ApiBlueprint(SmorestBlueprint):
             if "<" in rule:
                 wanted.add(404)
             if doc.get("arguments") or getattr(view_func, "reads_body", False):
-                wanted.add(400)
+                wanted.add(400)  # the shape: what the schemas say
+            if server_checks:
+                wanted.add(422)  # the meaning: what the hub holds
             for status in sorted(wanted):
                 responses.setdefault(status, REFUSALS[status])
             if role is None:
@@ -232,12 +234,16 @@ class HubApi(Api):
     def _register_error_handlers(self):
         """The blueprint's handlers answer in the API's shape; nothing app-wide here."""
 
-    def _openapi_json(self):
+    def document(self) -> dict:
         """The document, completed by the blueprint's hooks for this app's plugins."""
         doc = deepcopy(self.spec.to_dict())
         registry = current_app.extensions.get("b2bhub.plugin.registry")
         for hook in self.document_hooks:
             hook(doc, registry)
+        return doc
+
+    def _openapi_json(self):
+        doc = self.document()
         return current_app.response_class(json.dumps(doc, indent=2),
                                           mimetype="application/json")
 
@@ -255,10 +261,11 @@ def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
                  "`x-required-role` names the least role it needs (viewer < operator "
                  "< admin). Errors: `{\"error\": {\"code\", \"message\", \"details\"}}`. "
                  "Lists: `limit` and `cursor` (the `next_cursor` of the previous page). "
-                 "A body the schemas call valid is accepted, except that the fields an "
-                 "operation lists in `x-server-checks` are also judged against what the "
-                 "hub holds (a name that must exist, a certificate that must parse): a "
-                 "400 then names them in `details`."},
+                 "A request the schemas call invalid is refused with 400 naming the "
+                 "fields in `details`. A body the schemas call valid is accepted, except "
+                 "that the fields an operation lists in `x-server-checks` are also judged "
+                 "against what the hub holds (a name that must exist, a certificate that "
+                 "must parse): a 422 then names them in `details`."},
         "security": [{SECURITY_SCHEME: []}],
         "components": {"securitySchemes": {SECURITY_SCHEME: {
             "type": "http", "scheme": "bearer",
@@ -266,6 +273,10 @@ def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
     })
     HubApi.ERROR_SCHEMA = ErrorSchema
     api = HubApi(app)
+    app.extensions["b2bhub.api"] = api
+    # the events of the streams (``x-event-data``), named by no response of their own
+    from b2bhub.api.schemas import HistoryEvent
+    api.spec.components.schema("HistoryEvent", schema=HistoryEvent)
     api.register_blueprint(blueprint)
     api.document_hooks = blueprint.document_hooks  # also those added after this call
     # the areas' tags instead of one for the whole blueprint

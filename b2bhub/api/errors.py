@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from flask import jsonify, request
+import re
+
+from flask import current_app, jsonify, request
+from openapi_schema_validator import OAS30Validator
 from sqlalchemy.exc import IntegrityError
 from werkzeug.exceptions import HTTPException
 
-from b2bhub.api.blueprint import ApiError, bp
+from b2bhub.api.blueprint import SERVER_CHECKS, ApiError, bp
 from b2bhub.config.extensions import db
 from b2bhub.engine.operator import ActionRefused, ReceiptRefused, UnknownObject
 from b2bhub.services.errors import ServiceError
@@ -27,8 +30,45 @@ def api_error_response(exc: ApiError):
 
 @bp.errorhandler(ServiceError)
 def _service_error(exc: ServiceError):
+    """A service's refusal. One of data the document calls valid (refused for what the
+    hub holds: a name that must exist, a certificate that must parse) is 422; one of
+    data the document also calls invalid is 400 (the schemas cannot say everything a
+    service checks: a setting's JSON type inside a plugin type's ``config``); 404 and
+    409 as the service says."""
     db.session.rollback()
-    return error_response(exc.status, exc.code, exc.message, exc.details)
+    status = exc.status
+    if status == 400 and exc.details and _valid_by_the_document():
+        status = 422
+    return error_response(status, exc.code, exc.message, exc.details)
+
+
+def _valid_by_the_document() -> bool:
+    """Whether the request's body is valid by its operation's schema in the served
+    document (read only on this refusal's path); for an operation without a JSON body
+    (a form, a query), whether the refusal named only its ``x-server-checks``."""
+    document = current_app.extensions["b2bhub.api"].document()
+    operation = _operation(document) or {}
+    body_schema = operation.get("requestBody", {}).get("content", {}).get(
+        "application/json", {}).get("schema")
+    if body_schema is None:
+        return bool(operation.get(SERVER_CHECKS)) and request.method != "GET"
+    root = {**body_schema, "components": document.get("components", {})}
+    return OAS30Validator(root).is_valid(request.get_json(silent=True))
+
+
+def _operation(document: dict) -> dict | None:
+    """The document's operation of this request: its rule's path with the parameters
+    as the document names them, or, for a rule the document has a path per value of
+    (a party's profile of each kind), with that parameter's value."""
+    rule = request.url_rule
+    if rule is None:
+        return None
+    paths = document.get("paths", {})
+    path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
+    for name, value in (request.view_args or {}).items():
+        if path not in paths and path.replace(f"{{{name}}}", str(value)) in paths:
+            path = path.replace(f"{{{name}}}", str(value))
+    return paths.get(path, {}).get(request.method.lower())
 
 
 @bp.errorhandler(ActionRefused)

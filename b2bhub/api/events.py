@@ -26,16 +26,23 @@ _lock = threading.Lock()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
-def sse_doc(event: str, schema: str) -> dict:
-    """The document's answer of a stream: text/event-stream, each event's data JSON."""
+def sse_doc(event: str, schema: str, example_event: str) -> dict:
+    """The document's answer of a stream: text/event-stream, a text of events whose
+    ``data:`` lines are each a JSON object of ``schema`` (components.schemas, also named
+    by ``x-event-data``: OpenAPI 3.0 has no field for an event's own schema)."""
+    ref = {"$ref": f"#/components/schemas/{schema}"}
     return {"description": f"Server-Sent Events: ``event: {event}``, ``id:`` to resume "
-            f"from, ``data:`` a {schema} as JSON; a comment line every 15 s keeps it open",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+            f"from, ``data:`` one {schema} object as JSON (its schema: ``x-event-data``); "
+            f"a comment line every 15 s keeps the stream open",
+            "content": {"text/event-stream": {
+                "schema": {"type": "string", "x-event-data": ref},
+                "example": f"id: 42\nevent: {example_event}\ndata: {{...a {schema}...}}"
+                           "\n\n"}}}
 
 
 @bp.get("/events", summary="Stream history lines (Server-Sent Events)", refusals=(503,))
 @bp.arguments(s.EventArgs, location="query")
-@bp.doc(responses={200: sse_doc("the history line's type", "HistoryLine")})
+@bp.doc(responses={200: sse_doc("the history line's type", "HistoryEvent", "received")})
 def stream_events(args: dict):
     """A client that reconnects with ``Last-Event-ID`` (or ``?after=<id>``) gets every
     line after it once, in id order; without either, the stream starts with the lines
@@ -95,6 +102,6 @@ def resume_point() -> int | None:
     value = request.headers.get("Last-Event-ID") or request.args.get("after")
     if value is None or value == "":
         return None
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # "²".isdigit() too, which int() refuses
         raise bad_request("Last-Event-ID (or after) must be a history line id", "after")
     return int(value)

@@ -35,7 +35,7 @@ def list_logs(args: dict):
 @bp.get("/logs/stream", summary="Stream log records (Server-Sent Events)",
         refusals=(503,))
 @bp.arguments(s.LogStreamArgs, location="query")
-@bp.doc(responses={200: sse_doc("log", "LogRecord")})
+@bp.doc(responses={200: sse_doc("log", "LogRecord", "log")})
 def stream_logs(args: dict):
     """Event ``log``, id the record id, data a log record as JSON; from
     ``Last-Event-ID`` (or ``?after=``), else from now."""

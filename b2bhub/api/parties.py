@@ -45,7 +45,7 @@ def update_party(body: dict, collection: str, name: str):
     """Change the display name and, when given, the EDI identities (refused, 409
     ``identity_taken``, when one is another party's); the name itself cannot change."""
     if body.get("name", name) != name:
-        raise ApiError(400, "invalid", f"'{name}' cannot be renamed: routes and messages "
+        raise ApiError(422, "invalid", f"'{name}' cannot be renamed: routes and messages "
                        "refer to it by name", {"name": "cannot be renamed"})
     party = svc.update_party(db.session, KINDS[collection], name, body["display_name"],
                              body.get("edi_identities"), actor=g.actor, acks=_acks(body))
@@ -150,12 +150,17 @@ def document_profiles(doc: dict, registry) -> None:
             label = f"{found.label or kind} profile"
             operations = {
                 "get": {"summary": f"Get {an} {one}'s {label}",
-                        "responses": {200: {"description": "OK", **answer}, 404: None}},
+                        "responses": {200: {"description": "OK", **answer}, 404: {
+                            "description": f"no such {one}, or no {label} yet: a new "
+                                           f"{one} has none until PUT makes it",
+                            "content": {"application/json": {"schema": {
+                                "$ref": "#/components/schemas/Error"}}}}}},
                 "put": {"summary": f"Create or change {an} {one}'s {label}",
                         "requestBody": {"required": True, "content": {"application/json": {
                             "schema": {"$ref": f"#/components/schemas/{title}ProfileIn"}}}},
                         "responses": {200: {"description": "OK", **answer}, 400: None,
-                                      404: None, 409: None}},
+                                      404: None, 409: None,
+                                      **({422: None} if shapes.get("server_checks") else {})}},
                 "delete": {"summary": f"Delete {an} {one}'s {label}",
                            "responses": {204: {"description": "Deleted, or the party had none"},
                                          404: None}},

@@ -159,10 +159,11 @@ DOCUMENT_TYPE_OR_ANY = f"^(\\*|{routing.DOCUMENT_TYPE_RE.pattern})$"
 
 
 def _name(**kwargs) -> fields.String:
-    """A party's or instance's name: the services refuse any other (400)."""
+    """A party's or instance's name: the pattern the document declares is the one
+    refused (400) before any service reads it."""
     metadata = {"pattern": NAME_PATTERN, **kwargs.pop("metadata", {})}
-    return fields.String(validate=validate.Length(min=1, max=64), metadata=metadata,
-                         **kwargs)
+    return fields.String(validate=[validate.Length(min=1, max=64), validate.Regexp(
+        NAME_PATTERN, error=f"must be {routing.NAME_RULE}")], metadata=metadata, **kwargs)
 
 
 # --- common -------------------------------------------------------------------------
@@ -355,8 +356,10 @@ BUSINESS_RULE = {
         "name": {"type": "string", "minLength": 1, "maxLength": 100},
         "status": {"nullable": True, "description": "an HTTP status (100-599) or a class "
                                                     "such as '4xx'; null or '': any",
+                   # null in a branch too: OpenAPI 3.0.3's nullable adds null only to
+                   # a schema's own type, which this one has none of
                    "oneOf": [{"type": "integer", "minimum": 100, "maximum": 599},
-                             {"type": "string"}]},
+                             {"type": "string", "nullable": True}]},
         "body_regex": {"type": "string", "nullable": True,
                        "description": "searched in the decoded body"},
         "json_path": {"type": "string", "nullable": True,
@@ -479,7 +482,8 @@ class RouteCreate(Schema):
     from_party = _party_or_any(data_key="from")
     to_party = _party_or_any(data_key="to")
     target = _name(required=True, metadata={"description": "a target instance"})
-    document_type = fields.String(load_default="*", metadata={
+    document_type = fields.String(load_default="*", validate=validate.Regexp(
+        DOCUMENT_TYPE_OR_ANY, error=f"must be {routing.DOCUMENT_TYPE_RULE}"), metadata={
         "pattern": DOCUMENT_TYPE_OR_ANY,
         "description": "a document type the message's envelope must hold (850, ORDERS), "
                        "or * (any message, EDI or not)"})
@@ -520,6 +524,9 @@ class RouteTestResult(Schema):
 # --- messages and deliveries ----------------------------------------------------------
 
 #: a filter's text may hold any character but NUL, which PostgreSQL's text takes none of:
+#: an id in a text argument, as its documented pattern says: ASCII digits only (int()
+#: would also take "+5", " 5" and other scripts' digits)
+DIGITS = validate.Regexp("^[0-9]+$", error="must be digits 0-9 only")
 #: refused as the request's fault (400) rather than failing the query (500)
 NO_NUL = validate.Regexp("^[^\x00]*$", error="must not contain a NUL character")
 
@@ -706,6 +713,25 @@ class HistoryLine(Schema):
     delivery_id = fields.Integer(required=True, allow_none=True)
     data = fields.Dict(required=True, allow_none=True)
     created_at = UtcDateTime(required=True)
+
+
+class HistoryEvent(Schema):
+    """The ``data:`` of one event of ``GET /events``, as JSON: a history line and its
+    message's status now (``b2bhub.engine.events.line_json``)."""
+
+    id = fields.Integer(required=True, metadata={"description": "the line's id, also the "
+                                                 "event's ``id:``"})
+    message_id = fields.Integer(required=True, allow_none=True)
+    delivery_id = fields.Integer(required=True, allow_none=True)
+    type = fields.String(required=True, metadata={"description": "also the event's "
+                                                  "``event:``"})
+    text = fields.String(required=True)
+    actor = fields.String(required=True)
+    created_at = fields.String(required=True, metadata={"format": "date-time"})
+    message_status = fields.String(required=True, allow_none=True, validate=validate.OneOf(
+        STATUSES))
+    message_status_code = fields.String(required=True, allow_none=True,
+                                        validate=validate.OneOf(CODES))
 
 
 class PayloadStage(Schema):
@@ -1003,8 +1029,8 @@ class LogStreamArgs(Schema):
 
     level = _level()
     process = _process()
-    after = fields.String(metadata={"description": "resume after this record id",
-                                    "pattern": "^[0-9]+$"})
+    after = fields.String(validate=DIGITS, metadata={
+        "description": "resume after this record id", "pattern": "^[0-9]+$"})
 
 
 class LogRecord(Schema):
@@ -1027,10 +1053,11 @@ class EventArgs(Schema):
     class Meta:
         unknown = RAISE
 
-    after = fields.String(metadata={"description": "resume after this history line id "
-                                    "(or send Last-Event-ID)", "pattern": "^[0-9]+$"})
-    message = fields.String(metadata={"description": "only this message's lines",
-                                      "pattern": "^[0-9]+$"})
+    after = fields.String(validate=DIGITS, metadata={
+        "description": "resume after this history line id (or send Last-Event-ID)",
+        "pattern": "^[0-9]+$"})
+    message = fields.String(validate=DIGITS, metadata={
+        "description": "only this message's lines", "pattern": "^[0-9]+$"})
     type = fields.String(metadata={"description": "only these line types, comma-separated"})
 
 

@@ -29,7 +29,8 @@ def send_by_hand(session: Session, store: PayloadStore, registry, upload: Binary
     instance = get_instance(session, target)
     if not instance.enabled or instance.type not in registry or \
             "target" not in registry.get(instance.type).roles:
-        raise ServiceError(f"target: instance {target!r} is not an enabled target")
+        raise ServiceError(f"target: instance {target!r} is not an enabled target",
+                           {"target": "not an enabled target"})
     _check_size(upload)
     stored = store.put(upload)
     return store_and_dispatch(session, NewMessage(
@@ -57,7 +58,8 @@ def _check_parties(session: Session, from_party: str, to_party: str) -> None:
     if {kinds[from_party], kinds[to_party]} != {ORGANIZATION, PARTNER}:
         raise ServiceError("one of from and to must be an organization and the other a "
                            "partner (from an organization the message is outbound, from "
-                           "a partner inbound)")
+                           "a partner inbound)", {"from": kinds[from_party],
+                                                   "to": kinds[to_party]})
 
 
 def _target_from_routes(session: Session, from_party: str, to_party: str) -> str:
