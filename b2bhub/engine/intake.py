@@ -16,7 +16,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from time import monotonic
 from typing import IO, Any
@@ -28,7 +28,7 @@ from b2bhub.engine import collection
 from b2bhub.engine.dispatch import NewMessage
 from b2bhub.engine.envelope_checks import SOURCE, IntakeChecks, store_checked_many
 from b2bhub.engine.history import connection
-from b2bhub.engine.inspection import attribute_rows
+from b2bhub.engine.openpgp_stages import Unpacked, Unpacker
 from b2bhub.engine.rows import insert_rows
 from b2bhub.models import Party, PollerPickup, Setting, utcnow
 from b2bhub.payloads.store import PayloadBatch, PayloadStore, StoredPayload
@@ -71,7 +71,7 @@ class _Staged:
     filename: str
     stored: StoredPayload
     correlation_id: str | None = None
-    rows: list[tuple] = field(default_factory=list)  # its message_attributes
+    got: Unpacked | None = None  # its stages, rows and lines (openpgp_stages.Unpacker)
 
 
 class SourceIntake:
@@ -81,8 +81,9 @@ class SourceIntake:
                  fence: Fence | None = None, clock: Callable[[], datetime] = utcnow,
                  should_stop: Callable[[], bool] = lambda: False,
                  batch_size: int = BATCH_SIZE, parties_from: str = SOURCE,
-                 checks: IntakeChecks | None = None):
+                 checks: IntakeChecks | None = None, config: dict | None = None):
         self.session, self.store, self.instance_name = session, store, instance_name
+        self.unpack = Unpacker(session, store, config)  # OpenPGP (docs/openpgp.md)
         self.fence, self.clock, self.should_stop = fence or Fence(), clock, should_stop
         self.batch_size, self.checks = batch_size, checks or IntakeChecks(parties_from)
         self.made: list[int] = []
@@ -192,14 +193,14 @@ class SourceIntake:
                            **kw: Any) -> int:
         """Store one message in a transaction of its own; returns its id."""
         stored = self.store.put(payload)
+        got = self.unpack(from_party, to_party, stored)
         now = self.clock()
         try:
             self.fence.check(self.session, now)
             [message_id] = store_checked_many(self.session, [NewMessage(
                 source=self.instance_name, from_party=from_party, to_party=to_party,
-                stages={"unpacked": (stored.digest, stored.size)}, original_filename=filename,
-                correlation_id=correlation_id,
-                rows=attribute_rows(self.store, stored.digest, waits=True) + kw.pop("rows", []),
+                stages=got.stages, original_filename=filename, lines=got.lines,
+                correlation_id=correlation_id, rows=got.rows + kw.pop("rows", []),
                 **kw)], self.checks, now)
             self.session.commit()
         except BaseException:
@@ -260,7 +261,7 @@ class SourceIntake:
             self._payloads.discard()
             raise
         for staged in batch:  # read before the transaction, not while it holds locks
-            staged.rows = attribute_rows(self.store, staged.stored.digest, waits=True)
+            staged.got = self.unpack(staged.from_party, staged.to_party, staged.stored)
         pickups, made = self._commit(batch)
         self._removing = {staged.file.relative for staged in batch}
         self._removal = self._remover().submit(self._remove, batch, pickups)
@@ -319,9 +320,9 @@ class SourceIntake:
         return pickups, made
 
     def _new_message(self, staged: _Staged) -> NewMessage:
-        return NewMessage(self.instance_name, staged.from_party, staged.to_party, {
-            "unpacked": (staged.stored.digest, staged.stored.size)}, staged.filename,
-            correlation_id=staged.correlation_id, rows=staged.rows)
+        return NewMessage(self.instance_name, staged.from_party, staged.to_party,
+                          staged.got.stages, staged.filename, lines=staged.got.lines,
+                          correlation_id=staged.correlation_id, rows=staged.got.rows)
 
     def _insert_pickups(self, fresh: list[_Staged], made: list[int], now: datetime
                         ) -> dict[int, int]:

@@ -32,8 +32,8 @@ import gnupg
 
 log = logging.getLogger(__name__)
 
-#: the ``gpg`` program (``B2BHUB_GPG`` names another)
-GPG = os.environ.get("B2BHUB_GPG", "gpg")
+#: the ``gpg`` program, found on the PATH (Debian's package ``gnupg``)
+GPG = "gpg"
 #: the chunk size of a payload written to ``gpg``
 CHUNK = 1 << 16
 PUBLIC_BEGIN = "-----BEGIN PGP PUBLIC KEY BLOCK-----"

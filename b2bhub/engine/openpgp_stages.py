@@ -7,15 +7,17 @@ passphrase, never shown again) and the public key that goes with it.
 * **A source** whose configuration says ``openpgp_decrypt`` and/or ``openpgp_verify``
   (:class:`Unpacker`, called by the intake before the message's transaction): the bytes
   received are stored as the ``raw`` stage, decrypted with the key pair of the
-  message's ``to`` (an organization) into the ``unpacked`` stage, whose EDI envelope is
-  the one inspected; the signature must be good and made by the key of its ``from``.
+  message's organization into the ``unpacked`` stage, whose EDI envelope is the one
+  inspected; the signature must be good and made by the key of its partner
+  (:func:`sides`: the organization is the message's ``to``, or its ``from`` when the
+  ``to`` is a partner, as a ``file_poller``'s messages are).
   Anything else (not encrypted, encrypted to another key, a bad signature, none, a
   signature by another key, no key in a profile) refuses the message: stored Refused
   with the reason, its ``raw`` stage kept, nothing routed.
 * **A target** whose configuration says ``openpgp_encrypt`` and/or ``openpgp_sign``
   (:func:`deliver`, around the plugin's ``deliver``): the stage the target sends (its
   ``payload_stage``, default ``unpacked``) is encrypted to the public key of the
-  message's ``to`` and/or signed with the key pair of its ``from``, stored as the
+  message's partner and/or signed with the key pair of its organization, stored as the
   message's ``sent`` stage, and handed to the target in place of the stage it reads.
   Once per message and target: a later attempt reuses what the first made (its
   ``openpgp`` history line names it). A missing key fails the delivery (no retry: the
@@ -38,7 +40,15 @@ from b2bhub.domain.outcome import Outcome
 from b2bhub.engine import openpgp
 from b2bhub.engine.history import add_line
 from b2bhub.engine.inspection import attribute_rows
-from b2bhub.models import HistoryLine, Party, Payload, ProtocolProfile, utcnow
+from b2bhub.models import (
+    ORGANIZATION,
+    PARTNER,
+    HistoryLine,
+    Party,
+    Payload,
+    ProtocolProfile,
+    utcnow,
+)
 from b2bhub.payloads.store import StoredPayload
 
 log = logging.getLogger(__name__)
@@ -80,6 +90,17 @@ def party_keys(session: Session, names: set[str]) -> dict[str, PartyKeys]:
     return found
 
 
+def sides(session: Session, from_party: str, to_party: str) -> tuple[str, str]:
+    """(our organization, the partner) of a message: the organization is its ``to``
+    unless that is a partner (then its ``from``), the partner its ``from`` unless that
+    is an organization (then its ``to``)."""
+    kinds = dict(session.execute(select(Party.name, Party.kind).where(
+        Party.name.in_({from_party, to_party}))).all())
+    ours = from_party if kinds.get(to_party) == PARTNER else to_party
+    theirs = to_party if kinds.get(from_party) == ORGANIZATION else from_party
+    return ours, theirs
+
+
 # --- sources ---------------------------------------------------------------------------
 
 @dataclass
@@ -104,14 +125,15 @@ class Unpacker:
             return Unpacked({"unpacked": (stored.digest, stored.size)},
                             attribute_rows(self.store, stored.digest, waits=True))
         raw = {"raw": (stored.digest, stored.size)}
-        keys = party_keys(self.session, {from_party, to_party})
+        org, partner = sides(self.session, from_party, to_party)
+        keys = party_keys(self.session, {org, partner})
         self.session.commit()  # a read: no transaction held while gpg works
-        ours, theirs = keys.get(to_party), keys.get(from_party)
+        ours, theirs = keys.get(org), keys.get(partner)
         if self.decrypt and (ours is None or ours.pair is None):
-            return _refused(raw, f"OpenPGP: {to_party} has no key pair to decrypt with "
+            return _refused(raw, f"OpenPGP: {org} has no key pair to decrypt with "
                                  "(an openpgp profile with its private key)")
         if self.verify and theirs is None:
-            return _refused(raw, f"OpenPGP: {from_party} has no public key to verify its "
+            return _refused(raw, f"OpenPGP: {partner} has no public key to verify its "
                                  "signature with (an openpgp profile)")
         with tempfile.TemporaryDirectory(prefix="b2bhub-pgp-") as tmp:
             out = Path(tmp) / "content"
@@ -126,7 +148,7 @@ class Unpacker:
             with open(out, "rb") as content:
                 plain = self.store.put(content)
         done = [word for word, did in (("decrypted", opened.encrypted),
-                                       (f"signature of {from_party} verified", self.verify))
+                                       (f"signature of {partner} verified", self.verify))
                 if did]
         return Unpacked({**raw, "unpacked": (plain.digest, plain.size)},
                         attribute_rows(self.store, plain.digest, waits=True),
@@ -198,7 +220,7 @@ def _seal(session: Session, store, config: dict, stage: str, delivery, payloads
         _record_sent(session, delivery.message_id, sent)
         return sent
     encrypt, sign = bool(config.get("openpgp_encrypt")), bool(config.get("openpgp_sign"))
-    sender, recipient = delivery.from_party, delivery.to_party
+    sender, recipient = sides(session, delivery.from_party, delivery.to_party)
     keys = party_keys(session, {sender, recipient})
     session.commit()
     theirs, ours = keys.get(recipient), keys.get(sender)
