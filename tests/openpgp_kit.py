@@ -61,6 +61,13 @@ class Keys:
     org: Party  # mycompany: RSA, with a passphrase
     stranger: Party  # someone else: ed25519
     expired_public: str
+    homes: tuple[Path, ...] = ()
+
+    def close(self) -> None:
+        """Stop the gpg-agents the parties' gpg started."""
+        for home in self.homes:
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"],
+                           capture_output=True, timeout=30, check=False)
 
 
 def make_keys(root: Path) -> Keys:
@@ -78,4 +85,12 @@ def make_keys(root: Path) -> Keys:
         "--list-keys", "--with-colons").stdout.decode().splitlines()
         if line.startswith("fpr:"))
     expired = old.gpg("--armor", "--export", old_fpr).stdout.decode()
-    return Keys(partner, org, stranger, expired)
+    return Keys(partner, org, stranger, expired,
+                (partner.home, org.home, stranger.home, old.home))
+
+
+def keys_in(root: Path):
+    """A module's keys, their agents stopped at its end (a pytest fixture's body)."""
+    keys = make_keys(root)
+    yield keys
+    keys.close()

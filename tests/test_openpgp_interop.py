@@ -9,6 +9,9 @@ its received bytes kept; a target without the keys fails with the reason, not re
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -24,7 +27,7 @@ from b2bhub.runtime.hub import new_session
 from b2bhub.services.openpgp_profiles import OPENPGP_PROFILES
 from plugins.file_poller import FilePoller
 from plugins.file_writer import FileWriter
-from tests.openpgp_kit import ORG_PASSPHRASE, make_keys
+from tests.openpgp_kit import ORG_PASSPHRASE, keys_in
 
 X12 = (Path(__file__).parent / "samples" / "x12-850-purchase-order.edi").read_bytes()
 T0 = datetime(2030, 1, 1, 12, 0, 0)
@@ -43,7 +46,7 @@ class Clock:
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    return make_keys(tmp_path_factory.mktemp("gpg"))
+    yield from keys_in(tmp_path_factory.mktemp("gpg"))
 
 
 @pytest.fixture
@@ -101,6 +104,14 @@ def stages(session, message_id: int) -> dict[str, str]:
 def lines(session, message_id: int, type_: str) -> list[str]:
     return list(session.scalars(select(HistoryLine.text).where(
         HistoryLine.message_id == message_id, HistoryLine.type == type_)))
+
+
+def keyrings() -> tuple[set[str], list[str]]:
+    """The hub's keyring directories and the gpg-agents serving them, as they stand."""
+    found = {name for name in os.listdir(tempfile.gettempdir())
+             if name.startswith("b2bhub-gpg-")}
+    agents = subprocess.run(["pgrep", "-af", "gpg-agent"], capture_output=True, text=True)
+    return found, [line for line in agents.stdout.splitlines() if "b2bhub-gpg-" in line]
 
 
 def sha(data: bytes) -> str:
@@ -235,7 +246,10 @@ def test_a_file_written_encrypted_and_signed_is_read_by_gpg(
         registry, hub, clock, session, parties, keys, tmp_path):
     base, out = tmp_path / "in", tmp_path / "out"
     outbound(hub, base, out, openpgp_encrypt=True, openpgp_sign=True)
+    keyrings_before = keyrings()
     message = send(registry, hub, clock, base, X12)
+    # the keyring made for the operation (our secret key in it) is gone, with its agent
+    assert keyrings() == keyrings_before
 
     assert message.status == MessageStatus.DELIVERED, message.status_text
     written = (out / "po.edi.pgp").read_bytes()

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from b2bhub.models import HistoryLine
-from tests.openpgp_kit import ORG_PASSPHRASE, make_keys
+from tests.openpgp_kit import ORG_PASSPHRASE, keys_in
 
 ORG = "/api/v1/organizations/mycompany/profiles/openpgp"
 PARTNER = "/api/v1/partners/acme/profiles/openpgp"
@@ -16,7 +16,7 @@ PARTNER = "/api/v1/partners/acme/profiles/openpgp"
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    return make_keys(tmp_path_factory.mktemp("gpg"))
+    yield from keys_in(tmp_path_factory.mktemp("gpg"))
 
 
 @pytest.fixture
