@@ -309,3 +309,50 @@ def test_a_target_without_the_partners_key_fails_with_the_reason_once(
         HistoryLine.message_id == message.id)).all())
     assert any(reason in text for _type, text in said), said
     assert not out.exists() or list(out.rglob("*")) == []
+
+
+# --- a source that stores its messages itself: the HTTP receiver -----------------------
+
+@pytest.mark.parametrize("size", ["preread", "streamed"])
+def test_an_http_receiver_decrypts_and_verifies_and_refuses_a_stranger(
+        served, registry, hub, session, parties, keys, record_dir, size):
+    import requests
+
+    from plugins.http_receiver import HttpReceiver, create_token
+
+    registry.register(HttpReceiver)
+    hub.instance("inbox", "http_receiver", config={
+        "from_party": "acme", "to_party": "mycompany", "openpgp_decrypt": True,
+        "openpgp_verify": True})
+    hub.instance("rec", "recorder", config={"record_dir": str(record_dir)})
+    hub.route("inbox", "*", "*", "rec")
+    token = create_token(session, "inbox", "client", "tests")
+    session.commit()
+    # past the preread size a body streams into the store before it is decrypted
+    document = X12 if size == "preread" else X12 + b"\n" * (300 * 1024)
+    wire = keys.partner.gpg("--encrypt", "--sign", "--compress-algo", "none",
+                            "--recipient", keys.org.fingerprint, data=document).stdout
+    answer = requests.post(f"{served}/in/inbox", data=wire, timeout=30,
+                           headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 202, answer.text
+    session.expire_all()
+    message = session.get(Message, answer.json()["message_id"])
+    assert stages(session, message.id) == {"raw": sha(wire), "unpacked": sha(document)}
+    attributes = dict(session.execute(select(MessageAttribute.name, MessageAttribute.value)
+                                      .where(MessageAttribute.message_id == message.id)).all())
+    assert attributes.get("document_type") == "850"
+    assert session.scalars(select(Delivery).where(Delivery.message_id == message.id)).all()
+
+    keys.stranger.trust(keys.org)
+    forged = keys.stranger.gpg("--encrypt", "--sign", "--recipient", keys.org.fingerprint,
+                               data=document).stdout
+    answer = requests.post(f"{served}/in/inbox", data=forged, timeout=30,
+                           headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 422, answer.text
+    reason = (f"OpenPGP: signed by key {keys.stranger.fingerprint[-16:]}, which is not the "
+              f"sender's key {keys.partner.fingerprint}")
+    assert answer.json()["text"] == reason
+    session.expire_all()
+    refused = session.get(Message, answer.json()["message_id"])
+    assert (refused.status, refused.status_text) == (MessageStatus.REFUSED, reason)
+    assert stages(session, refused.id) == {"raw": sha(forged)}

@@ -100,3 +100,32 @@ def test_the_ui_form_takes_a_key_pasted_on_one_line_and_names_the_operator(
         HistoryLine.type == "config_changed").order_by(HistoryLine.id.desc())).first()
     assert line.actor == "olivia" and "OpenPGP profile of organization mycompany" in line.text
     assert keys.org.fingerprint in line.text
+
+
+def test_every_target_and_every_source_that_applies_them_have_the_openpgp_fields():
+    from b2bhub.plugin.registry import PluginRegistry
+    registry = PluginRegistry()
+    registry.load()
+    fields = {name: {f.name for f in cls.config_schema if f.name.startswith("openpgp_")}
+              for name, cls in registry.types().items()}
+    for name in registry.targets():
+        assert {"openpgp_encrypt", "openpgp_sign"} <= fields[name], name
+    for name in ("file_poller", "http_collector", "http_receiver"):
+        assert {"openpgp_decrypt", "openpgp_verify"} <= fields[name], name
+    # the AS2 receiver stores its messages itself and does not apply them: not offered
+    assert fields["as2_receiver"] == set()
+
+
+def test_the_instance_form_and_the_api_schema_show_the_openpgp_fields(registry, client,
+                                                                     api, session):
+    from b2bhub.services.users import create_user
+    from plugins.file_writer import FileWriter
+    registry.register(FileWriter)
+    answer = api.get("/api/v1/plugins/types").json
+    [writer] = [t for t in answer["items"] if t["name"] == "file_writer"]
+    assert {"openpgp_encrypt", "openpgp_sign"} <= set(writer["schema"]["properties"])
+    create_user(session, "olivia", "pw-pw-pw-pw-1", "admin")
+    session.commit()
+    client.post("/ui/login", data={"name": "olivia", "password": "pw-pw-pw-pw-1"})
+    page = client.get("/ui/plugins/new/file_writer").text
+    assert "OpenPGP: encrypt" in page and "OpenPGP: sign" in page

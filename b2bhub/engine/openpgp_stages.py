@@ -115,8 +115,10 @@ class Unpacked:
 class Unpacker:
     """What a source's intake stores of a received payload (module docstring)."""
 
-    def __init__(self, session: Session, store, config: dict | None):
-        self.session, self.store = session, store
+    def __init__(self, session: Session, store, config: dict | None, commit: bool = True):
+        """``commit``: end the transaction that read the keys before gpg runs (a
+        receiver in the middle of its request's transaction says False)."""
+        self.session, self.store, self.commit = session, store, commit
         self.decrypt = bool((config or {}).get("openpgp_decrypt"))
         self.verify = bool((config or {}).get("openpgp_verify"))
 
@@ -127,7 +129,8 @@ class Unpacker:
         raw = {"raw": (stored.digest, stored.size)}
         org, partner = sides(self.session, from_party, to_party)
         keys = party_keys(self.session, {org, partner})
-        self.session.commit()  # a read: no transaction held while gpg works
+        if self.commit:
+            self.session.commit()  # a read: no transaction held while gpg works
         ours, theirs = keys.get(org), keys.get(partner)
         if self.decrypt and (ours is None or ours.pair is None):
             return _refused(raw, f"OpenPGP: {org} has no key pair to decrypt with "

@@ -580,6 +580,11 @@ _PROTOCOL_API = {
     "store_checked_many": "b2bhub.engine.envelope_checks:store_checked_many",
     "store_intake_refusal": "b2bhub.engine.envelope_checks:store_intake_refusal",
     "alert_duplicates": "b2bhub.engine.envelope_checks:alert_duplicates",
+    # OpenPGP at intake (docs/openpgp.md) for a source that stores its messages itself:
+    # ``openpgp_unpacker(session, store, config, commit=False)(from, to, stored)``
+    # gives the stages, rows and lines of the message (a refusal among its lines, which
+    # check_intake turns into an IntakeRefusal); the type sets ``openpgp_intake = True``
+    "openpgp_unpacker": "b2bhub.engine.openpgp_stages:Unpacker",
     # EDI inspection of what a receiver holds (docs/edi.md): bytes in memory, or a
     # stream read through to the payload store; the attributes as a message's rows;
     # parties from the envelope

@@ -95,11 +95,18 @@ TARGET_FIELDS = (
 
 def with_core_fields(cls: type) -> type:
     """Add :data:`SOURCE_FIELDS` / :data:`TARGET_FIELDS` to a type's ``config_schema``
-    by its roles (a field of the same name the type declares itself is kept)."""
+    by its roles (a field of the same name the type declares itself is kept). The
+    source fields go to the sources whose messages the core stores (the scheduled
+    ones); a source with a receiving endpoint stores its messages itself and gets them
+    when it says it applies them (``openpgp_intake = True``, through the plugin
+    interface's ``openpgp_unpacker``)."""
     schema = list(getattr(cls, "config_schema", []))
     names = {f.name for f in schema}
+    stores_itself = getattr(cls, "endpoint_prefix", None) is not None and not getattr(
+        cls, "openpgp_intake", False)
+    roles = {role for role in cls.roles if not (role == "source" and stores_itself)}
     added = [f for role, fields in (("source", SOURCE_FIELDS), ("target", TARGET_FIELDS))
-             if role in cls.roles for f in fields if f.name not in names]
+             if role in roles for f in fields if f.name not in names]
     if added:
         cls.config_schema = [*schema, *added]
     return cls
