@@ -36,7 +36,8 @@ def test_a_partners_public_key_is_read_and_its_fingerprint_shown(api, parties, k
     assert "private_key" not in got
 
 
-def test_our_key_pair_is_kept_and_its_secrets_never_shown_again(api, parties, keys):
+def test_our_key_pair_is_kept_and_its_secrets_never_shown_again(api, session, parties,
+                                                                keys):
     answer = api.put(ORG, json={"private_key": keys.org.private,
                                 "passphrase": ORG_PASSPHRASE})
     assert answer.status_code == 200, answer.json
@@ -55,6 +56,14 @@ def test_our_key_pair_is_kept_and_its_secrets_never_shown_again(api, parties, ke
     assert wrong.json["error"]["details"] == {
         "passphrase": "the passphrase does not unlock the private key"}
     assert api.get(ORG).json["fingerprint"] == keys.org.fingerprint
+    # each change a history line naming the token's user, never a secret
+    said = [(line.actor, line.text) for line in session.scalars(select(HistoryLine).where(
+        HistoryLine.type == "config_changed").order_by(HistoryLine.id))]
+    assert said == [("tests", f"tests: saved the OpenPGP profile of organization mycompany "
+                              f"(key {keys.org.fingerprint})")] * 2
+    assert api.delete(ORG).status_code == 204
+    assert session.scalars(select(HistoryLine.text).order_by(HistoryLine.id.desc())).first() \
+        == "tests: deleted the OpenPGP profile of organization mycompany"
 
 
 @pytest.mark.parametrize("where, body, field, words", [
