@@ -102,7 +102,7 @@ class OpenPGPProfiles(ProfileKind):
         secret = {"type": "string", "description": f"never shown again; {SECRET_MASK} "
                                                    "keeps the stored one"}
         return {
-            "body": {"type": "object", "additionalProperties": False, "required": [],
+            "body": {"type": "object", "additionalProperties": False,
                      "properties": {
                          "public_key": {"type": "string", "description":
                                         "a partner's armored public key"},
@@ -113,7 +113,7 @@ class OpenPGPProfiles(ProfileKind):
                 "party": {"type": "string"}, "fingerprint": {"type": "string"},
                 "fingerprints": {"type": "array", "items": {"type": "string"}},
                 "user_ids": {"type": "array", "items": {"type": "string"}},
-                "expires": {"type": ["string", "null"]}, "public_key": {"type": "string"},
+                "expires": {"type": "string", "nullable": True}, "public_key": {"type": "string"},
                 "private_key": {"type": "string"}, "passphrase": {"type": "string"}}},
             "server_checks": ["public_key", "private_key", "passphrase"],
         }
