@@ -103,7 +103,9 @@ def test_the_ui_form_takes_a_key_pasted_on_one_line_and_names_the_operator(
         "private_key": one_line, "passphrase": ORG_PASSPHRASE, "public_key": ""})
     assert page.status_code == 302, page.text
     shown = client.get("/ui/parties/organization/mycompany/openpgp").text
-    assert keys.org.fingerprint in shown and ORG_PASSPHRASE not in shown
+    assert f"<dt>Fingerprint</dt><dd>{keys.org.fingerprint}</dd>" in shown
+    assert "<dt>User IDs</dt><dd>My Company &lt;b2b@mycompany.example&gt;</dd>" in shown
+    assert ORG_PASSPHRASE not in shown
     assert "PRIVATE KEY" not in shown
     line = session.scalars(select(HistoryLine).where(
         HistoryLine.type == "config_changed").order_by(HistoryLine.id.desc())).first()

@@ -83,8 +83,8 @@ class SourceIntake:
                  batch_size: int = BATCH_SIZE, parties_from: str = SOURCE,
                  checks: IntakeChecks | None = None, config: dict | None = None):
         self.session, self.store, self.instance_name = session, store, instance_name
-        self.unpack = Unpacker(session, store, config)  # OpenPGP (docs/openpgp.md)
         self.fence, self.clock, self.should_stop = fence or Fence(), clock, should_stop
+        self.unpack = Unpacker(session, store, config, keep_alive=self.fence.keep_alive)
         self.batch_size, self.checks = batch_size, checks or IntakeChecks(parties_from)
         self.made: list[int] = []
         self._staged: list[_Staged] = []

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -61,6 +63,8 @@ LINE = "openpgp"
 #: the line a source's unpacking leaves on a message it refuses: the intake checks turn
 #: it into the refusal's reason (``envelope_checks.check_intake``)
 REFUSED_LINE = "unpack_refused"
+#: how often a source's lease is kept alive while gpg decrypts
+KEEP_ALIVE_EVERY = 2.0
 
 
 @dataclass(frozen=True)
@@ -115,10 +119,14 @@ class Unpacked:
 class Unpacker:
     """What a source's intake stores of a received payload (module docstring)."""
 
-    def __init__(self, session: Session, store, config: dict | None, commit: bool = True):
+    def __init__(self, session: Session, store, config: dict | None, commit: bool = True,
+                 keep_alive: Callable[[], None] | None = None):
         """``commit``: end the transaction that read the keys before gpg runs (a
-        receiver in the middle of its request's transaction says False)."""
+        receiver in the middle of its request's transaction says False);
+        ``keep_alive``: called every few seconds while gpg works, on this thread (a
+        scan renews its lease so: a large file takes longer than the lease)."""
         self.session, self.store, self.commit = session, store, commit
+        self.keep_alive = keep_alive
         self.decrypt = bool((config or {}).get("openpgp_decrypt"))
         self.verify = bool((config or {}).get("openpgp_verify"))
 
@@ -141,11 +149,11 @@ class Unpacker:
         with tempfile.TemporaryDirectory(prefix="b2bhub-pgp-") as tmp:
             out = Path(tmp) / "content"
             with self.store.open(stored.digest) as source:
-                opened = openpgp.decrypt(
+                opened = _meanwhile(self.keep_alive, lambda: openpgp.decrypt(
                     source, out, ours.pair if ours else None,
                     theirs.public_key if theirs else None,
                     theirs.fingerprint if theirs else None,
-                    encrypted=self.decrypt, signed=self.verify)
+                    encrypted=self.decrypt, signed=self.verify))
             if opened.reason is not None:
                 return _refused(raw, opened.reason)
             with open(out, "rb") as content:
@@ -158,6 +166,20 @@ class Unpacker:
                         [{"type": LINE, "text": f"OpenPGP: {' and '.join(done)}",
                           "data": {"signer": opened.signer.split()[-1] if opened.signer
                                    else None, "decrypted": opened.encrypted}}])
+
+
+def _meanwhile(keep_alive: Callable[[], None] | None, work: Callable[[], Any]) -> Any:
+    """``work()``, on a thread of its own when ``keep_alive`` is given, which is called
+    on this thread every :data:`KEEP_ALIVE_EVERY` seconds until the work is done."""
+    if keep_alive is None:
+        return work()
+    with ThreadPoolExecutor(1, thread_name_prefix="openpgp") as pool:
+        running = pool.submit(work)
+        while True:
+            try:
+                return running.result(timeout=KEEP_ALIVE_EVERY)
+            except TimeoutError:
+                keep_alive()
 
 
 def _refused(raw: dict, reason: str) -> Unpacked:

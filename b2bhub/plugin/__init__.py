@@ -372,6 +372,9 @@ class ProfileKind:
     #: a list of :class:`b2bhub.plugin.schema.Field`: the fields ``save`` takes (the UI
     #: form without ``ui_page`` is drawn from it; ``secret`` fields are never shown)
     schema: list = []
+    #: (label, key) of what the page drawn from the schema shows of a stored profile
+    #: before its fields (values :meth:`get` answers that no form takes: a fingerprint)
+    shown: tuple = ()
 
     def fields(self) -> tuple[str, ...]:
         """The names a PUT may carry (default: the schema's)."""

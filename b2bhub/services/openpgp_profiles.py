@@ -57,6 +57,8 @@ class OpenPGPProfiles(ProfileKind):
 
     kind = PROTOCOL
     label = "OpenPGP"
+    shown = (("Fingerprint", "fingerprint"), ("User IDs", "user_ids"),
+             ("Expires", "expires"), ("Key and subkeys", "fingerprints"))
     schema = [
         Field("public_key", "string", label="Public key (partner, armored)",
               help="The partner's public key as `gpg --armor --export` gives it"),
