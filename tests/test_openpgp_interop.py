@@ -356,3 +356,28 @@ def test_an_http_receiver_decrypts_and_verifies_and_refuses_a_stranger(
     refused = session.get(Message, answer.json()["message_id"])
     assert (refused.status, refused.status_text) == (MessageStatus.REFUSED, reason)
     assert stages(session, refused.id) == {"raw": sha(forged)}
+
+
+def test_a_scan_keeps_its_lease_from_its_own_thread_while_gpg_decrypts(
+        monkeypatch, hub, session, parties, keys):
+    import threading
+
+    from b2bhub.engine import openpgp_stages
+    from b2bhub.engine.intake import Fence, SourceIntake
+
+    monkeypatch.setattr(openpgp_stages, "KEEP_ALIVE_EVERY", 0.01)
+    renewals: list[int] = []
+
+    class Lease(Fence):
+        def keep_alive(self) -> None:
+            renewals.append(threading.get_ident())
+
+    intake = SourceIntake(session, hub.store, "poller", fence=Lease(),
+                          config={"openpgp_decrypt": True, "openpgp_verify": True})
+    document = X12 * 20_000  # about 10 MB: gpg takes far longer than 10 ms
+    wire = keys.partner.gpg("--encrypt", "--sign", "--recipient", keys.org.fingerprint,
+                            data=document).stdout
+    got = intake.unpack("mycompany", "acme", hub.store.put(wire))
+    assert got.stages["unpacked"] == (sha(document), len(document)), got.lines
+    # renewed while gpg worked, on the scan's thread (its session is not shared)
+    assert renewals and set(renewals) == {threading.get_ident()}
