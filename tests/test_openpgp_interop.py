@@ -381,3 +381,29 @@ def test_a_scan_keeps_its_lease_from_its_own_thread_while_gpg_decrypts(
     assert got.stages["unpacked"] == (sha(document), len(document)), got.lines
     # renewed while gpg worked, on the scan's thread (its session is not shared)
     assert renewals and set(renewals) == {threading.get_ident()}
+
+
+def test_a_partner_key_that_expired_since_it_was_saved_fails_the_delivery_once(
+        registry, hub, clock, session, parties, keys, tmp_path):
+    from b2bhub.models import Party, ProtocolProfile
+    # time passed: the key in acme's profile is the expired one now
+    profile = session.scalars(select(ProtocolProfile).join(Party).where(
+        Party.name == "acme", ProtocolProfile.protocol == "openpgp")).one()
+    shown = subprocess.run(["gpg", "--batch", "--show-keys", "--with-colons"],
+                           input=keys.expired_public, capture_output=True, text=True).stdout
+    fingerprint = next(line.split(":")[9] for line in shown.splitlines()
+                       if line.startswith("fpr:"))
+    profile.settings = {**profile.settings, "public_key": keys.expired_public,
+                        "fingerprint": fingerprint}
+    session.commit()
+    base, out = tmp_path / "in", tmp_path / "out"
+    outbound(hub, base, out, openpgp_encrypt=True)
+    message = send(registry, hub, clock, base, X12)
+    delivery = session.scalars(select(Delivery).where(Delivery.message_id == message.id)).one()
+    assert (delivery.state, delivery.attempt) == (DeliveryState.FAILED, 1)
+    said = [text for (text,) in session.execute(select(HistoryLine.text).where(
+        HistoryLine.message_id == message.id))]
+    assert any("OpenPGP: gpg cannot use the recipient's key (expired or revoked since it "
+               "was saved?)" in text and "update the profile, then redeliver" in text
+               for text in said), said
+    assert not out.exists() or list(out.rglob("*")) == []

@@ -173,6 +173,11 @@ def encrypt(source: IO[bytes], output: Path, recipient: str | None,
                 armor=False, output=str(output))
             ok = result.ok
         if not ok or not output.exists():
+            status = _status(result.stderr)
+            if "INV_RECP" in status or "INV_SGNR" in status:  # the same key fails again
+                whose = "signing key" if "INV_SGNR" in status else "recipient's key"
+                raise KeyProblem(f"gpg cannot use the {whose} (expired or revoked since it "
+                                 f"was saved?){_problem(result.stderr)}")
             raise OpenPGPError(f"gpg could not {'sign' if recipient is None else 'encrypt'}"
                                f": {result.status or 'failed'}{_problem(result.stderr)}")
 

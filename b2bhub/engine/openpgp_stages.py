@@ -224,6 +224,8 @@ def deliver(plugin, delivery, payloads, context) -> Any:
     session: Session = context.open_session()
     try:
         sealed = _seal(session, context.store, config, stage, delivery, payloads)
+    except openpgp.KeyProblem as exc:  # a key gpg refuses fails the same way next time
+        sealed = f"OpenPGP: {exc}; update the profile, then redeliver"
     finally:
         session.close()
     if isinstance(sealed, str):
