@@ -104,6 +104,7 @@ from b2bhub.plugin import (
     inspect_bytes,
     instance_type,
     message_rows,
+    openpgp_unpacker,
     store_and_dispatch_grouped,
     store_and_dispatch_many,
     store_intake_refusal,
@@ -391,6 +392,13 @@ def handle(request: EndpointRequest) -> EndpointReply:
         # the envelope's identities' parties as the lookups read them (a preread body);
         # None: check_intake reads them
         read = holders if request.config is None else None
+        if config.get("openpgp_decrypt") or config.get("openpgp_verify"):
+            # raw as received, unpacked decrypted, its envelope read from that one
+            got = openpgp_unpacker(session, request.store, config, commit=False)(
+                from_party, to_party, stored)
+            new.stages, new.rows, new.lines = got.stages, got.rows, [*new.lines, *got.lines]
+            found, read = [(row["name"], row["value"]) for table, row in got.rows
+                           if table.name == "message_attributes"], None
         if envelope:
             new = _envelope_defaults(new, found, kinds, read)
         # the instance's checks (docs/edi.md "Checks at intake"): parties from the
@@ -618,6 +626,8 @@ class HttpReceiver(Plugin):
     ]
     endpoint_prefix = "in"
     endpoint_lookup = "handler"
+    #: it applies openpgp_decrypt and openpgp_verify itself (docs/openpgp.md)
+    openpgp_intake = True
     endpoint_label = "HTTP receiver"
     takes_tokens = True
     # an Idempotency-Key is honoured only until its expiry (the lookup checks it), so

@@ -199,7 +199,9 @@ def test_instance_create_get_update_list(api, record_dir):
     created = response.get_json()
     assert created["config"] == {"record_dir": str(record_dir), "sleep": 0.0,
                                  "fail_attempts": 0, "error_class": "connection",
-                                 "claim_batch": 1}
+                                 "claim_batch": 1,
+                                 # the core's fields of every target (docs/openpgp.md)
+                                 "openpgp_encrypt": False, "openpgp_sign": False}
     assert (created["enabled"], created["max_concurrent_deliveries"]) == (True, 3)
     assert created["retry_policy"]["max_attempts"] == 2
     assert api.get("/api/v1/plugins/configs/writer").get_json() == created
@@ -257,7 +259,8 @@ def test_secrets_are_masked_and_kept_when_sent_back(api, session, registry):
     assert response.status_code == 200
     session.expire_all()
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == "poster"))
-    assert row.config == {"url": "https://example.test/v2", "password": "s3cret"}
+    assert row.config == {"url": "https://example.test/v2", "password": "s3cret",
+                          "openpgp_encrypt": False, "openpgp_sign": False}
 
 
 def test_instance_delete_refused_while_a_route_uses_it(api, configured):

@@ -492,7 +492,8 @@ def test_the_configuration_defaults_and_the_relative_base_refused(hub, out):
     row = hub.instance("writer", "file_writer", config={"base_directory": str(out)})
     assert row.config == {"base_directory": str(out),
                           "filename_pattern": "{original_filename|message_id}",
-                          "overwrite": False, "payload_stage": "unpacked"}
+                          "overwrite": False, "payload_stage": "unpacked",
+                          "openpgp_encrypt": False, "openpgp_sign": False}
     with pytest.raises(ServiceError) as caught:
         hub.instance("writer2", "file_writer", config={"base_directory": "out"})
     assert caught.value.details["config"]["base_directory"] == "must be an absolute path"

@@ -11,6 +11,7 @@ import b2bhub.api.schemas as s
 from b2bhub.api.blueprint import SERVER_CHECKS, ApiError, bp, document_operation, role_for
 from b2bhub.api.inputs import json_object
 from b2bhub.config.extensions import db
+from b2bhub.engine.history import add_line
 from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.runtime import hub
 from b2bhub.services import config as svc
@@ -106,8 +107,16 @@ def put_profile(collection: str, name: str, kind: str):
     found = profile_kind(hub.registry(), kind)
     body = json_object(found.fields())
     shown = found.save(db.session, KINDS[collection], name, body)
+    described = found.describe(shown)
+    _changed(f"saved the {found.label or found.kind} profile of {KINDS[collection]} {name}"
+             + (f" ({described})" if described else ""))
     db.session.commit()
     return jsonify(shown)
+
+
+def _changed(text: str) -> None:
+    """The ``config_changed`` line of a profile's change, naming the token's user."""
+    add_line(db.session, None, "config_changed", f"{g.actor}: {text}", actor=g.actor)
 
 
 def delete_profile(collection: str, name: str, kind: str):
@@ -121,6 +130,8 @@ def delete_profile(collection: str, name: str, kind: str):
     except NotFound:
         return Response(status=204)
     found.delete(db.session, KINDS[collection], party.name)
+    _changed(f"deleted the {found.label or found.kind} profile of {KINDS[collection]} "
+             f"{party.name}")
     db.session.commit()
     return Response(status=204)
 

@@ -24,6 +24,7 @@ from b2bhub.engine.ack_waits import party_acks
 from b2bhub.engine.dispatch import NewMessage, store_and_dispatch_many, store_refused
 from b2bhub.engine.envelope_parties import SOURCE, by_envelope
 from b2bhub.engine.history import raise_alert
+from b2bhub.engine.openpgp_stages import REFUSED_LINE
 from b2bhub.models import Message, MessageAttribute
 
 #: ``edi_errors``: an interchange with envelope errors is delivered, its history listing
@@ -93,7 +94,9 @@ def check_intake(session: Session, new: NewMessage, checks: IntakeChecks, now: d
     if envelope is None:
         envelope = envelope_of(new)
     errors = envelope.get("edi_error", [])
-    reasons, lines = [], []
+    # a payload the source's unpacking refused (OpenPGP: docs/openpgp.md)
+    reasons = [line["text"] for line in new.lines if line.get("type") == REFUSED_LINE]
+    new.lines, lines = [line for line in new.lines if line.get("type") != REFUSED_LINE], []
     if errors:
         text = "envelope errors: " + "; ".join(errors)
         if checks.edi_errors == REFUSE:

@@ -28,7 +28,8 @@ from b2bhub.engine import collection
 from b2bhub.engine.dispatch import NewMessage
 from b2bhub.engine.envelope_checks import SOURCE, IntakeChecks, store_checked_many
 from b2bhub.engine.history import connection
-from b2bhub.engine.inspection import attribute_rows, inspect_bytes, message_rows
+from b2bhub.engine.inspection import inspect_bytes, message_rows
+from b2bhub.engine.openpgp_stages import Unpacked, Unpacker
 from b2bhub.engine.rows import insert_rows
 from b2bhub.engine.staging import StagingRead
 from b2bhub.models import Party, PollerPickup, Setting, utcnow
@@ -72,8 +73,8 @@ class _Staged:
     filename: str
     stored: StoredPayload
     correlation_id: str | None = None
-    #: its message_attributes (and acknowledgment rows); None: read from the store
-    rows: list[tuple] | None = None
+    rows: list[tuple] | None = None  # its inspection's, from the bytes read (staging.py)
+    got: Unpacked | None = None  # its stages, rows and lines (openpgp_stages.Unpacker)
 
 
 class SourceIntake:
@@ -83,9 +84,10 @@ class SourceIntake:
                  fence: Fence | None = None, clock: Callable[[], datetime] = utcnow,
                  should_stop: Callable[[], bool] = lambda: False,
                  batch_size: int = BATCH_SIZE, parties_from: str = SOURCE,
-                 checks: IntakeChecks | None = None):
+                 checks: IntakeChecks | None = None, config: dict | None = None):
         self.session, self.store, self.instance_name = session, store, instance_name
         self.fence, self.clock, self.should_stop = fence or Fence(), clock, should_stop
+        self.unpack = Unpacker(session, store, config, keep_alive=self.fence.keep_alive)
         self.batch_size, self.checks = batch_size, checks or IntakeChecks(parties_from)
         self.made: list[int] = []
         self._staged: list[_Staged] = []
@@ -195,16 +197,14 @@ class SourceIntake:
         """Store one message in a transaction of its own; returns its id."""
         held = isinstance(payload, bytes | bytearray | memoryview)
         stored = self.store.put(reading := payload if held else StagingRead(payload, self.fence))
-        rows = _held_rows(stored, reading)
-        if rows is None:  # a large stream: inspected from the store
-            rows = attribute_rows(self.store, stored.digest, waits=True)
+        got = self.unpack(from_party, to_party, stored, self._held_rows(stored, reading))
         now = self.clock()
         try:
             self.fence.check(self.session, now)
             [message_id] = store_checked_many(self.session, [NewMessage(
                 source=self.instance_name, from_party=from_party, to_party=to_party,
-                stages={"unpacked": (stored.digest, stored.size)}, original_filename=filename,
-                correlation_id=correlation_id, rows=rows + kw.pop("rows", []),
+                stages=got.stages, original_filename=filename, lines=got.lines,
+                correlation_id=correlation_id, rows=got.rows + kw.pop("rows", []),
                 **kw)], self.checks, now)
             self.session.commit()
         except BaseException:
@@ -234,8 +234,7 @@ class SourceIntake:
         return True
 
     def _stage(self, file: PickedFile) -> tuple[StoredPayload, list[tuple] | None] | None:
-        """The file in the batch's payloads and its inspection's rows from the bytes read
-        (None for a large file: from the store); None if it changed or could not be read."""
+        """The file in the batch's payloads and its rows (:meth:`_held_rows`); or None."""
         try:
             with file.open() as stream:
                 # A source's file with a ``path`` (the poller's take_by_link) goes in
@@ -244,7 +243,7 @@ class SourceIntake:
                 reading = StagingRead(stream, self.fence)
                 stored = self._payloads.put(reading, link=getattr(file, "path", None))
             if stored.size == file.size and file.unchanged():
-                return stored, _held_rows(stored, reading)
+                return stored, self._held_rows(stored, reading)
             self._payloads.drop(stored)
             reason = "it changed while being read"
         except OSError as exc:
@@ -252,6 +251,13 @@ class SourceIntake:
         log.info("%s: %s not taken: %s; it is looked at again", self.instance_name,
                  file.relative, reason)
         return None
+
+    def _held_rows(self, stored: StoredPayload, reading: Any) -> list[tuple] | None:
+        """The inspection's rows from the bytes read, if held and not to be unpacked."""
+        held = reading.held(stored.size) if isinstance(reading, StagingRead) else reading
+        if held is None or self.unpack.transforms:
+            return None
+        return message_rows(inspect_bytes(bytes(held)))
 
     def flush(self) -> list[int]:
         """Commit the staged files as messages with their pickups, then remove them
@@ -268,8 +274,8 @@ class SourceIntake:
             self._payloads.discard()
             raise
         for staged in batch:  # read before the transaction, not while it holds locks
-            if staged.rows is None:
-                staged.rows = attribute_rows(self.store, staged.stored.digest, waits=True)
+            staged.got = self.unpack(staged.from_party, staged.to_party, staged.stored,
+                                     staged.rows)
         pickups, made = self._commit(batch)
         self._removing = {staged.file.relative for staged in batch}
         self._removal = self._remover().submit(self._remove, batch, pickups)
@@ -328,9 +334,9 @@ class SourceIntake:
         return pickups, made
 
     def _new_message(self, staged: _Staged) -> NewMessage:
-        return NewMessage(self.instance_name, staged.from_party, staged.to_party, {
-            "unpacked": (staged.stored.digest, staged.stored.size)}, staged.filename,
-            correlation_id=staged.correlation_id, rows=staged.rows)
+        return NewMessage(self.instance_name, staged.from_party, staged.to_party,
+                          staged.got.stages, staged.filename, lines=staged.got.lines,
+                          correlation_id=staged.correlation_id, rows=staged.got.rows)
 
     def _insert_pickups(self, fresh: list[_Staged], made: list[int], now: datetime
                         ) -> dict[int, int]:
@@ -437,12 +443,6 @@ def _removals_durable(files: list[PickedFile], instance: str) -> list[PickedFile
                         "pickup is kept", instance, file.relative, exc)
             done[key] = False
     return [f for f in files if done.get(getattr(f, "directory", id(f)), True)]
-
-
-def _held_rows(stored: StoredPayload, reading: Any) -> list[tuple] | None:
-    """The rows of a payload's inspection from its bytes, if they were held."""
-    held = reading.held(stored.size) if isinstance(reading, StagingRead) else reading
-    return None if held is None else message_rows(inspect_bytes(bytes(held)))
 
 
 def _key(file: PickedFile, digest: str) -> tuple:

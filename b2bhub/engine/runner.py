@@ -31,7 +31,7 @@ from b2bhub.domain import business_rules
 from b2bhub.domain.callbacks import CallbackTokens, receipt_ref
 from b2bhub.domain.outcome import Outcome, OutcomeKind
 from b2bhub.domain.retry import RetryPolicy, Strategy, merge
-from b2bhub.engine import faults
+from b2bhub.engine import faults, openpgp_stages
 from b2bhub.engine.machine import claiming, lanes, settlement
 from b2bhub.engine.machine.claiming import Claim
 from b2bhub.engine.settings import DeliverySettings, load_settings
@@ -420,7 +420,7 @@ class TargetRunner:
                 "b2bhub.attempt": delivery.attempt,
                 "b2bhub.correlation_id": delivery.correlation_id}) as span:
             try:
-                context.outcome = plugin.deliver(delivery, payloads, context)
+                context.outcome = openpgp_stages.deliver(plugin, delivery, payloads, context)
             except AttemptCancelled:
                 raise
             except Exception as exc:  # a plugin bug is a failed attempt, not a dead worker

@@ -232,7 +232,7 @@ class SourceRunner:
             return ScanReport(reason=f"{row.name} could not start")
         intake = SourceIntake(session, self.store, row.name, fence=lease, clock=self.clock,
                               should_stop=self.should_stop, batch_size=self.batch_size,
-                              checks=IntakeChecks.of(row))
+                              checks=IntakeChecks.of(row), config=row.config)
         report = ScanReport(ran=True)
         try:
             plugin.poll(intake)

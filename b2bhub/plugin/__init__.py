@@ -372,6 +372,9 @@ class ProfileKind:
     #: a list of :class:`b2bhub.plugin.schema.Field`: the fields ``save`` takes (the UI
     #: form without ``ui_page`` is drawn from it; ``secret`` fields are never shown)
     schema: list = []
+    #: (label, key) of what the page drawn from the schema shows of a stored profile
+    #: before its fields (values :meth:`get` answers that no form takes: a fingerprint)
+    shown: tuple = ()
 
     def fields(self) -> tuple[str, ...]:
         """The names a PUT may carry (default: the schema's)."""
@@ -580,6 +583,11 @@ _PROTOCOL_API = {
     "store_checked_many": "b2bhub.engine.envelope_checks:store_checked_many",
     "store_intake_refusal": "b2bhub.engine.envelope_checks:store_intake_refusal",
     "alert_duplicates": "b2bhub.engine.envelope_checks:alert_duplicates",
+    # OpenPGP at intake (docs/openpgp.md) for a source that stores its messages itself:
+    # ``openpgp_unpacker(session, store, config, commit=False)(from, to, stored)``
+    # gives the stages, rows and lines of the message (a refusal among its lines, which
+    # check_intake turns into an IntakeRefusal); the type sets ``openpgp_intake = True``
+    "openpgp_unpacker": "b2bhub.engine.openpgp_stages:Unpacker",
     # EDI inspection of what a receiver holds (docs/edi.md): bytes in memory, or a
     # stream read through to the payload store; the attributes as a message's rows;
     # parties from the envelope

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from b2bhub.config import environment
-from b2bhub.plugin.schema import schema_problem
+from b2bhub.plugin.schema import Field, schema_problem
 
 __all__ = ["GROUP", "ROLES", "PluginRegistry", "get_registry", "plugin_problem", "registry"]
 
@@ -71,6 +71,47 @@ def _hook_problem(cls: type) -> str | None:
     return None
 
 
+#: the configuration fields the core adds to every source type and every target type
+#: (OpenPGP, docs/openpgp.md): the core applies them, around the plugin, which never
+#: needs to read them
+SOURCE_FIELDS = (
+    Field("openpgp_decrypt", "boolean", False, label="OpenPGP: decrypt",
+          help="Decrypt what is received with the key pair of the organization it is "
+               "sent to (its openpgp profile): stored as raw, decrypted as unpacked; a "
+               "message that is not encrypted to that key is refused"),
+    Field("openpgp_verify", "boolean", False, label="OpenPGP: verify signature",
+          help="Require a good OpenPGP signature by the sender's key (the partner's "
+               "openpgp profile); a bad signature, none or another key's is refused"),
+)
+TARGET_FIELDS = (
+    Field("openpgp_encrypt", "boolean", False, label="OpenPGP: encrypt",
+          help="Encrypt the stage this target sends to the recipient's public key (its "
+               "openpgp profile), stored as the message's sent stage"),
+    Field("openpgp_sign", "boolean", False, label="OpenPGP: sign",
+          help="Sign the stage this target sends with the sending organization's key "
+               "pair (its openpgp profile)"),
+)
+
+
+def with_core_fields(cls: type) -> type:
+    """Add :data:`SOURCE_FIELDS` / :data:`TARGET_FIELDS` to a type's ``config_schema``
+    by its roles (a field of the same name the type declares itself is kept). The
+    source fields go to the sources whose messages the core stores (the scheduled
+    ones); a source with a receiving endpoint stores its messages itself and gets them
+    when it says it applies them (``openpgp_intake = True``, through the plugin
+    interface's ``openpgp_unpacker``)."""
+    schema = list(getattr(cls, "config_schema", []))
+    names = {f.name for f in schema}
+    stores_itself = getattr(cls, "endpoint_prefix", None) is not None and not getattr(
+        cls, "openpgp_intake", False)
+    roles = {role for role in cls.roles if not (role == "source" and stores_itself)}
+    added = [f for role, fields in (("source", SOURCE_FIELDS), ("target", TARGET_FIELDS))
+             if role in roles for f in fields if f.name not in names]
+    if added:
+        cls.config_schema = [*schema, *added]
+    return cls
+
+
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -112,7 +153,7 @@ class PluginRegistry:
             log.warning("plugin %r from %s skipped: %s", name, dist, problem)
             self.failures[name] = problem
             return
-        self._types[name] = cls
+        self._types[name] = with_core_fields(cls)
 
     def _clash(self, cls: type) -> str | None:
         """A message if another class already holds this type name."""
@@ -128,7 +169,7 @@ class PluginRegistry:
         problem = plugin_problem(cls) or self._clash(cls)
         if problem is not None:
             raise ValueError(problem)
-        self._types[cls.type_name] = cls
+        self._types[cls.type_name] = with_core_fields(cls)
         return cls
 
     def get(self, type_name: str) -> type:

@@ -54,7 +54,9 @@ def _load_profile(session: Session, item: dict, n: int, registry) -> None:
     from b2bhub.services.profiles import profile_kinds
     name = _field(item, "party", "profiles", n)
     kinds = profile_kinds(registry)
-    protocol = item.get("protocol", next(iter(kinds)) if len(kinds) == 1 else None)
+    # older files knew the plugins' kinds alone, not the core's own (openpgp)
+    older = [kind for kind in kinds if kind != "openpgp"]
+    protocol = item.get("protocol", older[0] if len(older) == 1 else None)
     if protocol not in kinds:
         raise ServiceError(f"profile {n}: unknown protocol {item.get('protocol')!r}")
     party = session.query(Party).filter_by(name=name).one_or_none()

@@ -18,8 +18,11 @@ from b2bhub.services.errors import NotFound
 
 
 def profile_kinds(registry) -> dict:
-    """Every profile kind of the registered types, by kind, sorted."""
-    kinds: dict = {}
+    """Every profile kind of the registered types, and the core's own (``openpgp``:
+    :mod:`b2bhub.services.openpgp_profiles`), by kind, sorted."""
+    from b2bhub.services.openpgp_profiles import OPENPGP_PROFILES
+
+    kinds: dict = {OPENPGP_PROFILES.kind: OPENPGP_PROFILES}
     for cls in registry.types().values():
         for kind in getattr(cls, "profile_kinds", ()) or ():
             kinds.setdefault(kind.kind, kind)
