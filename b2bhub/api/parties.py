@@ -15,7 +15,12 @@ from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services.errors import NotFound
-from b2bhub.services.profiles import profile_kind, profile_kinds, run_connection_test
+from b2bhub.services.profiles import (
+    profile_kind,
+    profile_kinds,
+    run_connection_test,
+    run_profile_action,
+)
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
 
@@ -125,6 +130,18 @@ def delete_profile(collection: str, name: str, kind: str):
     return Response(status=204)
 
 
+def profile_action(collection: str, name: str, kind: str, action: str):
+    """An operator's action on the profile (the kind's ``actions``: SFTP's
+    ``fetch_host_key``, ``pin_host_key``, ``unpin_host_key``); its history line names
+    the caller. 404 for an action the kind does not offer."""
+    found = profile_kind(hub.registry(), kind)
+    body = json_object(tuple(found.action_schemas().get(action, {}).get("properties", {})))
+    answer = run_profile_action(db.session, found, KINDS[collection], name, action, body,
+                                g.actor)
+    db.session.commit()
+    return jsonify(answer)
+
+
 PROFILE_VIEWS = {"GET": get_profile, "PUT": put_profile, "DELETE": delete_profile}
 for _many in KINDS:
     for _method, _view in PROFILE_VIEWS.items():
@@ -132,6 +149,9 @@ for _many in KINDS:
         Blueprint.add_url_rule(bp, f"/{_many}/<name>/profiles/<kind>",
                                f"{_method.lower()}_{_many}_profile", _view,
                                methods=[_method], defaults={"collection": _many})
+    Blueprint.add_url_rule(bp, f"/{_many}/<name>/profiles/<kind>/actions/<action>",
+                           f"{_many}_profile_action", profile_action, methods=["POST"],
+                           defaults={"collection": _many})
 
 
 @bp.document_hook
@@ -168,9 +188,25 @@ def document_profiles(doc: dict, registry) -> None:
                 document_operation(operation, role_for(view, method.upper()))
             if shapes.get("server_checks"):
                 operations["put"][SERVER_CHECKS] = list(shapes["server_checks"])
+            name_parameter = [{"in": "path", "name": "name", "required": True,
+                               "schema": {"type": "string", "minLength": 1}}]
             doc["paths"][f"{bp.url_prefix}/{many}/{{name}}/profiles/{kind}"] = {
-                **operations, "parameters": [{"in": "path", "name": "name", "required": True,
-                                              "schema": {"type": "string", "minLength": 1}}]}
+                **operations, "parameters": name_parameter}
+            for action, body in found.action_schemas().items():
+                operation = {
+                    "summary": f"{action.replace('_', ' ').capitalize()} ({an} {one}'s "
+                               f"{label})",
+                    "operationId": f"{action}_{one}_{kind}_profile", "tags": ["parties"],
+                    "description": inspect.cleandoc(profile_action.__doc__ or ""),
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": body}}},
+                    "responses": {200: {"description": "OK", "content": {
+                        "application/json": {"schema": {"type": "object"}}}},
+                        400: None, 404: None}}
+                operation[SERVER_CHECKS] = list(body.get("properties", {}))
+                document_operation(operation, role_for(profile_action, "POST"))
+                doc["paths"][f"{bp.url_prefix}/{many}/{{name}}/profiles/{kind}/actions/"
+                             f"{action}"] = {"post": operation, "parameters": name_parameter}
 
 
 @bp.post("/partners/<name>/profiles/<kind>/test")

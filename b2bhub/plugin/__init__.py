@@ -48,6 +48,10 @@ AS2 (``plugins/as2/``) is built from them alone:
   button, and shows the :class:`ConnectionTest` it returns step by step. Its test
   message is stored with ``store_test_message`` (never routed) and ended with
   ``finish_test_message``.
+* **profile actions**: ``ProfileKind.actions`` names operator actions beyond a save
+  (SFTP's host key: fetch it, pin it), served at
+  ``POST /{organizations,partners}/<name>/profiles/<kind>/actions/<action>`` (admin)
+  and run by :meth:`ProfileKind.run_action`, which writes its own history lines.
 * **periodic jobs**: ``periodic_jobs = (PeriodicJob(name, run, every=seconds),)`` or
   ``at="HH:MM"`` (UTC, daily); beat schedules them, ``run_job_soon(name)`` asks a worker
   to run one now. ``run(session, store, now)`` commits its own work or leaves it to the
@@ -406,6 +410,23 @@ class ProfileKind:
 
     #: ``ui_page(party, shown, defaults) -> response`` may be set to draw the page itself
 
+    #: the operator's actions on a profile beyond saving it (SFTP: fetch and pin the
+    #: server's host key); the core serves each at ``POST /{organizations,partners}/
+    #: <name>/profiles/<kind>/actions/<action>`` (admin) with a JSON object body and
+    #: answers what :meth:`run_action` returns; the kind writes its own history lines
+    actions: tuple[str, ...] = ()
+
+    def action_schemas(self) -> dict[str, dict]:
+        """Each action's body as JSON Schema, for the OpenAPI document (default: any
+        object)."""
+        return {action: {"type": "object"} for action in self.actions}
+
+    def run_action(self, session, party_kind: str, name: str, action: str, body: dict,
+                   actor: str) -> dict:
+        """Run one of :attr:`actions` for ``actor``; the answer as JSON. Refuse with
+        :class:`ServiceError`, :class:`NotFound`; the core commits."""
+        raise NotImplementedError
+
     #: whether :meth:`test_connection` is offered (for partners' profiles)
     can_test: bool = False
 
@@ -646,6 +667,7 @@ _PROTOCOL_API = {
     # configuration fields and retry schedules
     "Field": "b2bhub.plugin.schema:Field",
     "RetryPolicy": "b2bhub.domain.retry:RetryPolicy",
+    "RetryRule": "b2bhub.domain.retry:RetryRule",
     "Strategy": "b2bhub.domain.retry:Strategy",
     # a plugin's own UI page (``ProfileKind.ui_page``): the core's form helpers
     "ui_submit": "b2bhub.web.kit:submit",
