@@ -395,6 +395,8 @@ class Connection:
                 raise classify(exc, f"connecting to {endpoint.where}") from None
             raise
         self.transport = transport
+        #: directories this connection made or found (the writer skips their check)
+        self.known_dirs: set[str] = set()
         self.last_used = time.monotonic()
         self.lock = threading.Lock()
 
@@ -461,15 +463,17 @@ class Connection:
             handle.prefetch()
         return handle
 
-    def write_stream(self, path: str, stream: IO[bytes], window: int = WRITE_WINDOW) -> int:
-        """Create ``path`` and write ``stream`` into it; its size. Writes of 32 KiB go
-        ahead of their answers, at most ``window`` of them in flight (1 MiB in memory
-        whatever the file's size), and every answer is checked before the file is
-        closed: paramiko's own pipelined writes drop a failed write's status (ENOSPC
-        halfway would leave a short file, or a hole), so the requests are sent here
-        with the file as the receiver of their answers, which keeps the first error."""
+    def write_stream(self, path: str, stream: IO[bytes], window: int = WRITE_WINDOW,
+                     remote: paramiko.SFTPFile | None = None) -> int:
+        """Create ``path`` (or take ``remote``, the file opened already) and write
+        ``stream`` into it; its size. Writes of 32 KiB go ahead of their answers, at
+        most ``window`` of them in flight (1 MiB in memory whatever the file's size),
+        and every answer is checked before the file is closed: paramiko's own pipelined
+        writes drop a failed write's status (ENOSPC halfway would leave a short file,
+        or a hole), so the requests are sent here with the file as the receiver of
+        their answers, which keeps the first error."""
         sftp = self.sftp
-        remote = sftp.open(path, "wb")
+        remote = remote if remote is not None else sftp.open(path, "wb")
         try:
             offset, in_flight = 0, 0
             while chunk := stream.read(WRITE_REQUEST * 32):

@@ -29,6 +29,7 @@ The probe connects (a connection of its own, closed after) and stats the directo
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import posixpath
 import re
@@ -102,7 +103,7 @@ class SftpWriter(Plugin):
     description = ("Uploads each message to a file on an SFTP server (pinned host key, "
                    "temporary name then rename).")
     default_retry_policy = SFTP_DEFAULT
-    claim_batch = 1
+    claim_batch = 8
     profile_kinds = (PROFILE_KIND,)
     config_schema = [
         Field("connection", "choice", label="Connection", default="instance",
@@ -193,13 +194,15 @@ class SftpWriter(Plugin):
                  payload: PayloadReader, context: TargetContext, reattempt: bool
                  ) -> Outcome:
         directory = posixpath.dirname(final)
+        tmp = posixpath.join(directory, f".b2bhub-{secrets.token_hex(8)}.part")
         for fresh in (False, True):
             with POOL.connection(owner, endpoint, fresh=fresh) as (conn, reused):
                 try:
-                    conn.makedirs(directory)
-                    found = conn.stat(final)
+                    if reattempt and not self.overwrite and conn.stat(final) is not None:
+                        return self._taken(conn, final, relative, payload, reattempt)
+                    remote = self._create(conn, directory, tmp)
                 except Exception as exc:
-                    failure = classify(exc, f"looking at {directory}")
+                    failure = classify(exc, f"creating a file in {directory}")
                     if reused and not fresh and failure.error_class in (
                             "connection", "timeout"):
                         # a kept connection the server dropped meanwhile (restarted,
@@ -207,21 +210,34 @@ class SftpWriter(Plugin):
                         POOL.discard(owner, endpoint, conn)
                         continue
                     raise failure from None
-                return self._upload(conn, final, relative, found, payload, context,
+                return self._upload(conn, remote, tmp, final, relative, payload, context,
                                     reattempt)
         raise SftpError("connection", "the connection was lost twice")
 
-    def _upload(self, conn: Connection, final: str, relative: str, found,
+    def _create(self, conn: Connection, directory: str, tmp: str):
+        """The temporary file opened for writing. Its directory is made (with its
+        parents) when this connection has not seen it yet, or when it was removed
+        since; a directory it has seen costs no round trip."""
+        if directory in conn.known_dirs:
+            try:
+                return conn.sftp.open(tmp, "wb")
+            except OSError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+                conn.known_dirs.discard(directory)
+        conn.makedirs(directory)
+        conn.known_dirs.add(directory)
+        self._sweep(conn, directory)
+        return conn.sftp.open(tmp, "wb")
+
+    def _upload(self, conn: Connection, remote, tmp: str, final: str, relative: str,
                 payload: PayloadReader, context: TargetContext, reattempt: bool
                 ) -> Outcome:
-        directory, name = posixpath.split(final)
-        if found is not None and not self.overwrite:
-            return self._taken(conn, final, relative, payload, reattempt)
-        self._sweep(conn, directory)
-        tmp = posixpath.join(directory, f".b2bhub-{secrets.token_hex(8)}.part")
+        directory = posixpath.dirname(final)
         context.wire_started()
         try:
-            size = self._write(conn, tmp, payload)
+            with payload.open(self.stage) as stream:
+                size = conn.write_stream(tmp, stream, remote=remote)
             if self.chmod is not None:
                 conn.sftp.chmod(tmp, self.chmod)
             placed = conn.rename(tmp, final, self.overwrite)
@@ -240,11 +256,6 @@ class SftpWriter(Plugin):
             _remove_quietly(conn, tmp)
             return self._taken(conn, final, relative, payload, reattempt)
         return Outcome.delivered(f"uploaded {final} ({size} bytes)", file=final, size=size)
-
-    def _write(self, conn: Connection, tmp: str, payload: PayloadReader) -> int:
-        """Stream the stage into ``tmp``; its size (:meth:`Connection.write_stream`)."""
-        with payload.open(self.stage) as stream:
-            return conn.write_stream(tmp, stream)
 
     def _taken(self, conn: Connection, final: str, relative: str, payload: PayloadReader,
                reattempt: bool) -> Outcome:
