@@ -197,7 +197,7 @@ def test_host_key_parsing():
     assert key.fingerprint.startswith("SHA256:") and len(key.fingerprint) == 50
     assert HostKey.parse(f"host1,host2 {line}") == key
     for bad in ("", "ssh-ed25519", "ssh-rsa AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKL"
-                "sabgH5C9okWi0dh2l9GKJl", "one\ntwo", "ssh-dss AAAA"):
+                "sabgH5C9okWi0dh2l9GKJl", "one\ntwo", "ssh-dss AAAA", f"@cert-authority * {line}"):
         with pytest.raises(ValueError):
             HostKey.parse(bad)
 

@@ -193,6 +193,21 @@ def test_a_changed_host_key_fails_at_once_with_an_alert_and_sends_nothing(
         server.close()
 
 
+def test_a_pinned_key_of_a_type_the_server_does_not_have_is_a_mismatch(
+        hub, session, registry, clock, writer, remote, tmp_path):
+    """Pinned: an ECDSA key; the server has only its ed25519 one (another server, or one
+    re-installed with other keys): a host-key mismatch, not a connection error."""
+    other = keygen(tmp_path / "other_host", "ecdsa", 256)
+    writer(host_key=other.with_suffix(".pub").read_text())
+    message = hub.message(source="inbox", body=BODY, filename="x.xml", now=clock())
+    drain(hub, registry, clock)
+    assert state(session, message) == ("failed", "error", 1)
+    line = history(session, message)[-1]
+    assert "host key mismatch" in line and "offers no ecdsa-sha2-nistp256 key" in line
+    assert "error class host_key" in line
+    assert files_below(remote) == []
+
+
 def test_an_instance_without_a_pinned_host_key_is_refused_when_saved(hub, sshd):
     hub.parties()
     with pytest.raises(ServiceError) as refused:

@@ -94,6 +94,9 @@ class HostKey:
                  if line.strip() and not line.lstrip().startswith("#")]
         if len(lines) != 1:
             raise ValueError("give one host key (one line)")
+        if lines[0].lstrip().startswith("@"):  # @cert-authority, @revoked
+            raise ValueError("a marked known_hosts line (@cert-authority, @revoked) is "
+                             "not a host key to pin")
         words = lines[0].split()
         for n, word in enumerate(words[:-1]):
             if word in KEY_TYPES:
@@ -314,6 +317,13 @@ def _transport(host: str, port: int, timeout: float, key_type: str | None
         transport.start_client(timeout=timeout)
     except Exception as exc:
         transport.close()
+        if key_type and isinstance(exc, paramiko.SSHException) \
+                and "host key" in str(exc).lower():
+            # the server has no key of the pinned type at all: another server, or
+            # one re-installed with other keys
+            raise SftpError("host_key", f"host key mismatch: {host}:{port} offers no "
+                            f"{key_type} key, the pinned one's type; nothing was sent"
+                            ) from None
         raise classify(exc, f"SSH handshake with {host}:{port}") from None
     return transport
 
