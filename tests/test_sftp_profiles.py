@@ -63,6 +63,18 @@ def test_secrets_are_shown_masked_and_kept_when_sent_back(api, sshd, tmp_path):
     assert api.put(PROFILE, json={"private_key": None}).get_json()["private_key"] is None
 
 
+def test_saves_and_deletes_through_the_api_are_in_the_history_with_the_caller(
+        api, sshd, session):
+    save(api, sshd)
+    save(api, sshd, port=sshd.port)
+    assert api.delete(PROFILE).status_code == 204
+    where = f"{USER}@127.0.0.1:{sshd.port}"
+    assert config_lines(session)[-3:] == [
+        ("tests", f"tests: created the SFTP profile of partner acme ({where})"),
+        ("tests", f"tests: changed the SFTP profile of partner acme ({where})"),
+        ("tests", "tests: deleted the SFTP profile of partner acme")]
+
+
 def test_a_bad_private_key_or_no_credential_is_refused(api, sshd):
     bad = api.put(PROFILE, json={"host": "h", "username": "u",
                                  "private_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n"})

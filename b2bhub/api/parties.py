@@ -11,6 +11,7 @@ import b2bhub.api.schemas as s
 from b2bhub.api.blueprint import SERVER_CHECKS, ApiError, bp, document_operation, role_for
 from b2bhub.api.inputs import json_object
 from b2bhub.config.extensions import db
+from b2bhub.engine.history import add_line
 from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.runtime import hub
 from b2bhub.services import config as svc
@@ -110,9 +111,23 @@ def put_profile(collection: str, name: str, kind: str):
     never shown again."""
     found = profile_kind(hub.registry(), kind)
     body = json_object(found.fields())
+    try:
+        found.get(db.session, KINDS[collection], name)
+        created = False
+    except NotFound:
+        created = True
     shown = found.save(db.session, KINDS[collection], name, body)
+    described = found.describe(shown)
+    _record(f"{'created' if created else 'changed'} the {found.label or kind} profile of "
+            f"{KINDS[collection]} {name}" + (f" ({described})" if described else ""))
     db.session.commit()
     return jsonify(shown)
+
+
+def _record(text: str) -> None:
+    """A profile saved or deleted through the API is in the history as one saved on its
+    page is: a ``config_changed`` line naming the caller."""
+    add_line(db.session, None, "config_changed", f"{g.actor}: {text}", actor=g.actor)
 
 
 def delete_profile(collection: str, name: str, kind: str):
@@ -126,6 +141,7 @@ def delete_profile(collection: str, name: str, kind: str):
     except NotFound:
         return Response(status=204)
     found.delete(db.session, KINDS[collection], party.name)
+    _record(f"deleted the {found.label or kind} profile of {KINDS[collection]} {party.name}")
     db.session.commit()
     return Response(status=204)
 
