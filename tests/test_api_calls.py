@@ -74,7 +74,12 @@ def test_the_openapi_document_is_valid_and_lists_every_api_route(app, spec):
             if path.endswith("/profiles/{}/actions/{}"):
                 paths = [path.replace("/profiles/{}/actions/{}",
                                       f"/profiles/{kind}/actions/{action}")
-                         for kind, found in kinds.items() for action in found.actions]
+                         for kind, found in kinds.items()
+                         for action in getattr(found, "actions", ())]
+            if path.endswith("/plugins/configs/{}/actions/{}"):
+                types = app.extensions["b2bhub.plugin.registry"].types().values()
+                paths = [path.replace("/actions/{}", f"/actions/{action}") for cls in types
+                         for action in getattr(cls, "instance_actions", ())]
             served |= {(p, m) for p in paths for m in rule.methods - {"HEAD", "OPTIONS"}}
     assert served and served == documented
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

@@ -96,3 +96,16 @@ def test_an_admin_creates_an_sftp_writer_from_its_form(browser, acme, hub_url, s
     assert page.input_value("#config-password") == "********"
     assert PASSWORD not in page.content()
     shot(page, "sftp5-writer-form")
+
+    # the server is re-installed with a new host key: the operator fetches it, compares
+    # its fingerprint with the server's own and confirms
+    sshd.new_host_key()
+    page.click("#instance-actions [data-action=fetch_host_key] button")
+    fingerprint = page.inner_text('#action-answer code[data-key="fingerprint"]')
+    assert fingerprint == sshd.fingerprint()
+    shot(page, "sftp6-writer-host-key-fetched")
+    page.click(f"#confirm-action button:has-text('Confirm and pin {fingerprint}')")
+    assert f"Pinned the fetched host key ssh-ed25519 {fingerprint}" in page.inner_text("main")
+    assert page.input_value("#config-host_key") == sshd.host_key
+    assert page.input_value("#config-password") == "********"
+    shot(page, "sftp7-writer-host-key-pinned")

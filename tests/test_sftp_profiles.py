@@ -218,3 +218,43 @@ def test_a_connection_without_a_pinned_key_is_never_attempted(sshd):
     with pytest.raises(SftpError) as refused:
         Connection(Endpoint.from_config(sshd.connection(host_key="")))
     assert refused.value.error_class == "host_key"
+
+
+# --- an sftp_writer instance's own host key ---------------------------------------------
+
+def test_an_instance_fetches_and_pins_its_servers_host_key(api, sshd, session, hub,
+                                                           tmp_path):
+    """The instance was saved with a key the server does not have (pasted from the wrong
+    place); the operator fetches the server's, compares the fingerprint, confirms: the
+    instance's host_key is the server's, and both steps are in the history."""
+    wrong = keygen(tmp_path / "wrong", "ed25519").with_suffix(".pub").read_text()
+    hub.instance("out", "sftp_writer", config={**sshd.connection(host_key=wrong),
+                                               "remote_directory": "/tmp/out"})
+    base = "/api/v1/plugins/configs/out/actions"
+    fetched = api.post(f"{base}/fetch_host_key", json={})
+    assert fetched.status_code == 200
+    assert fetched.get_json()["fingerprint"] == sshd.fingerprint()
+    config = api.get("/api/v1/plugins/configs/out").get_json()["config"]
+    assert config["host_key"] == wrong  # fetching pins nothing
+    assert config["password"] == "********"
+
+    refused = api.post(f"{base}/pin_host_key", json={"fingerprint": "SHA256:" + "B" * 43})
+    assert refused.status_code == 400
+    pinned = api.post(f"{base}/pin_host_key",
+                      json={"fingerprint": fetched.get_json()["fingerprint"]})
+    assert pinned.status_code == 200
+    config = api.get("/api/v1/plugins/configs/out").get_json()["config"]
+    assert config["host_key"] == sshd.host_key
+    assert config["password"] == "********"
+    from b2bhub.plugin import instance_type  # noqa: F401  (the stored secret is kept)
+    from b2bhub.services import config as svc
+    session.expire_all()
+    assert svc.get_instance(session, "out").config["password"] == PASSWORD
+    assert config_lines(session)[-2:] == [
+        ("tests", f"tests: instance out: fetched the host key of 127.0.0.1:{sshd.port}: "
+                  f"ssh-ed25519 {sshd.fingerprint()} (not pinned)"),
+        ("tests", f"tests: instance out: pinned the fetched host key ssh-ed25519 "
+                  f"{sshd.fingerprint()} of 127.0.0.1:{sshd.port}")]
+    assert api.post(f"{base}/reboot", json={}).status_code == 404
+    doc = api.get("/api/v1/openapi.json").get_json()
+    assert "/api/v1/plugins/configs/{name}/actions/pin_host_key" in doc["paths"]

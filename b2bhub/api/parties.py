@@ -151,7 +151,8 @@ def profile_action(collection: str, name: str, kind: str, action: str):
     ``fetch_host_key``, ``pin_host_key``, ``unpin_host_key``); its history line names
     the caller. 404 for an action the kind does not offer."""
     found = profile_kind(hub.registry(), kind)
-    body = json_object(tuple(found.action_schemas().get(action, {}).get("properties", {})))
+    schemas = found.action_schemas() if getattr(found, "actions", ()) else {}
+    body = json_object(tuple(schemas.get(action, {}).get("properties", {})))
     answer = run_profile_action(db.session, found, KINDS[collection], name, action, body,
                                 g.actor)
     db.session.commit()
@@ -208,7 +209,8 @@ def document_profiles(doc: dict, registry) -> None:
                                "schema": {"type": "string", "minLength": 1}}]
             doc["paths"][f"{bp.url_prefix}/{many}/{{name}}/profiles/{kind}"] = {
                 **operations, "parameters": name_parameter}
-            for action, body in found.action_schemas().items():
+            actions = found.action_schemas() if getattr(found, "actions", ()) else {}
+            for action, body in actions.items():
                 operation = {
                     "summary": f"{action.replace('_', ' ').capitalize()} ({an} {one}'s "
                                f"{label})",

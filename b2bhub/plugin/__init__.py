@@ -52,6 +52,11 @@ AS2 (``plugins/as2/``) is built from them alone:
   (SFTP's host key: fetch it, pin it), served at
   ``POST /{organizations,partners}/<name>/profiles/<kind>/actions/<action>`` (admin)
   and run by :meth:`ProfileKind.run_action`, which writes its own history lines.
+* **instance actions**: ``instance_actions = ("fetch_host_key", ...)`` and the class
+  method ``run_instance_action(config, action, body) -> InstanceActionResult``: served
+  at ``POST /api/v1/plugins/configs/<instance>/actions/<action>`` (admin) and as
+  buttons on the instance's page; the core saves the changes it returns and writes its
+  history line naming the operator.
 * **periodic jobs**: ``periodic_jobs = (PeriodicJob(name, run, every=seconds),)`` or
   ``at="HH:MM"`` (UTC, daily); beat schedules them, ``run_job_soon(name)`` asks a worker
   to run one now. ``run(session, store, now)`` commits its own work or leaves it to the
@@ -123,7 +128,7 @@ __all__ = ["ANSWER_BODY_LIMIT", "FILE_WRITER_DEFAULT", "OutcomeKind", "PREREAD",
            "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
            "PickedFile", "Plugin", "PluginStartError", "ProfileKind", "SourceContext",
            "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP",
-           "AckRequest", "Acknowledgment"]
+           "AckRequest", "Acknowledgment", "InstanceActionResult"]
 
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
@@ -440,6 +445,20 @@ class ProfileKind:
 
 
 @dataclass(frozen=True)
+class InstanceActionResult:
+    """What an instance action did: the ``answer`` (JSON) for the caller, the
+    configuration ``changes`` to save (None: none), the history line's ``text`` (the
+    core puts the operator's name first) and, optionally, a follow-up the UI offers as a
+    button (``confirm``: ``{"action", "body", "label"}``, e.g. pinning the key just
+    fetched)."""
+
+    answer: dict
+    text: str
+    changes: dict | None = None
+    confirm: dict | None = None
+
+
+@dataclass(frozen=True)
 class PeriodicJob:
     """Work beat starts every ``every`` seconds, or daily at ``at`` ("HH:MM", UTC).
     ``run(session, store, now)`` returns a count or None; ``expires``: seconds after
@@ -485,6 +504,25 @@ class Plugin:
     migrations: ClassVar[str | None] = None
     #: the type keeps named intake tokens per instance (module docstring)
     takes_tokens: ClassVar[bool] = False
+
+    #: an operator's actions on an instance beyond a save (SFTP: fetch and pin the
+    #: server's host key); the core serves each at ``POST /api/v1/plugins/configs/
+    #: <instance>/actions/<action>`` (admin) and as buttons on the instance's page
+    instance_actions: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def instance_action_schemas(cls) -> dict[str, dict]:
+        """Each instance action's body as JSON Schema (default: any object)."""
+        return {action: {"type": "object"} for action in cls.instance_actions}
+
+    @classmethod
+    def run_instance_action(cls, config: dict[str, Any], action: str, body: dict
+                            ) -> InstanceActionResult:
+        """Run one of :attr:`instance_actions` on an instance of ``config``; refuse with
+        :class:`ServiceError`. The core saves the result's ``config`` changes (checked
+        as a save is), writes its ``text`` as a ``config_changed`` line naming the
+        operator, and answers its ``answer``."""
+        raise NotImplementedError
 
     @classmethod
     def create_token(cls, session, instance: str, name: str, actor: str) -> str:

@@ -181,7 +181,7 @@ class SftpProfiles(ProfileKind):
             raise ServiceError(f"unknown fields: {', '.join(sorted(unknown))}",
                                {f: "unknown" for f in unknown})
         if action == "fetch_host_key":
-            offered = _fetch(settings)
+            offered = fetch(settings)
             _line(session, actor, f"fetched the host key of {where} for {whose}: "
                   f"{offered.type} {offered.fingerprint} (not pinned)")
             return {"host": settings.get("host"), "port": settings.get("port") or 22,
@@ -192,23 +192,7 @@ class SftpProfiles(ProfileKind):
             _save_settings(session, party_kind, name, profile, settings)
             _line(session, actor, f"removed the pinned host key of {whose}")
             return profile_json(_stored(session, party_kind, name))
-        confirmed = body.get("fingerprint")
-        if body.get("key"):
-            try:
-                key = HostKey.parse(body["key"])
-            except ValueError as exc:
-                raise ServiceError(f"key: {exc}", {"key": str(exc)}) from None
-            how = "pasted"
-        else:
-            if not confirmed:
-                raise ServiceError("give the fingerprint you confirmed (or a key)",
-                                   {"fingerprint": "required"})
-            key = _fetch(settings)
-            how = "fetched"
-        if confirmed and confirmed != key.fingerprint:
-            raise ServiceError(
-                f"the {how} key's fingerprint is {key.fingerprint}, not the confirmed "
-                f"{confirmed}; nothing pinned", {"fingerprint": "does not match"})
+        key, how = key_to_pin(settings, body)
         settings["host_key"] = key.line
         _save_settings(session, party_kind, name, profile, settings)
         _line(session, actor, f"pinned the {how} host key {key.type} {key.fingerprint} "
@@ -216,7 +200,32 @@ class SftpProfiles(ProfileKind):
         return profile_json(_stored(session, party_kind, name))
 
 
-def _fetch(settings: dict) -> HostKey:
+def key_to_pin(settings: dict, body: dict) -> tuple[HostKey, str]:
+    """The key a ``pin_host_key`` body confirms, and how it came ("pasted" or
+    "fetched"): a pasted ``key`` (its fingerprint must be ``fingerprint`` when that is
+    given too), or the server's key fetched again now, pinned only when its fingerprint
+    is the confirmed one."""
+    confirmed = body.get("fingerprint")
+    if body.get("key"):
+        try:
+            key = HostKey.parse(body["key"])
+        except ValueError as exc:
+            raise ServiceError(f"key: {exc}", {"key": str(exc)}) from None
+        how = "pasted"
+    else:
+        if not confirmed:
+            raise ServiceError("give the fingerprint you confirmed (or a key)",
+                               {"fingerprint": "required"})
+        key = fetch(settings)
+        how = "fetched"
+    if confirmed and confirmed != key.fingerprint:
+        raise ServiceError(
+            f"the {how} key's fingerprint is {key.fingerprint}, not the confirmed "
+            f"{confirmed}; nothing pinned", {"fingerprint": "does not match"})
+    return key, how
+
+
+def fetch(settings: dict) -> HostKey:
     try:
         return fetch_host_key(settings.get("host") or "", int(settings.get("port") or 22),
                               float(settings.get("connect_timeout") or 15))

@@ -40,12 +40,14 @@ from typing import Any
 
 from b2bhub.plugin import (
     DeliveryInfo,
+    InstanceActionResult,
     Outcome,
     PayloadError,
     PayloadReader,
     Plugin,
     RetryPolicy,
     RetryRule,
+    ServiceError,
     Strategy,
     TargetContext,
     filename_pattern,
@@ -59,7 +61,7 @@ from plugins.sftp.connection import (
     SftpError,
     classify,
 )
-from plugins.sftp.profiles import PROFILE_KIND, endpoint_of_partner
+from plugins.sftp.profiles import PROFILE_KIND, endpoint_of_partner, fetch, key_to_pin
 
 FilenamePattern = filename_pattern.FilenamePattern
 PatternError = filename_pattern.PatternError
@@ -126,6 +128,45 @@ class SftpWriter(Plugin):
         Field("payload_stage", "choice", label="Payload stage", default="unpacked",
               choices=STAGES, help="which recorded stage of the message is written"),
     ]
+
+    instance_actions = ("fetch_host_key", "pin_host_key")
+
+    @classmethod
+    def instance_action_schemas(cls) -> dict[str, dict]:
+        return {action: schema for action, schema in PROFILE_KIND.action_schemas().items()
+                if action in cls.instance_actions}
+
+    @classmethod
+    def run_instance_action(cls, config: dict[str, Any], action: str, body: dict
+                            ) -> InstanceActionResult:
+        """``fetch_host_key``: the key the configured server offers, with its
+        fingerprint, pinned nowhere; ``pin_host_key``: as the ``sftp`` profile's
+        (docs/sftp.md), into this instance's ``host_key``."""
+        if (config.get("connection") or "instance") != "instance":
+            raise ServiceError("this writer connects as each partner's SFTP profile says: "
+                               "pin the host key on the partner's profile",
+                               {"connection": "partner"})
+        unknown = set(body) - set(cls.instance_action_schemas()[action]["properties"])
+        if unknown:
+            raise ServiceError(f"unknown fields: {', '.join(sorted(unknown))}",
+                               {f: "unknown" for f in unknown})
+        where = f"{config.get('host')}:{config.get('port') or 22}"
+        if action == "fetch_host_key":
+            offered = fetch(config)
+            return InstanceActionResult(
+                answer={"host": config.get("host"), "port": config.get("port") or 22,
+                        "key": offered.line, "key_type": offered.type,
+                        "fingerprint": offered.fingerprint, "pinned": False},
+                text=f"fetched the host key of {where}: {offered.type} "
+                     f"{offered.fingerprint} (not pinned)",
+                confirm={"action": "pin_host_key",
+                         "body": {"fingerprint": offered.fingerprint},
+                         "label": f"Confirm and pin {offered.fingerprint}"})
+        key, how = key_to_pin(config, body)
+        return InstanceActionResult(
+            answer={"host_key": key.line, "host_key_fingerprint": key.fingerprint},
+            changes={"host_key": key.line},
+            text=f"pinned the {how} host key {key.type} {key.fingerprint} of {where}")
 
     @classmethod
     def config_problems(cls, config: dict[str, Any]) -> dict[str, str]:
