@@ -448,6 +448,22 @@ def test_a_writer_on_the_partners_profile_connects_as_the_profile_says(
     assert history(session, to_globex)[-1].endswith("globex has no SFTP profile")
 
 
+def test_a_killed_workers_temporary_file_is_removed_once_an_hour_old(
+        hub, session, registry, clock, writer, remote):
+    old, young = remote / ".b2bhub-0123456789abcdef.part", remote / ".b2bhub-fedcba9876543210.part"
+    other = remote / "partner-file.part"
+    for path in (old, young, other):
+        path.write_bytes(b"half a file")
+    two_hours_ago = time.time() - 7200
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    os.utime(other, (two_hours_ago, two_hours_ago))
+    writer()
+    message = hub.message(source="inbox", body=BODY, filename="new.xml", now=clock())
+    drain(hub, registry, clock)
+    assert state(session, message)[0] == "delivered"
+    assert files_below(remote) == [young.name, "new.xml", other.name]
+
+
 def test_the_probe_connects_and_stats_the_directory(sshd, remote):
     config = {**sshd.connection(), "remote_directory": str(remote)}
     assert SftpWriter("w", config).probe() is True
@@ -458,6 +474,11 @@ def test_the_probe_connects_and_stats_the_directory(sshd, remote):
         assert down.value.error_class == "connection"
     finally:
         sshd.start()
+    with pytest.raises(SftpError) as impostor:
+        SftpWriter("w", {**config, "host_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqq"
+                         "nkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"}).probe()
+    assert impostor.value.error_class == "host_key"
+    assert "host key mismatch" in str(impostor.value)
     (remote / "a-file").write_bytes(b"")
     with pytest.raises(SftpError, match="is not a directory"):
         SftpWriter("w", {**config, "remote_directory": str(remote / "a-file")}).probe()
