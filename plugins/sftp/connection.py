@@ -617,8 +617,11 @@ class Pool:
             try:
                 yield kept, reused
             except BaseException as exc:
-                if not isinstance(exc, SftpError) or exc.error_class in (
-                        "connection", "timeout", "host_key") or not kept.alive:
+                # a connection that failed is dropped; one that said no (permission,
+                # no space) or whose caller failed for its own reasons (a payload that
+                # cannot be read) stays
+                if (isinstance(exc, SftpError) and exc.error_class in (
+                        "connection", "timeout", "host_key")) or not kept.alive:
                     self.discard(owner, endpoint, kept)
                 raise
             finally:
