@@ -292,6 +292,8 @@ def classify(exc: BaseException, doing: str = "") -> SftpError:
             return SftpError("connection", f"{prefix}{exc.strerror or exc}")
         if code == errno.ENOENT:
             return SftpError("remote", f"{prefix}no such file or directory")
+        if code is None and "closed" in str(exc).lower():  # paramiko: "Socket is closed"
+            return SftpError("connection", f"{prefix}connection lost: {exc}")
         text = exc.strerror or (exc.args[0] if exc.args else "") or type(exc).__name__
         return SftpError("remote", f"{prefix}the server said: {text}")
     return SftpError("connection", f"{prefix}{type(exc).__name__}: {exc}")

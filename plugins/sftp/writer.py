@@ -287,8 +287,11 @@ class SftpWriter(Plugin):
                 _remove_quietly(conn, tmp)
                 raise
             failure = classify(exc, f"writing {final}")
+            if failure.error_class == "remote" and not conn.alive:  # the server went away
+                failure = SftpError("connection", f"writing {final}: connection lost "
+                                    f"({failure.text})")
             # asked while the temporary file still takes its space
-            if failure.error_class == "remote" and _out_of_space(conn, directory):
+            elif failure.error_class == "remote" and _out_of_space(conn, directory):
                 failure = SftpError("no_space", f"writing {final}: no space left on the "
                                     "server")
             _remove_quietly(conn, tmp)
