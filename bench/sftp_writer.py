@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -217,6 +218,8 @@ def main() -> int:
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         server.close()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
