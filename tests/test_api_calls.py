@@ -70,6 +70,16 @@ def test_the_openapi_document_is_valid_and_lists_every_api_route(app, spec):
             # a profile rule takes any kind; the document has a path per registered kind
             paths = [path.replace("/profiles/{}", f"/profiles/{kind}") for kind in kinds] \
                 if path.endswith("/profiles/{}") else [path]
+            # and a kind's actions, a path per action it offers
+            if path.endswith("/profiles/{}/actions/{}"):
+                paths = [path.replace("/profiles/{}/actions/{}",
+                                      f"/profiles/{kind}/actions/{action}")
+                         for kind, found in kinds.items()
+                         for action in getattr(found, "actions", ())]
+            if path.endswith("/plugins/configs/{}/actions/{}"):
+                types = app.extensions["b2bhub.plugin.registry"].types().values()
+                paths = [path.replace("/actions/{}", f"/actions/{action}") for cls in types
+                         for action in getattr(cls, "instance_actions", ())]
             served |= {(p, m) for p in paths for m in rule.methods - {"HEAD", "OPTIONS"}}
     assert served and served == documented
     assert spec["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

@@ -59,8 +59,8 @@ def test_our_key_pair_is_kept_and_its_secrets_never_shown_again(api, session, pa
     # each change a history line naming the token's user, never a secret
     said = [(line.actor, line.text) for line in session.scalars(select(HistoryLine).where(
         HistoryLine.type == "config_changed").order_by(HistoryLine.id))]
-    assert said == [("tests", f"tests: saved the OpenPGP profile of organization mycompany "
-                              f"(key {keys.org.fingerprint})")] * 2
+    assert said == [("tests", f"tests: {done} the OpenPGP profile of organization mycompany "
+                              f"(key {keys.org.fingerprint})") for done in ("created", "changed")]
     assert api.delete(ORG).status_code == 204
     assert session.scalars(select(HistoryLine.text).order_by(HistoryLine.id.desc())).first() \
         == "tests: deleted the OpenPGP profile of organization mycompany"

@@ -195,8 +195,10 @@ class ApiBlueprint(SmorestBlueprint):
                 wanted.add(404)
             if doc.get("arguments") or getattr(view_func, "reads_body", False):
                 wanted.add(400)  # the shape: what the schemas say
+                if method != "get":
+                    wanted.add(422)  # valid data refused for what the hub holds (errors.py)
             if server_checks:
-                wanted.add(422)  # the meaning: what the hub holds
+                wanted.add(422)
             for status in sorted(wanted):
                 responses.setdefault(status, REFUSALS[status])
             if role is None:

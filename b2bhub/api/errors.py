@@ -57,18 +57,18 @@ def _valid_by_the_document() -> bool:
 
 
 def _operation(document: dict) -> dict | None:
-    """The document's operation of this request: its rule's path with the parameters
-    as the document names them, or, for a rule the document has a path per value of
-    (a party's profile of each kind), with that parameter's value."""
-    rule = request.url_rule
-    if rule is None:
-        return None
-    paths = document.get("paths", {})
-    path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)
-    for name, value in (request.view_args or {}).items():
-        if path not in paths and path.replace(f"{{{name}}}", str(value)) in paths:
-            path = path.replace(f"{{{name}}}", str(value))
-    return paths.get(path, {}).get(request.method.lower())
+    """The document's operation of this request: of the paths that match the request's,
+    the most specific (a party's profile has a path per kind)."""
+    method = request.method.lower()
+    found = [(path.count("{"), item[method]) for path, item in document.get("paths", {}).items()
+             if method in item and re.fullmatch(_pattern(path), request.path)]
+    return min(found, key=lambda pair: pair[0])[1] if found else None
+
+
+def _pattern(path: str) -> str:
+    """A document's path as a regular expression: each ``{parameter}`` one segment."""
+    return "".join("[^/]+" if part.startswith("{") else re.escape(part)
+                   for part in re.split(r"(\{[^/{}]+\})", path))
 
 
 @bp.errorhandler(ActionRefused)

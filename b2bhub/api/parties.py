@@ -16,7 +16,12 @@ from b2bhub.models import ORGANIZATION, PARTNER
 from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services.errors import NotFound
-from b2bhub.services.profiles import profile_kind, profile_kinds, run_connection_test
+from b2bhub.services.profiles import (
+    profile_kind,
+    profile_kinds,
+    run_connection_test,
+    run_profile_action,
+)
 
 KINDS = {"organizations": ORGANIZATION, "partners": PARTNER}
 
@@ -106,16 +111,22 @@ def put_profile(collection: str, name: str, kind: str):
     never shown again."""
     found = profile_kind(hub.registry(), kind)
     body = json_object(found.fields())
+    try:
+        found.get(db.session, KINDS[collection], name)
+        created = False
+    except NotFound:
+        created = True
     shown = found.save(db.session, KINDS[collection], name, body)
     described = found.describe(shown)
-    _changed(f"saved the {found.label or found.kind} profile of {KINDS[collection]} {name}"
-             + (f" ({described})" if described else ""))
+    _record(f"{'created' if created else 'changed'} the {found.label or kind} profile of "
+            f"{KINDS[collection]} {name}" + (f" ({described})" if described else ""))
     db.session.commit()
     return jsonify(shown)
 
 
-def _changed(text: str) -> None:
-    """The ``config_changed`` line of a profile's change, naming the token's user."""
+def _record(text: str) -> None:
+    """A profile saved or deleted through the API is in the history as one saved on its
+    page is: a ``config_changed`` line naming the caller."""
     add_line(db.session, None, "config_changed", f"{g.actor}: {text}", actor=g.actor)
 
 
@@ -130,10 +141,22 @@ def delete_profile(collection: str, name: str, kind: str):
     except NotFound:
         return Response(status=204)
     found.delete(db.session, KINDS[collection], party.name)
-    _changed(f"deleted the {found.label or found.kind} profile of {KINDS[collection]} "
-             f"{party.name}")
+    _record(f"deleted the {found.label or kind} profile of {KINDS[collection]} {party.name}")
     db.session.commit()
     return Response(status=204)
+
+
+def profile_action(collection: str, name: str, kind: str, action: str):
+    """An operator's action on the profile (the kind's ``actions``: SFTP's
+    ``fetch_host_key``, ``pin_host_key``, ``unpin_host_key``); its history line names
+    the caller. 404 for an action the kind does not offer."""
+    found = profile_kind(hub.registry(), kind)
+    schemas = found.action_schemas() if getattr(found, "actions", ()) else {}
+    body = json_object(tuple(schemas.get(action, {}).get("properties", {})))
+    answer = run_profile_action(db.session, found, KINDS[collection], name, action, body,
+                                g.actor)
+    db.session.commit()
+    return jsonify(answer)
 
 
 PROFILE_VIEWS = {"GET": get_profile, "PUT": put_profile, "DELETE": delete_profile}
@@ -143,6 +166,9 @@ for _many in KINDS:
         Blueprint.add_url_rule(bp, f"/{_many}/<name>/profiles/<kind>",
                                f"{_method.lower()}_{_many}_profile", _view,
                                methods=[_method], defaults={"collection": _many})
+    Blueprint.add_url_rule(bp, f"/{_many}/<name>/profiles/<kind>/actions/<action>",
+                           f"{_many}_profile_action", profile_action, methods=["POST"],
+                           defaults={"collection": _many})
 
 
 @bp.document_hook
@@ -170,8 +196,7 @@ def document_profiles(doc: dict, registry) -> None:
                         "requestBody": {"required": True, "content": {"application/json": {
                             "schema": {"$ref": f"#/components/schemas/{title}ProfileIn"}}}},
                         "responses": {200: {"description": "OK", **answer}, 400: None,
-                                      404: None, 409: None,
-                                      **({422: None} if shapes.get("server_checks") else {})}},
+                                      404: None, 409: None, 422: None}},
                 "delete": {"summary": f"Delete {an} {one}'s {label}",
                            "responses": {204: {"description": "Deleted, or the party had none"},
                                          404: None}},
@@ -184,9 +209,26 @@ def document_profiles(doc: dict, registry) -> None:
                 document_operation(operation, role_for(view, method.upper()))
             if shapes.get("server_checks"):
                 operations["put"][SERVER_CHECKS] = list(shapes["server_checks"])
+            name_parameter = [{"in": "path", "name": "name", "required": True,
+                               "schema": {"type": "string", "minLength": 1}}]
             doc["paths"][f"{bp.url_prefix}/{many}/{{name}}/profiles/{kind}"] = {
-                **operations, "parameters": [{"in": "path", "name": "name", "required": True,
-                                              "schema": {"type": "string", "minLength": 1}}]}
+                **operations, "parameters": name_parameter}
+            actions = found.action_schemas() if getattr(found, "actions", ()) else {}
+            for action, body in actions.items():
+                operation = {
+                    "summary": f"{action.replace('_', ' ').capitalize()} ({an} {one}'s "
+                               f"{label})",
+                    "operationId": f"{action}_{one}_{kind}_profile", "tags": ["parties"],
+                    "description": inspect.cleandoc(profile_action.__doc__ or ""),
+                    "requestBody": {"required": True, "content": {"application/json": {
+                        "schema": body}}},
+                    "responses": {200: {"description": "OK", "content": {
+                        "application/json": {"schema": {"type": "object"}}}},
+                        400: None, 404: None, 422: None}}
+                operation[SERVER_CHECKS] = list(body.get("properties", {}))
+                document_operation(operation, role_for(profile_action, "POST"))
+                doc["paths"][f"{bp.url_prefix}/{many}/{{name}}/profiles/{kind}/actions/"
+                             f"{action}"] = {"post": operation, "parameters": name_parameter}
 
 
 @bp.post("/partners/<name>/profiles/<kind>/test")

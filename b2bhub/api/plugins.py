@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from copy import deepcopy
 
-from flask import g, url_for
+from flask import Blueprint, g, jsonify, url_for
 
 import b2bhub.api.schemas as s
 from b2bhub.api.auth import requires
-from b2bhub.api.blueprint import bp
+from b2bhub.api.blueprint import SERVER_CHECKS, bp, document_operation, role_for
+from b2bhub.api.inputs import json_object
 from b2bhub.api.shapes import instance_json, plugin_type_json
 from b2bhub.config.extensions import db
 from b2bhub.plugin.schema import openapi_config_schema
@@ -179,3 +181,51 @@ def revoke_intake_token(name: str, token_name: str):
     token_keeper(db.session, registry(), name).revoke_token(db.session, name, token_name,
                                                              g.actor)
     db.session.commit()
+
+
+# --- an operator's actions on an instance (``Plugin.instance_actions``) -----------------
+
+def instance_action(name: str, action: str):
+    """An operator's action on the instance (its type's ``instance_actions``: an
+    sftp_writer's ``fetch_host_key`` and ``pin_host_key``); the configuration changes it
+    makes are saved, and its history line names the caller. 404 for an action the
+    instance's type does not offer."""
+    row = svc.get_instance(db.session, name)
+    plugin_cls = registry().get(row.type) if row.type in registry() else None
+    schemas = plugin_cls.instance_action_schemas() \
+        if getattr(plugin_cls, "instance_actions", ()) else {}
+    body = json_object(tuple(schemas.get(action, {}).get("properties", {})))
+    result = svc.run_instance_action(db.session, registry(), name, action, body, g.actor)
+    db.session.commit()
+    return jsonify(result.answer)
+
+
+Blueprint.add_url_rule(bp, "/plugins/configs/<name>/actions/<action>", "instance_action",
+                       instance_action, methods=["POST"])
+
+
+@bp.document_hook
+def document_instance_actions(doc: dict, registry) -> None:
+    """A path per action of each installed type that offers some (the rule takes any)."""
+    if registry is None:
+        return
+    for type_name in sorted(registry.types()):
+        plugin_cls = registry.get(type_name)
+        if not getattr(plugin_cls, "instance_actions", ()):
+            continue  # (a type need not subclass Plugin)
+        for action, body in plugin_cls.instance_action_schemas().items():
+            operation = {
+                "summary": f"{action.replace('_', ' ').capitalize()} (a {type_name} "
+                           "instance)",
+                "operationId": f"{action}_{type_name}_instance", "tags": ["plugins"],
+                "description": inspect.cleandoc(instance_action.__doc__ or ""),
+                "requestBody": {"required": True, "content": {"application/json": {
+                    "schema": body}}},
+                "responses": {200: {"description": "OK", "content": {"application/json": {
+                    "schema": {"type": "object"}}}}, 400: None, 404: None, 422: None}}
+            operation[SERVER_CHECKS] = list(body.get("properties", {}))
+            document_operation(operation, role_for(instance_action, "POST"))
+            doc["paths"][f"{bp.url_prefix}/plugins/configs/{{name}}/actions/{action}"] = {
+                "post": operation, "parameters": [{
+                    "in": "path", "name": "name", "required": True,
+                    "schema": {"type": "string", "minLength": 1}}]}

@@ -48,6 +48,15 @@ AS2 (``plugins/as2/``) is built from them alone:
   button, and shows the :class:`ConnectionTest` it returns step by step. Its test
   message is stored with ``store_test_message`` (never routed) and ended with
   ``finish_test_message``.
+* **profile actions**: ``ProfileKind.actions`` names operator actions beyond a save
+  (SFTP's host key: fetch it, pin it), served at
+  ``POST /{organizations,partners}/<name>/profiles/<kind>/actions/<action>`` (admin)
+  and run by :meth:`ProfileKind.run_action`, which writes its own history lines.
+* **instance actions**: ``instance_actions = ("fetch_host_key", ...)`` and the class
+  method ``run_instance_action(config, action, body) -> InstanceActionResult``: served
+  at ``POST /api/v1/plugins/configs/<instance>/actions/<action>`` (admin) and as
+  buttons on the instance's page; the core saves the changes it returns and writes its
+  history line naming the operator.
 * **periodic jobs**: ``periodic_jobs = (PeriodicJob(name, run, every=seconds),)`` or
   ``at="HH:MM"`` (UTC, daily); beat schedules them, ``run_job_soon(name)`` asks a worker
   to run one now. ``run(session, store, now)`` commits its own work or leaves it to the
@@ -119,7 +128,7 @@ __all__ = ["ANSWER_BODY_LIMIT", "FILE_WRITER_DEFAULT", "OutcomeKind", "PREREAD",
            "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
            "PickedFile", "Plugin", "PluginStartError", "ProfileKind", "SourceContext",
            "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP",
-           "AckRequest", "Acknowledgment"]
+           "AckRequest", "Acknowledgment", "InstanceActionResult"]
 
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
@@ -409,6 +418,23 @@ class ProfileKind:
 
     #: ``ui_page(party, shown, defaults) -> response`` may be set to draw the page itself
 
+    #: the operator's actions on a profile beyond saving it (SFTP: fetch and pin the
+    #: server's host key); the core serves each at ``POST /{organizations,partners}/
+    #: <name>/profiles/<kind>/actions/<action>`` (admin) with a JSON object body and
+    #: answers what :meth:`run_action` returns; the kind writes its own history lines
+    actions: tuple[str, ...] = ()
+
+    def action_schemas(self) -> dict[str, dict]:
+        """Each action's body as JSON Schema, for the OpenAPI document (default: any
+        object)."""
+        return {action: {"type": "object"} for action in self.actions}
+
+    def run_action(self, session, party_kind: str, name: str, action: str, body: dict,
+                   actor: str) -> dict:
+        """Run one of :attr:`actions` for ``actor``; the answer as JSON. Refuse with
+        :class:`ServiceError`, :class:`NotFound`; the core commits."""
+        raise NotImplementedError
+
     #: whether :meth:`test_connection` is offered (for partners' profiles)
     can_test: bool = False
 
@@ -419,6 +445,20 @@ class ProfileKind:
         ``wait`` (seconds to wait for a receipt that comes later). Commits its own
         work (its test message must be seen by other processes while it waits)."""
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class InstanceActionResult:
+    """What an instance action did: the ``answer`` (JSON) for the caller, the
+    configuration ``changes`` to save (None: none), the history line's ``text`` (the
+    core puts the operator's name first) and, optionally, a follow-up the UI offers as a
+    button (``confirm``: ``{"action", "body", "label"}``, e.g. pinning the key just
+    fetched)."""
+
+    answer: dict
+    text: str
+    changes: dict | None = None
+    confirm: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -467,6 +507,25 @@ class Plugin:
     migrations: ClassVar[str | None] = None
     #: the type keeps named intake tokens per instance (module docstring)
     takes_tokens: ClassVar[bool] = False
+
+    #: an operator's actions on an instance beyond a save (SFTP: fetch and pin the
+    #: server's host key); the core serves each at ``POST /api/v1/plugins/configs/
+    #: <instance>/actions/<action>`` (admin) and as buttons on the instance's page
+    instance_actions: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def instance_action_schemas(cls) -> dict[str, dict]:
+        """Each instance action's body as JSON Schema (default: any object)."""
+        return {action: {"type": "object"} for action in cls.instance_actions}
+
+    @classmethod
+    def run_instance_action(cls, config: dict[str, Any], action: str, body: dict
+                            ) -> InstanceActionResult:
+        """Run one of :attr:`instance_actions` on an instance of ``config``; refuse with
+        :class:`ServiceError`. The core saves the result's ``config`` changes (checked
+        as a save is), writes its ``text`` as a ``config_changed`` line naming the
+        operator, and answers its ``answer``."""
+        raise NotImplementedError
 
     @classmethod
     def create_token(cls, session, instance: str, name: str, actor: str) -> str:
@@ -654,6 +713,7 @@ _PROTOCOL_API = {
     # configuration fields and retry schedules
     "Field": "b2bhub.plugin.schema:Field",
     "RetryPolicy": "b2bhub.domain.retry:RetryPolicy",
+    "RetryRule": "b2bhub.domain.retry:RetryRule",
     "Strategy": "b2bhub.domain.retry:Strategy",
     # a plugin's own UI page (``ProfileKind.ui_page``): the core's form helpers
     "ui_submit": "b2bhub.web.kit:submit",

@@ -446,3 +446,26 @@ def test_route(session: Session, source: str, from_party: str, to_party: str,
     table = route_cache.table(session)
     return {"targets": table.targets(source, from_party, to_party, document_types),
             "routes": table.explain(source, from_party, to_party, document_types)}
+
+
+def run_instance_action(session: Session, registry, name: str, action: str, body: dict,
+                        actor: str):
+    """An operator's action on an instance (``Plugin.instance_actions``): the type runs
+    it, its configuration changes are saved as a save is (checked, secrets kept), and a
+    ``config_changed`` line names the operator. Returns the type's
+    :class:`b2bhub.plugin.InstanceActionResult`; NotFound for an action the type does
+    not offer."""
+    row = get_instance(session, name)
+    plugin_cls = registry.get(row.type) if row.type in registry else None
+    offered = tuple(getattr(plugin_cls, "instance_actions", ()) or ())
+    if action not in offered:
+        raise NotFound(f"instance '{name}' ({row.type}) has no action '{action}'; "
+                       f"offered: {', '.join(offered) or 'none'}")
+    result = plugin_cls.run_instance_action(dict(row.config or {}), action, body)
+    if result.changes:
+        save_instance(session, registry, {"config": {**(row.config or {}),
+                                                     **result.changes}}, row, actor=actor)
+    add_line(session, None, "config_changed", f"{actor or 'system'}: instance {name}: "
+             f"{result.text}", actor=actor)
+    session.flush()
+    return result

@@ -45,6 +45,17 @@ def run_connection_test(session: Session, found, name: str, actor: str, options:
     return found.test_connection(session, name, actor, options)
 
 
+def run_profile_action(session: Session, found, party_kind: str, name: str, action: str,
+                       body: dict, actor: str) -> dict:
+    """An operator's action on a party's profile of kind ``found``
+    (``ProfileKind.actions``); NotFound for an action the kind does not offer."""
+    if action not in (getattr(found, "actions", ()) or ()):
+        offered = ", ".join(getattr(found, "actions", ()) or ()) or "none"
+        raise NotFound(f"the {found.label or found.kind} profile has no action "
+                       f"'{action}'; offered: {offered}")
+    return found.run_action(session, party_kind, name, action, body, actor)
+
+
 def addresses(session: Session, kinds) -> dict[str, dict[int, str]]:
     """Each kind's profile addresses (its AS2 ID, say) by party id, for the parties page."""
     shown: dict[str, dict[int, str]] = {kind: {} for kind in kinds}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from flask import abort, g, redirect, render_template, url_for
+from flask import abort, flash, g, redirect, render_template, request, url_for
 
 from b2bhub.api.shapes import instance_json
 from b2bhub.config.extensions import db
@@ -91,6 +91,33 @@ def instance_action(name: str, action: str):
             "enabled": action == "enable", "config": dict(row.config or {})}, row)
     button(change, lambda _none: f"{action}d instance {name}")
     return redirect(url_for("ui.plugins"))
+
+
+@bp.post("/plugins/<name>/actions/<action>")
+@requires("admin")
+def run_instance_action(name: str, action: str):
+    """A button of a type's ``instance_actions`` on the instance's page: the form's
+    fields (but the token) are its body. Its answer is shown on a page of its own with
+    the follow-up it offers (pinning a host key just fetched) as a button."""
+    if not ActionForm().validate_on_submit():
+        abort(400, "the form expired or was not sent from this site; reload and try again")
+    body = {key: value for key, value in request.form.items()
+            if key != "csrf_token" and value != ""}
+    back = url_for("ui.edit_instance", name=name)
+    try:
+        result = svc.run_instance_action(db.session, hub.registry(), name, action, body,
+                                         g.actor)
+    except ServiceError as exc:
+        db.session.rollback()
+        flash(exc.message, "error")
+        return redirect(back)
+    db.session.commit()
+    flash(result.text[:1].upper() + result.text[1:])
+    if result.confirm is None:
+        return redirect(back)
+    return render_template("ui/instance_action.html", name=name, action=action,
+                           result=result, form=ActionForm(), back=back,
+                           active="ui.plugins")
 
 
 @bp.route("/plugins/<name>/delete", methods=["GET", "POST"])
