@@ -41,9 +41,9 @@ def line_chart(points: list, series: list[tuple[str, str]], start: datetime,
             f'<text x="{WIDTH - 8}" y="{HEIGHT - 4}" font-size="{LABEL}" text-anchor="end">'
             f'{start + span:%H:%M} UTC</text>'
             f'<text x="{PAD + 56}" y="{HEIGHT - 4}" font-size="{LEGEND}">{"".join(legend)}</text>')
+    nothing = escape(_("no figures yet"))  # outside the f-string: extraction reads it
     empty = "" if points else (f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" font-size="{LEGEND}" '
-                               f'text-anchor="middle" fill="#777">'
-                               f'{escape(_("no figures yet"))}</text>')
+                               f'text-anchor="middle" fill="#777">{nothing}</text>')
     return Markup(f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
                   f'{axis}{"".join(lines)}{empty}</svg>')
 
