@@ -311,3 +311,11 @@ def test_accept_language_picks_a_language_the_hub_has(header, chosen):
     from werkzeug.http import parse_accept_header
     assert i18n.from_accept_language(parse_accept_header(header, LanguageAccept)) == chosen
 
+
+
+def test_the_forms_name_rule_is_the_services():
+    """The forms say the name rule in the user's words; in English, the very text the
+    services refuse a name with (a form hides its help when the error repeats it)."""
+    from b2bhub.domain.routing import NAME_RULE
+    from b2bhub.web.forms import NAME_RULE as SHOWN
+    assert str(SHOWN) == NAME_RULE

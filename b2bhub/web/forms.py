@@ -29,10 +29,13 @@ from wtforms import (
 from wtforms.validators import DataRequired, Length
 from wtforms.widgets import PasswordInput
 
-from b2bhub.domain.routing import NAME_RULE
 from b2bhub.plugin.schema import Field
 from b2bhub.services.config import SECRET_MASK, together
 from b2bhub.services.errors import ServiceError
+
+#: the rule of a party's or an instance's name (b2bhub.domain.routing.NAME_RULE) as the
+#: forms say it, in the user's language
+NAME_RULE = _l("1-64 characters of a-z, 0-9, '_' and '-'")
 
 
 class LoginForm(FlaskForm):
