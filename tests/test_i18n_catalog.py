@@ -285,6 +285,11 @@ def test_the_history_forms_show_through_the_catalog():
                                   portuguese) == "erp: HTTP 500 Internal Server Error"
     assert i18n.show_history_text("Foo → Bar", portuguese) == "Foo → Bar"
     assert i18n.show_history_text("erp: queued", lambda t: t) == "erp: queued"
+    # alert texts too
+    assert i18n.show_history_text("message 7 ended Error", portuguese) == \
+        "mensagem 7 terminou em Erro de entrega"
+    assert i18n.show_history_text("erp is offline: HTTP 503", portuguese) == \
+        "erp está fora do ar: HTTP 503"
 
 
 def test_a_notification_reads_in_the_hubs_language(monkeypatch):

@@ -64,12 +64,12 @@ def translations(language: str) -> NullTranslations:
     return Translations.load(str(TRANSLATIONS_DIR), [language])
 
 
-# --- history lines written by the engine ---------------------------------------------------
+# --- history lines and alerts written by the engine ------------------------------------
 #
-# The engine writes its history lines in English, and they stay so in the database (the
-# API answers them as stored; a search finds them as written). A page shows a line
-# whose text is one of these known forms through the catalog, its parameters put back
-# in; any other text is shown as stored.
+# The engine writes its history lines and alert texts in English, and they stay so in the
+# database (the API and the notifications answer them as stored; a search finds them as
+# written). A page shows a text that is one of these known forms through the catalog, its
+# parameters put back in; any other text is shown as stored.
 
 def N_(text: str) -> str:  # noqa: N802  (the extraction keyword of a deferred msgid)
     return text
@@ -89,13 +89,21 @@ HISTORY_TEXTS: list[tuple[re.Pattern, str]] = [
         (r"^(?P<target>[^:\s]+): (?P<state>[A-Z][a-z ]+)$", N_("%(target)s: %(state)s")),
         (r"^no route from (?P<source>\S+) matches (?P<from_party>\S+) → (?P<to_party>\S+)$",
          N_("no route from %(source)s matches %(from_party)s → %(to_party)s")),
+        # alert texts
+        (r"^message (?P<id>\d+) ended (?P<status>[A-Z][a-z ]+)$",
+         N_("message %(id)s ended %(status)s")),
+        (r"^message (?P<id>\d+): no route matched$", N_("message %(id)s: no route matched")),
+        (r"^delivery (?P<id>\d+) to (?P<target>\S+) is stalled$",
+         N_("delivery %(id)s to %(target)s is stalled")),
+        (r"^(?P<name>[^:\s]+) is offline: (?P<reason>.*)$",
+         N_("%(name)s is offline: %(reason)s")),
     ]
 ]
 
 
 def show_history_text(text: str | None, gettext) -> str:
-    """A stored history text as a page shows it: a known form through ``gettext``
-    (status labels in it too), else as stored."""
+    """A stored history line or alert text as a page shows it: a known form through
+    ``gettext`` (status labels in it too), else as stored."""
     from b2bhub.domain.states import LABELS
     if not text:
         return ""
@@ -105,7 +113,7 @@ def show_history_text(text: str | None, gettext) -> str:
         if found is None:
             continue
         params = found.groupdict()
-        labels = [k for k in ("old", "new", "state") if k in params]
+        labels = [k for k in ("old", "new", "state", "status") if k in params]
         if any(params[k] not in by_label for k in labels):
             continue
         params.update({k: status_label(by_label[params[k]], gettext) for k in labels})

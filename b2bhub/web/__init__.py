@@ -48,7 +48,7 @@ def web_init_app(app: Flask) -> None:
                                  html_lang=lambda: str(get_locale()).replace("_", "-"),
                                  LANGUAGES=i18n.LANGUAGES)
     app.jinja_env.filters.update(label=lambda value: i18n.status_label(value, gettext),
-                                 history_text=lambda text: i18n.show_history_text(
+                                 stored_text=lambda text: i18n.show_history_text(
                                      text, gettext),
                                  state=lambda value: i18n.state_word(value, gettext),
                                  short=messages.short, number=_number,
