@@ -97,7 +97,8 @@ def test_the_pages_in_brazilian_portuguese(browser, hub_url, files):
     assert page.inner_text('select[name=status] option[value="not_routed"]') == "Sem rota"
     page.select_option("select[name=status]", "error")
     page.click("form.filters button:has-text('Filtrar')")
-    assert "status=error" in page.url  # the filter sends the identifier
+    page.wait_for_url("**/ui/messages?status=error*")  # the filter sends the identifier
+    page.wait_for_selector(f'#messages tr[data-id="{second}"]')
     assert page.locator("#messages tbody tr").count() == 1
     shot(page, "i18n-02-messages-pt_BR")
 
