@@ -290,6 +290,10 @@ def test_the_history_forms_show_through_the_catalog():
         "mensagem 7 terminou em Erro de entrega"
     assert i18n.show_history_text("erp is offline: HTTP 503", portuguese) == \
         "erp está fora do ar: HTTP 503"
+    # a plugin of ours: the AS2 connection test's result, its step's label translated
+    assert i18n.show_history_text("the AS2 connection test of acme failed at TCP connect: "
+                                  "connection refused", portuguese) == \
+        "o teste de conexão AS2 de acme falhou em Conexão TCP: connection refused"
 
 
 def test_a_notification_reads_in_the_hubs_language(monkeypatch):

@@ -89,6 +89,15 @@ HISTORY_TEXTS: list[tuple[re.Pattern, str]] = [
         (r"^(?P<target>[^:\s]+): (?P<state>[A-Z][a-z ]+)$", N_("%(target)s: %(state)s")),
         (r"^no route from (?P<source>\S+) matches (?P<from_party>\S+) → (?P<to_party>\S+)$",
          N_("no route from %(source)s matches %(from_party)s → %(to_party)s")),
+        # the AS2 connection test's result (plugins/as2/selftest.py)
+        (r"^every step passed: (?P<partner>\S+) takes AS2 messages at (?P<url>\S+)$",
+         N_("every step passed: %(partner)s takes AS2 messages at %(url)s")),
+        (r"^the AS2 connection test of (?P<partner>\S+) failed at (?P<step>[^:]+): "
+         r"(?P<text>.*)$",
+         N_("the AS2 connection test of %(partner)s failed at %(step)s: %(text)s")),
+        (r"^the test message reached (?P<partner>\S+) \((?P<url>\S+)\); its asynchronous "
+         r"MDN has not come yet$", N_("the test message reached %(partner)s (%(url)s); its "
+                                      "asynchronous MDN has not come yet")),
         # alert texts
         (r"^message (?P<id>\d+) ended (?P<status>[A-Z][a-z ]+)$",
          N_("message %(id)s ended %(status)s")),
@@ -117,6 +126,8 @@ def show_history_text(text: str | None, gettext) -> str:
         if any(params[k] not in by_label for k in labels):
             continue
         params.update({k: status_label(by_label[params[k]], gettext) for k in labels})
+        if "step" in params:  # a step's label, through the catalog too
+            params["step"] = gettext(params["step"])
         if params.get("name") == "a message":
             params["name"] = gettext("a message")
         return gettext(msgid) % params
