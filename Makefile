@@ -10,7 +10,7 @@ STAMP := $(VENV)/.install-stamp
 # (Dockerfile) installs with EXTRAS= : the hub alone, without the tests' plugin either.
 EXTRAS ?= test
 
-.PHONY: run test install lint faults docs
+.PHONY: run test install lint faults docs i18n
 
 run: $(STAMP)
 	$(BIN)/b2bhub run
@@ -33,6 +33,20 @@ faults: $(STAMP)
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link.
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
+
+# The UI's catalogs (docs/i18n.md): extract every marked text of the pages, the UI's code,
+# the notifications and our plugins into messages.pot, merge it into each language's
+# messages.po (new texts untranslated, gone ones marked obsolete) and compile the .mo
+# files the hub reads. Translate what is new in each .po, then run it again.
+I18N_DIR := b2bhub/translations
+I18N_KEYWORDS := -k _l -k lazy_gettext -k N_
+i18n: $(STAMP)
+	$(BIN)/pybabel extract --no-location --sort-output -F babel.cfg --project=b2bhub \
+		--copyright-holder="the b2bhub authors" --msgid-bugs-address="" \
+		$(I18N_KEYWORDS) -o $(I18N_DIR)/messages.pot .
+	$(BIN)/pybabel update --no-fuzzy-matching -i $(I18N_DIR)/messages.pot \
+		-d $(I18N_DIR)
+	$(BIN)/pybabel compile -d $(I18N_DIR)
 
 lint: $(STAMP)
 	$(BIN)/ruff check b2bhub plugins tests bench

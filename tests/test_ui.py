@@ -316,8 +316,9 @@ def test_plugin_form_is_drawn_from_the_schema_and_keeps_bad_input(setup, login, 
         "retry_policy": '{"strategy": "fixed", "base_delay": 5, "max_attempts": 2}'})
     assert good.status_code == 302, good.text
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == "phone"))
+    # every target also takes the core's OpenPGP settings (docs/openpgp.md), off
     assert row.config == {"number": "555", "tries": 2, "loud": False, "extra": {"a": 1},
-                          "pin": "1234"}
+                          "pin": "1234", "openpgp_encrypt": False, "openpgp_sign": False}
     assert row.max_concurrent_deliveries == 2
     edit = client.get("/ui/plugins/phone/edit").text
     assert "1234" not in edit and 'value="********"' in edit

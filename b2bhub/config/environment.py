@@ -58,6 +58,9 @@ VARIABLES: list[tuple[str, str | None, str]] = [
     ("B2BHUB_LOG_LEVEL", "info", "log level of every process"),
     ("B2BHUB_LOG_STREAM_LEVEL", "info", "lowest level of the log records every process "
      "publishes to the Logs page and /api/v1/logs (never below B2BHUB_LOG_LEVEL)"),
+    ("B2BHUB_LANGUAGE", "en", "the hub's own language (en or pt_BR): the e-mail "
+     "notifications', and the UI's for a user who chose none and whose browser asks for "
+     "none the hub has (docs/i18n.md)"),
     ("B2BHUB_STOP_GRACE", "5", "seconds a running attempt may finish after SIGTERM"),
     ("B2BHUB_CLEANUP_TICK", "60", "seconds between beat's looks at whether the nightly "
      "cleanup's time (System > Settings, UTC) has come"),
@@ -173,6 +176,9 @@ def load(overrides: dict | None = None) -> dict:
         "WORKER_QUEUES": _env("B2BHUB_WORKER_QUEUES", "deliveries,default"),
         "SQLALCHEMY_ENGINE_OPTIONS": {},
         "WTF_CSRF_TIME_LIMIT": None,
+        # the language of a visitor whose browser asks for none we have, and of the
+        # e-mail notifications (docs/i18n.md)
+        "LANGUAGE": language(),
     }
     cfg.update(overrides)
     if not cfg["PUBLIC_URL"]:  # listening on every address: loopback reaches it here
@@ -185,6 +191,11 @@ def load(overrides: dict | None = None) -> dict:
         cfg["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {
             "options": postgres_options(os.environ.get("PGOPTIONS", ""))}}
     return cfg
+
+
+def language() -> str:
+    """B2BHUB_LANGUAGE: the hub's own language (docs/i18n.md), as set."""
+    return _env("B2BHUB_LANGUAGE", "en")
 
 
 def postgres_options(extra: str = "") -> str:

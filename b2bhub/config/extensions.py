@@ -1,5 +1,6 @@
 """Extensions, created unbound; ``create_app`` binds them. No module keeps the app."""
 
+from flask_babel import Babel
 from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
@@ -13,3 +14,4 @@ db = SQLAlchemy(metadata=Base.metadata)
 migrate = Migrate(render_as_batch=True, compare_type=True)
 csrf = CSRFProtect()
 login_manager = LoginManager()
+babel = Babel()

@@ -39,6 +39,9 @@ from urllib.parse import urlsplit, urlunsplit
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from b2bhub.config.environment import language
+from b2bhub.domain import i18n
+from b2bhub.domain.i18n import N_
 from b2bhub.domain.status_codes import status_code
 from b2bhub.models import Alert, Message, Notification, NotificationChannel
 
@@ -132,36 +135,55 @@ def _notify(session: Session, channel: NotificationChannel, event: str, alerts: 
     if len(alerts) > DIGEST_OVER:
         rows = [_digest(channel, event, alerts, now)]
     else:
+        _ = i18n.translations(i18n.hub_language(language())).gettext
         rows = [{"channel_id": channel.id, "event": event, "alert_ids": [a.id],
-                 "title": f"b2bhub: {a.kind} {event}: {a.text}"[:200],
+                 "title": ("b2bhub: " + _(TITLES[event]) % {"kind": a.kind, "text": a.text}
+                           )[:200],
                  "body": _body(a, event, statuses.get(a.message_id)), "due_at": now}
                 for a in alerts]
     session.execute(Notification.__table__.insert(), rows)
     return len(rows)
 
 
+#: what a notification says, in the hub's language (B2BHUB_LANGUAGE, docs/i18n.md); an
+#: alert's kind is its identifier and its text is as the engine stored it
+TITLES = {"opened": N_("%(kind)s opened: %(text)s"),
+          "resolved": N_("%(kind)s resolved: %(text)s")}
+BODIES = {"opened": N_("Alert %(kind)s opened: %(text)s"),
+          "resolved": N_("Alert %(kind)s resolved: %(text)s")}
+DIGEST_TITLES = {"opened": (N_("%(num)s alert opened"), N_("%(num)s alerts opened")),
+                 "resolved": (N_("%(num)s alert resolved"), N_("%(num)s alerts resolved"))}
+
+
 def _body(alert, event: str, status: str | None) -> str:
-    """A notification's text; an alert about a message names the message's status now,
-    ours and seed 003's identifier (``b2bhub.domain.status_codes``)."""
-    lines = [f"Alert {alert.kind} {event}: {alert.text}", f"Subject: {alert.subject}"]
+    """A notification's text in the hub's language; an alert about a message names the
+    message's status now, ours and seed 003's identifier (never translated:
+    ``b2bhub.domain.status_codes``)."""
+    _ = i18n.translations(i18n.hub_language(language())).gettext
+    lines = [_(BODIES[event]) % {"kind": alert.kind, "text": alert.text},
+             _("Subject: %(subject)s") % {"subject": alert.subject}]
     if alert.message_id is not None:
-        lines.append(f"Message: /ui/messages/{alert.message_id}")
+        lines.append(_("Message: %(url)s") % {"url": f"/ui/messages/{alert.message_id}"})
         if status is not None:
-            lines.append(f"Status: {status} ({status_code(status)})")
-    lines.append("Open alerts: /ui/alerts")
+            lines.append(_("Status: %(status)s (%(code)s)") % {"status": status,
+                                                                 "code": status_code(status)})
+    lines.append(_("Open alerts: %(url)s") % {"url": "/ui/alerts"})
     return "\n".join(lines)
 
 
 def _digest(channel: NotificationChannel, event: str, alerts: list, now: datetime) -> dict:
+    t = i18n.translations(i18n.hub_language(language()))
     kinds = Counter(a.kind for a in alerts)
     listed = "\n".join(f"- {a.kind}: {a.text}" for a in alerts[:DIGEST_LISTS])
     more = len(alerts) - DIGEST_LISTS
-    body = (f"{len(alerts)} alerts {event}: "
+    headline = t.ngettext(*DIGEST_TITLES[event], len(alerts)) % {"num": len(alerts)}
+    body = (f"{headline}: "
             + ", ".join(f"{count} {kind}" for kind, count in kinds.most_common())
-            + f"\n\n{listed}" + (f"\n... and {more} more" if more > 0 else "")
-            + "\n\nOpen alerts: /ui/alerts")
+            + f"\n\n{listed}"
+            + ("\n" + t.gettext("... and %(num)s more") % {"num": more} if more > 0 else "")
+            + "\n\n" + t.gettext("Open alerts: %(url)s") % {"url": "/ui/alerts"})
     return {"channel_id": channel.id, "event": "digest", "alert_ids": [a.id for a in alerts],
-            "title": f"b2bhub: {len(alerts)} alerts {event}", "body": body, "due_at": now}
+            "title": f"b2bhub: {headline}", "body": body, "due_at": now}
 
 
 # --- send --------------------------------------------------------------------------
@@ -231,8 +253,10 @@ def apprise_send(url: str, title: str, body: str) -> str | None:
 def send_test(session: Session, channel: NotificationChannel, now: datetime, actor: str,
               send: Send | None = None) -> str | None:
     """Send a test notification at once, recorded like any other; None when it went."""
-    title = "b2bhub: test notification"
-    body = f"A test notification asked for by {actor} for channel {channel.name}."
+    _ = i18n.translations(i18n.hub_language(language())).gettext
+    title = "b2bhub: " + _("test notification")
+    body = _("A test notification asked for by %(user)s for channel %(channel)s.") % {
+        "user": actor, "channel": channel.name}
     error = _try(send or apprise_send, channel.url, title, body)
     session.add(Notification(channel_id=channel.id, event="test", title=title, body=body,
                              state="sent" if error is None else "failed", attempts=1,

@@ -82,6 +82,9 @@ class User(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     disabled_at: Mapped[datetime | None] = mapped_column(default=None)
     last_login_at: Mapped[datetime | None] = mapped_column(default=None)
+    #: the UI's language the user chose (a locale of b2bhub.i18n.LANGUAGES); None: the
+    #: browser's Accept-Language
+    language: Mapped[str | None] = mapped_column(String(16), default=None)
 
 
 class ApiToken(Base):

@@ -56,10 +56,9 @@ def _check_parties(session: Session, from_party: str, to_party: str) -> None:
         if name not in kinds:
             raise ServiceError(f"{field}: no party named {name!r}", {field: "unknown party"})
     if {kinds[from_party], kinds[to_party]} != {ORGANIZATION, PARTNER}:
-        raise ServiceError("one of from and to must be an organization and the other a "
-                           "partner (from an organization the message is outbound, from "
-                           "a partner inbound)", {"from": kinds[from_party],
-                                                   "to": kinds[to_party]})
+        text = ("one of from and to must be an organization and the other a partner "
+                "(from an organization the message is outbound, from a partner inbound)")
+        raise ServiceError(text, {"from": text, "to": text})
 
 
 def _target_from_routes(session: Session, from_party: str, to_party: str) -> str:

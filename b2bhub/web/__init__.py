@@ -16,9 +16,12 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from flask import Flask, redirect, url_for
+from flask import Flask, redirect, request, url_for
+from flask_babel import format_datetime, format_decimal, get_locale, gettext
+from flask_login import current_user
 
-from b2bhub.config.extensions import login_manager
+from b2bhub.config.extensions import babel, login_manager
+from b2bhub.domain import i18n
 from b2bhub.domain.states import LABELS
 from b2bhub.observability import tracing
 from b2bhub.web.kit import (  # noqa: F401  (the views' helpers, for plugins' own pages)
@@ -34,20 +37,65 @@ from b2bhub.web.kit import (  # noqa: F401  (the views' helpers, for plugins' ow
 def web_init_app(app: Flask) -> None:
     login_manager.init_app(app)
     login_manager.login_view = "ui.login"
+    login_manager.login_message = i18n.N_("Please log in to access this page.")
+    app.config.setdefault("BABEL_DEFAULT_LOCALE", i18n.hub_language(app.config.get("LANGUAGE")))
+    app.config.setdefault("BABEL_DEFAULT_TIMEZONE", "UTC")  # the pages say UTC
+    app.config.setdefault("BABEL_TRANSLATION_DIRECTORIES", str(i18n.TRANSLATIONS_DIR))
+    babel.init_app(app, locale_selector=select_language)
     app.register_blueprint(bp)
     app.add_url_rule("/", "root", lambda: redirect(url_for("ui.dashboard")))
-    app.jinja_env.globals.update(can=can, LABELS=LABELS, trouble=messages.trouble)
-    app.jinja_env.filters.update(label=lambda value: LABELS.get(value, value or ""),
-                                 short=messages.short,
+    app.jinja_env.globals.update(can=can, LABELS=LABELS, trouble=messages.trouble,
+                                 html_lang=lambda: str(get_locale()).replace("_", "-"),
+                                 LANGUAGES=i18n.LANGUAGES)
+    app.jinja_env.filters.update(label=lambda value: i18n.status_label(value, gettext),
+                                 stored_text=lambda text: i18n.show_history_text(
+                                     text, gettext),
+                                 state=lambda value: i18n.state_word(value, gettext),
+                                 short=messages.short, number=_number,
+                                 percent=_percent, decimal1=_decimal1,
                                  when=_when, size=_size, trace_id=tracing.trace_id,
                                  levelname=lambda n: logging.getLevelName(n).lower())
 
 
+def select_language() -> str:
+    """The user's own setting, else the browser's Accept-Language (``pt-BR`` and ``pt``
+    are pt_BR), else the hub's default (B2BHUB_LANGUAGE, English unless set)."""
+    from flask import current_app
+    if getattr(current_user, "is_authenticated", False) and \
+            i18n.supported(getattr(current_user, "language", None)):
+        return i18n.supported(current_user.language)
+    return (i18n.from_accept_language(request.accept_languages)
+            or current_app.config["BABEL_DEFAULT_LOCALE"])
+
+
+#: how a page writes a moment, by language: English keeps the ISO order operators
+#: compare logs with; pt_BR writes the day first, as Brazilian systems do
+DATETIME_FORMATS = {"en": "yyyy-MM-dd HH:mm:ss", "pt_BR": "dd/MM/yyyy HH:mm:ss"}
+
+
 def _when(moment) -> str:
-    """A time (or the API's ISO text of one) as the pages show it."""
+    """A time (or the API's ISO text of one) as the pages show it, in UTC."""
     if isinstance(moment, str):
         moment = datetime.fromisoformat(moment.rstrip("Z"))
-    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else ""
+    if not moment:
+        return ""
+    return format_datetime(moment, DATETIME_FORMATS.get(str(get_locale()),
+                                                        DATETIME_FORMATS["en"]))
+
+
+def _number(value) -> str:
+    """A count or figure with the language's digit grouping and decimal mark."""
+    return "" if value is None else format_decimal(value)
+
+
+def _percent(share: float) -> str:
+    """A share (0.67) as the pages write it: ``67 %``, digits in the language's way."""
+    return f"{format_decimal(round(share * 100), '#,##0')} %"
+
+
+def _decimal1(value: float) -> str:
+    """A figure with one decimal, in the language's decimal mark (``1.5``, ``1,5``)."""
+    return format_decimal(value, "#,##0.0")
 
 
 def _size(count: int | None) -> str:
@@ -55,12 +103,14 @@ def _size(count: int | None) -> str:
         return ""
     for unit in ("B", "KB", "MB", "GB"):
         if count < 1024 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+            return (f"{format_decimal(count, '#,##0')} {unit}" if unit == "B"
+                    else f"{format_decimal(count, '#,##0.0')} {unit}")
         count /= 1024
     return ""
 
 
 from b2bhub.web import (  # noqa: E402,F401
+    account,
     alerts,
     auth,
     dashboard,

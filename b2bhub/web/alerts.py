@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flask import g, redirect, render_template, url_for
+from flask_babel import lazy_gettext as _l
 
 from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
@@ -21,5 +22,5 @@ def alerts():
 @requires("operator")
 def acknowledge_alert(alert_id: int):
     button(lambda: svc.acknowledge(db.session, alert_id, g.actor, utcnow()),
-           lambda _alert: f"alert {alert_id} acknowledged", record=False)
+           lambda _alert: _l("alert %(id)s acknowledged", id=alert_id), record=False)
     return redirect(url_for("ui.alerts"))

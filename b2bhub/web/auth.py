@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from flask import flash, redirect, render_template, request, url_for
+from flask_babel import gettext as _
 from flask_login import login_user, logout_user
 
 from b2bhub.config.extensions import db, login_manager
@@ -21,6 +22,7 @@ class SessionUser:
     id: int
     name: str
     role: str
+    language: str | None = None
     is_authenticated: bool = True
     is_active: bool = True
     is_anonymous: bool = False
@@ -34,7 +36,7 @@ def load_user(user_id: str) -> SessionUser | None:
     user = db.session.get(User, int(user_id)) if user_id.isdigit() else None
     if user is None or user.disabled_at is not None:
         return None
-    return SessionUser(user.id, user.name, user.role)
+    return SessionUser(user.id, user.name, user.role, user.language)
 
 
 @bp.route("/login", methods=["GET", "POST"])
@@ -45,9 +47,9 @@ def login():
         user = check_login(db.session, form.name.data, form.password.data)
         if user is not None:
             db.session.commit()
-            login_user(SessionUser(user.id, user.name, user.role))
+            login_user(SessionUser(user.id, user.name, user.role, user.language))
             return redirect(_safe_next(form.next.data))
-        form.password.errors.append("wrong user name or password")
+        form.password.errors.append(_("wrong user name or password"))
     elif request.method == "GET":
         form.next.data = request.args.get("next", "")
     return render_template("ui/login.html", form=form), 200 if not form.errors else 400
@@ -66,5 +68,5 @@ def _safe_next(target: str | None) -> str:
 @requires("viewer")
 def logout():
     logout_user()
-    flash("You are logged out.")
+    flash(_("You are logged out."))
     return redirect(url_for("ui.login"))

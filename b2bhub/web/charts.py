@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from flask_babel import gettext as _
 from markupsafe import Markup, escape
 
 WIDTH, HEIGHT, PAD = 600, 170, 34
@@ -19,7 +20,7 @@ def line_chart(points: list, series: list[tuple[str, str]], start: datetime,
                span: timedelta, unit: str = "") -> Markup:
     """One line per ``(attribute, label)`` over ``[start, start + span]``; a minute with
     no sample leaves a gap in time, not a jump."""
-    values = [getattr(p, key) or 0 for p in points for key, _ in series]
+    values = [getattr(p, key) or 0 for p in points for key, _label in series]
     top = max(values, default=0) or 1
     plot_w, plot_h = WIDTH - PAD - 8, HEIGHT - 2 * PAD + 10
     lines, legend = [], []
@@ -40,8 +41,9 @@ def line_chart(points: list, series: list[tuple[str, str]], start: datetime,
             f'<text x="{WIDTH - 8}" y="{HEIGHT - 4}" font-size="{LABEL}" text-anchor="end">'
             f'{start + span:%H:%M} UTC</text>'
             f'<text x="{PAD + 56}" y="{HEIGHT - 4}" font-size="{LEGEND}">{"".join(legend)}</text>')
+    nothing = escape(_("no figures yet"))  # outside the f-string: extraction reads it
     empty = "" if points else (f'<text x="{WIDTH / 2}" y="{HEIGHT / 2}" font-size="{LEGEND}" '
-                               'text-anchor="middle" fill="#777">no figures yet</text>')
+                               f'text-anchor="middle" fill="#777">{nothing}</text>')
     return Markup(f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" role="img">'
                   f'{axis}{"".join(lines)}{empty}</svg>')
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from flask_babel import gettext as _
 from sqlalchemy import select
 
 from b2bhub.config.extensions import db
@@ -14,8 +15,10 @@ def party_choices(any_party: bool = True) -> list[tuple[str, str]]:
     """(name, label) of every party, organizations first; ``*`` first for routes."""
     rows = db.session.execute(select(Party.name, Party.kind, Party.display_name)
                               .order_by(Party.kind, Party.name)).all()
-    choices = [(ANY, "* (any party)")] if any_party else []
-    return choices + [(name, f"{name} ({kind}{', ' + shown if shown != name else ''})")
+    choices = [(ANY, _("* (any party)"))] if any_party else []
+    kinds = {"organization": _("organization"), "partner": _("partner")}
+    return choices + [(name, f"{name} ({kinds.get(kind, kind)}"
+                             f"{', ' + shown if shown != name else ''})")
                       for name, kind, shown in rows]
 
 

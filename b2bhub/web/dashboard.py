@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from flask import render_template, request
+from flask_babel import gettext as _
 
 from b2bhub.config.extensions import db
 from b2bhub.domain.states import MessageStatus
@@ -28,12 +29,12 @@ def dashboard():
     points = stats.series(db.session, now, span)
     start = now.replace(second=0, microsecond=0) - span
     charts = [
-        ("Messages in and delivered per minute", line_chart(
-            points, [("messages_in", "in"), ("delivered", "delivered")], start, span)),
-        ("Failed attempts per minute", line_chart(
-            points, [("failures", "failures")], start, span)),
-        ("Oldest due delivery (seconds waiting)", line_chart(
-            points, [("oldest_due_seconds", "oldest due")], start, span, " s")),
+        (_("Messages in and delivered per minute"), line_chart(
+            points, [("messages_in", _("in")), ("delivered", _("delivered"))], start, span)),
+        (_("Failed attempts per minute"), line_chart(
+            points, [("failures", _("failures"))], start, span)),
+        (_("Oldest due delivery (seconds waiting)"), line_chart(
+            points, [("oldest_due_seconds", _("oldest due"))], start, span, " s")),
     ]
     return render_template("ui/dashboard.html", counts=figures.messages,
                            statuses=list(MessageStatus), total=sum(figures.messages.values()),

@@ -4,6 +4,8 @@ selected ones or of every one the filter matches."""
 from __future__ import annotations
 
 from flask import abort, flash, g, redirect, render_template, request, url_for
+from flask_babel import gettext as _
+from flask_babel import ngettext
 
 from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
@@ -11,7 +13,7 @@ from b2bhub.services import delivery_errors as svc
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import BulkRedeliverForm
-from b2bhub.web.kit import ask_first, bp, requires
+from b2bhub.web.kit import ask_first, bp, expired, requires
 from b2bhub.web.messages import ui_time
 
 PAGE_SIZE = 100
@@ -51,14 +53,14 @@ def delivery_errors():
 def redeliver_errors():
     form = BulkRedeliverForm()
     if not form.validate_on_submit():
-        abort(400, "the form expired or was not sent from this site; reload and try again")
+        abort(400, expired())
     f, errors = _filter(request.form)
     ids = None if form.all_matching.data else [
         int(i) for i in request.form.getlist("delivery") if i.isdigit()]
     args = {k: request.form.getlist(k) for k in FILTER_ARGS if request.form.get(k)}
     if errors or ids == []:
-        flash("; ".join(errors.values()) or "Select deliveries to redeliver, or all "
-              "matching.", "error")
+        flash("; ".join(errors.values()) or _("Select deliveries to redeliver, or all "
+                                              "matching."), "error")
         return redirect(url_for("ui.delivery_errors", **args))
     _confirm_redeliver(f, ids, url_for("ui.delivery_errors", **args))
     try:
@@ -69,11 +71,13 @@ def redeliver_errors():
     else:
         db.session.commit()
         done, skipped = len(result.redelivered), len(result.skipped)
-        flash(f"{done} deliver{'y' if done == 1 else 'ies'} queued again"
-              + (f"; {skipped} had changed meanwhile and were left as they are"
-                 if skipped else "")
-              + (f" (at most {svc.BULK_LIMIT} at once; run it again for the rest)"
-                 if result.more else ""))
+        flash(ngettext("%(num)s delivery queued again", "%(num)s deliveries queued again",
+                       done)
+              + (ngettext("; %(num)s had changed meanwhile and was left as it is",
+                          "; %(num)s had changed meanwhile and were left as they are",
+                          skipped) if skipped else "")
+              + (_(" (at most %(limit)s at once; run it again for the rest)",
+                   limit=svc.BULK_LIMIT) if result.more else ""))
     return redirect(url_for("ui.delivery_errors", **args))
 
 
@@ -83,11 +87,13 @@ def _confirm_redeliver(f: svc.ErrorFilter, ids: list[int] | None, back: str) -> 
             count = svc.count_errors(db.session, f)
         except ServiceError:
             count = 0
-        what = f"all {count} deliver{'y' if count == 1 else 'ies'} matching the filter"
+        question = ngettext("Redeliver all %(num)s delivery matching the filter?",
+                            "Redeliver all %(num)s deliveries matching the filter?", count)
     else:
-        what = f"the {len(ids)} selected deliver{'y' if len(ids) == 1 else 'ies'}"
-    ask_first(f"Redeliver {what}?",
-              f"Each is queued again for a new attempt, in the name of {g.actor} "
-              f"(at most {svc.BULK_LIMIT} at once); one that changed meanwhile is "
-              f"left as it is.", back, confirm="Redeliver",
+        question = ngettext("Redeliver the %(num)s selected delivery?",
+                            "Redeliver the %(num)s selected deliveries?", len(ids))
+    ask_first(question,
+              _("Each is queued again for a new attempt, in the name of %(user)s (at most "
+                "%(limit)s at once); one that changed meanwhile is left as it is.",
+                user=g.actor, limit=svc.BULK_LIMIT), back, confirm=_("Redeliver"),
               active="ui.delivery_errors")

@@ -12,6 +12,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 from flask_wtf import FlaskForm
 from flask_wtf.file import FileField, FileRequired
 from wtforms import (
@@ -27,15 +29,18 @@ from wtforms import (
 from wtforms.validators import DataRequired, Length
 from wtforms.widgets import PasswordInput
 
-from b2bhub.domain.routing import NAME_RULE
 from b2bhub.plugin.schema import Field
 from b2bhub.services.config import SECRET_MASK, together
 from b2bhub.services.errors import ServiceError
 
+#: the rule of a party's or an instance's name (b2bhub.domain.routing.NAME_RULE) as the
+#: forms say it, in the user's language
+NAME_RULE = _l("1-64 characters of a-z, 0-9, '_' and '-'")
+
 
 class LoginForm(FlaskForm):
-    name = StringField("User name", validators=[DataRequired(), Length(max=64)])
-    password = PasswordField("Password", validators=[DataRequired()])
+    name = StringField(_l("User name"), validators=[DataRequired(), Length(max=64)])
+    password = PasswordField(_l("Password"), validators=[DataRequired()])
     next = HiddenField()
 
 
@@ -44,61 +49,66 @@ class ActionForm(FlaskForm):
 
 
 class PartyForm(FlaskForm):
-    name = StringField("Name", description=NAME_RULE)
-    display_name = StringField("Display name")
+    name = StringField(_l("Name"), description=NAME_RULE)
+    display_name = StringField(_l("Display name"))
     edi_identities = TextAreaField(
-        "EDI identities", description="one qualifier:id per line, as an interchange's "
-        "envelope names the party (ZZ:ACME, 01:123456789); each one party's at most")
+        _l("EDI identities"), description=_l("one qualifier:id per line, as an interchange's "
+        "envelope names the party (ZZ:ACME, 01:123456789); each one party's at most"))
     functional_acks = SelectField(
-        "Functional acknowledgments we send", default="none", choices=[
-            ("none", "none"), ("997", "997 (X12), CONTRL (EDIFACT)"),
+        _l("Functional acknowledgments we send"), default="none", choices=[
+            ("none", _l("none")), ("997", "997 (X12), CONTRL (EDIFACT)"),
             ("999", "999 (X12), CONTRL (EDIFACT)")],
-        description="what the partner gets back for each interchange it sends us")
+        description=_l("what the partner gets back for each interchange it sends us"))
     ack_hours = StringField(
-        "Acknowledgment expected within (hours)",
-        description="empty: we expect no acknowledgment of what we send; else 1-720, "
-        "after which ack_overdue is raised")
+        _l("Acknowledgment expected within (hours)"),
+        description=_l("empty: we expect no acknowledgment of what we send; else 1-720, "
+        "after which ack_overdue is raised"))
 
 
 class RouteForm(FlaskForm):
-    source = SelectField("Source", validate_choice=False)
-    from_party = SelectField("From", validate_choice=False)
-    to_party = SelectField("To", validate_choice=False)
+    source = SelectField(_l("Source"), validate_choice=False)
+    from_party = SelectField(_l("From"), validate_choice=False)
+    to_party = SelectField(_l("To"), validate_choice=False)
     document_type = StringField(
-        "Document type", default="*",
-        description="* for any message; else a type the envelope must hold: 850, ORDERS")
-    target = SelectField("Target", validate_choice=False)
+        _l("Document type"), default="*",
+        description=_l("* for any message; else a type the envelope must hold: 850, ORDERS"))
+    target = SelectField(_l("Target"), validate_choice=False)
 
 
 class SendForm(FlaskForm):
-    file = FileField("File", validators=[FileRequired("choose a file to send")])
-    from_party = SelectField("From", validate_choice=False)
-    to_party = SelectField("To", validate_choice=False)
-    target = SelectField("Target", validate_choice=False,
-                         description="empty: the one target the routes name")
+    file = FileField(_l("File"), validators=[FileRequired(_l("choose a file to send"))])
+    from_party = SelectField(_l("From"), validate_choice=False)
+    to_party = SelectField(_l("To"), validate_choice=False)
+    target = SelectField(_l("Target"), validate_choice=False,
+                         description=_l("empty: the one target the routes name"))
 
 
 class SettingsForm(FlaskForm):
-    stall_after = StringField("Wake-ups before stalled")
-    wake_delays = StringField("Wake-up delays (seconds, comma-separated)")
-    lease_seconds = StringField("Lease length (seconds)")
-    scan_lease_seconds = StringField("Scan lease (seconds)")
-    claim_batch_max = StringField("Largest claim batch")
-    probe_interval = StringField("Probe interval (seconds)")
-    cleanup_time = StringField("Cleanup time (HH:MM)")
-    retention_days = StringField("Retention (days)")
+    stall_after = StringField(_l("Wake-ups before stalled"))
+    wake_delays = StringField(_l("Wake-up delays (seconds, comma-separated)"))
+    lease_seconds = StringField(_l("Lease length (seconds)"))
+    scan_lease_seconds = StringField(_l("Scan lease (seconds)"))
+    claim_batch_max = StringField(_l("Largest claim batch"))
+    probe_interval = StringField(_l("Probe interval (seconds)"))
+    cleanup_time = StringField(_l("Cleanup time (HH:MM)"))
+    retention_days = StringField(_l("Retention (days)"))
 
 
 class BulkRedeliverForm(FlaskForm):
     """Selected deliveries, or every one the filter matches."""
 
-    all_matching = BooleanField("all matching")
+    all_matching = BooleanField(_l("all matching"))
 
 
 # --- plugin instances: a form drawn from the plugin type's config schema ---------------
 
 def _config_field(field: Field):
-    label, help_ = field.title + (" (required)" if field.required else ""), field.help
+    """A form field of a plugin schema's field: its label and help in the user's
+    language where the catalog has them (the core's and our plugins' schemas, collected
+    by ``make i18n``), else as the plugin wrote them."""
+    label = _("%(label)s (required)", label=_(field.title)) if field.required \
+        else _(field.title)
+    help_ = _(field.help) if field.help else ""
     if field.type == "boolean":
         return BooleanField(label, description=help_)
     if field.type == "choice":
@@ -121,50 +131,50 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
         setattr(ConfigForm, field.name, _config_field(field))
 
     class InstanceForm(FlaskForm):
-        name = StringField("Name", description=NAME_RULE)
-        enabled = BooleanField("Enabled", default=True)
-        config = FormField(ConfigForm, label="Configuration")
+        name = StringField(_l("Name"), description=NAME_RULE)
+        enabled = BooleanField(_l("Enabled"), default=True)
+        config = FormField(ConfigForm, label=_l("Configuration"))
 
     roles = plugin_cls.roles
     if "target" in roles:
         InstanceForm.max_concurrent_deliveries = StringField(
-            "Max concurrent deliveries", default="4")
+            _l("Max concurrent deliveries"), default="4")
         InstanceForm.retry_policy = TextAreaField(
-            "Retry policy (JSON)", description='e.g. {"strategy": "exponential", '
-            '"base_delay": 30, "max_attempts": 5}; empty: the plugin type\'s default')
+            _l("Retry policy (JSON)"), description=_l('e.g. {"strategy": "exponential", '
+            '"base_delay": 30, "max_attempts": 5}; empty: the plugin type\'s default'))
         InstanceForm.probe_interval = StringField(
-            "Probe interval (seconds)", description="how often the destination is "
-            "probed, for types that can probe; empty: the System > Settings interval")
+            _l("Probe interval (seconds)"), description=_l("how often the destination is "
+            "probed, for types that can probe; empty: the System > Settings interval"))
         InstanceForm.business_rules = TextAreaField(
-            "Business-error rules (JSON)", render_kw={"rows": 6},
-            description='a list, checked in order on every answer, e.g. [{"name": '
+            _l("Business-error rules (JSON)"), render_kw={"rows": 6},
+            description=_l('a list, checked in order on every answer, e.g. [{"name": '
             '"rejected", "status": "2xx", "json_path": "$.status", "json_value": "ERR", '
             '"block": "instance"}]; also body_regex; block: none, sequence or instance; '
-            'empty: no rules')
+            'empty: no rules'))
     if "source" in roles:
         InstanceForm.retention_days = StringField(
-            "Retention (days)",
-            description="empty or 0: the setting's default; -1: keep forever")
+            _l("Retention (days)"),
+            description=_l("empty or 0: the setting's default; -1: keep forever"))
         InstanceForm.parties_from = SelectField(
-            "Parties from", validate_choice=False,
-            choices=[("source", "the source (its path or configuration)"),
-                     ("envelope", "the envelope (the parties' EDI identities)")],
-            description="envelope: from and to are the parties whose EDI identities the "
-            "interchange's sender and receiver are; an unknown one makes it Not routed")
+            _l("Parties from"), validate_choice=False,
+            choices=[("source", _("the source (its path or configuration)")),
+                     ("envelope", _("the envelope (the parties' EDI identities)"))],
+            description=_l("envelope: from and to are the parties whose EDI identities the "
+            "interchange's sender and receiver are; an unknown one makes it Not routed"))
         InstanceForm.edi_errors = SelectField(
-            "Envelope errors", validate_choice=False,
-            choices=[("accept", "accept: deliver, the errors in its history"),
-                     ("refuse", "refuse: store it Refused, the errors the reason")],
-            description="an interchange whose envelope has errors (control numbers, "
-            "counts, a missing trailer)")
+            _l("Envelope errors"), validate_choice=False,
+            choices=[("accept", _("accept: deliver, the errors in its history")),
+                     ("refuse", _("refuse: store it Refused, the errors the reason"))],
+            description=_l("an interchange whose envelope has errors (control numbers, "
+            "counts, a missing trailer)"))
         InstanceForm.duplicates = SelectField(
-            "Duplicate interchanges", validate_choice=False,
-            choices=[("alert", "alert: deliver, with a line and an alert"),
-                     ("refuse", "refuse: store it Refused, naming the earlier message")],
-            description="an interchange whose sender and control number came before")
+            _l("Duplicate interchanges"), validate_choice=False,
+            choices=[("alert", _("alert: deliver, with a line and an alert")),
+                     ("refuse", _("refuse: store it Refused, naming the earlier message"))],
+            description=_l("an interchange whose sender and control number came before"))
         InstanceForm.duplicate_days = StringField(
-            "Duplicate window (days)", default="30",
-            description="how far back an interchange counts as a duplicate; 0: no check")
+            _l("Duplicate window (days)"), default="30",
+            description=_l("how far back an interchange counts as a duplicate; 0: no check"))
     return InstanceForm(data=_form_data(plugin_cls, data or {}))
 
 
@@ -260,15 +270,16 @@ def instance_data(form: FlaskForm, plugin_cls: type, leave_out: set | None = Non
         try:
             data["retry_policy"] = json.loads(text) if text else None
         except json.JSONDecodeError as exc:
-            errors["retry_policy"] = f"invalid JSON: {exc.msg}"
+            errors["retry_policy"] = _("invalid JSON: %(why)s", why=exc.msg)
         text = (form.probe_interval.data or "").strip()
         data["probe_interval"] = _whole(text, "probe_interval", errors) if text else 0
         text = (form.business_rules.data or "").strip()
         try:
             data["business_rules"] = json.loads(text) if text else None
         except json.JSONDecodeError as exc:
-            errors["business_rules"] = (f"invalid JSON: {exc.msg} (line {exc.lineno}, "
-                                        f"column {exc.colno})")
+            errors["business_rules"] = _("invalid JSON: %(why)s (line %(line)s, column "
+                                         "%(column)s)", why=exc.msg, line=exc.lineno,
+                                         column=exc.colno)
     if hasattr(form, "retention_days"):
         text = (form.retention_days.data or "").strip()
         data["retention_days"] = _whole(text, "retention_days", errors) if text else None
@@ -291,7 +302,7 @@ def _whole(text: str | None, key: str, errors: dict) -> int | None:
     try:
         return int((text or "").strip())
     except ValueError:
-        errors[key] = "must be a whole number"
+        errors[key] = _("must be a whole number")
         return None
 
 

@@ -20,6 +20,9 @@ from flask import (
     request,
     url_for,
 )
+from flask_babel import force_locale
+from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 from flask_login import current_user
 from werkzeug.exceptions import HTTPException
 
@@ -27,6 +30,7 @@ from b2bhub.api.auth import RANK, requires  # noqa: F401  (the API's roles)
 from b2bhub.api.blueprint import role_for
 from b2bhub.api.errors import http_error
 from b2bhub.config.extensions import db
+from b2bhub.domain import i18n
 from b2bhub.engine.history import add_line
 from b2bhub.engine.operator import ActionRefused, UnknownObject
 from b2bhub.services.errors import ServiceError
@@ -55,8 +59,8 @@ def check_login_and_role():
     needed = role_for(current_app.view_functions.get(request.endpoint or ""),
                       request.method) or "viewer"
     if not can(needed):
-        abort(403, f"this needs the {needed} role; '{current_user.name}' has the "
-                   f"{current_user.role} role")
+        abort(403, _("this needs the %(needed)s role; '%(user)s' has the %(role)s role",
+                     needed=needed, user=current_user.name, role=current_user.role))
     g.actor = current_user.name
     if request.method == "GET" and request.endpoint in LIVE_PAGES:
         g.live_after = _live_watermark()
@@ -83,8 +87,9 @@ def _live_watermark() -> int:
 def _error_page(exc: HTTPException):
     """Refusals as a page; a form without a valid CSRF token (CSRFError, a 400) lands
     here too and changes nothing."""
-    return render_template("ui/error.html", code=exc.code, name=exc.name,
-                           description=exc.description), exc.code
+    return render_template("ui/error.html", code=exc.code,
+                           name=_(ERROR_NAMES[exc.code]) if exc.code in ERROR_NAMES
+                           else exc.name, description=_error_text(exc)), exc.code
 
 
 @bp.errorhandler(500)
@@ -93,10 +98,33 @@ def _failure_page(exc: HTTPException):
     500. Flask has logged what failed, with its traceback; what the request had not
     committed is rolled back."""
     db.session.rollback()
-    return render_template("ui/error.html", code=500, name="Something went wrong",
-                           description="The hub could not show this page. What failed is "
-                                       "in the log (Logs); try again, or tell whoever "
-                                       "runs the hub."), 500
+    return render_template("ui/error.html", code=500, name=_("Something went wrong"),
+                           description=_("The hub could not show this page. What failed is "
+                                         "in the log (Logs); try again, or tell whoever "
+                                         "runs the hub.")), 500
+
+
+#: the error pages' titles (werkzeug's names of the codes, in English)
+ERROR_NAMES = {400: i18n.N_("Bad Request"), 403: i18n.N_("Forbidden"),
+               404: i18n.N_("Not Found")}
+
+
+def _error_text(exc: HTTPException) -> str:
+    """What an error page says: the view's own reason (already in the user's language
+    where the UI wrote it), else werkzeug's default, put in the user's words."""
+    if exc.description == type(exc).description:
+        return _(DEFAULT_TEXTS[exc.code]) if exc.code in DEFAULT_TEXTS else exc.description
+    return exc.description
+
+
+DEFAULT_TEXTS = {
+    400: i18n.N_("The browser (or proxy) sent a request that this server could not "
+                 "understand."),
+    403: i18n.N_("You don't have the permission to access the requested resource. It is "
+                 "either read-protected or not readable by the server."),
+    404: i18n.N_("The requested URL was not found on the server. If you entered the URL "
+                 "manually please check your spelling and try again."),
+}
 
 
 @bp.app_errorhandler(404)
@@ -115,9 +143,12 @@ def _unknown_address(exc: HTTPException):
     return http_error(exc)
 
 
-def record_change(text: str) -> None:
+def record_change(text) -> None:
     """A history line (not tied to a message) for a change of configuration by the
-    logged-in user, written in the transaction of the change."""
+    logged-in user, written in the transaction of the change. The line is stored in
+    English whatever the user reads (a lazy text is rendered in English here)."""
+    with force_locale(i18n.DEFAULT):
+        text = str(text)
     add_line(db.session, None, "config_changed", f"{g.actor}: {text}", actor=g.actor)
 
 
@@ -136,7 +167,7 @@ def submit(form, change: Callable[[], object], describe: Callable[[object], str]
     return result
 
 
-def ask_first(question: str, detail: str, back: str, confirm: str = "Delete",
+def ask_first(question: str, detail: str, back: str, confirm: str | None = None,
               active: str | None = None) -> None:
     """Show the confirm page of a delete or a bulk action unless this is its confirmed
     POST (then return, and the view acts).
@@ -151,7 +182,8 @@ def ask_first(question: str, detail: str, back: str, confirm: str = "Delete",
                for value in request.form.getlist(key)]
     abort(make_response(render_template(
         "ui/confirm.html", action=ActionForm(), question=question, detail=detail,
-        confirm=confirm, back=back, carried=carried, target=request.path, active=active)))
+        confirm=confirm or _("Delete"), back=back, carried=carried, target=request.path,
+        active=active)))
 
 
 def button(change: Callable[[], object], describe: Callable[[object], str],
@@ -160,7 +192,7 @@ def button(change: Callable[[], object], describe: Callable[[object], str],
     committed with a history line (unless the service writes its own) and flashed, or
     rolled back with the reason flashed."""
     if not ActionForm().validate_on_submit():
-        abort(400, "the form expired or was not sent from this site; reload and try again")
+        abort(400, expired())
     try:
         result = change()
     except (ServiceError, ActionRefused, UnknownObject) as exc:
@@ -170,11 +202,26 @@ def button(change: Callable[[], object], describe: Callable[[object], str],
     _done(describe(result), record)
 
 
-def _done(text: str, record: bool = True) -> None:
+def _done(text, record: bool = True) -> None:
+    """Commit a change; its history line in English, its flash in the user's words
+    (``text`` may be a lazy text: it is rendered once in each)."""
     if record:
         record_change(text)
     db.session.commit()
+    text = str(text)
     flash(text[:1].upper() + text[1:])
+
+
+def expired() -> str:
+    """Why a form without its valid CSRF token changed nothing."""
+    return _("the form expired or was not sent from this site; reload and try again")
+
+
+@bp.app_context_processor
+def _party_words() -> dict:
+    """The kinds of party as the pages name them."""
+    return {"party_kinds": {"organization": _l("Organization"), "partner": _l("Partner")},
+            "party_words": {"organization": _l("organization"), "partner": _l("partner")}}
 
 
 def request_session():

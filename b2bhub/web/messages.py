@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from flask import abort, flash, g, redirect, render_template, request, url_for
+from flask_babel import gettext as _
 from werkzeug.datastructures import MultiDict
 
 from b2bhub.config.extensions import db
@@ -21,7 +22,7 @@ from b2bhub.services.envelope import envelope_view
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.choices import instance_names, party_choices
 from b2bhub.web.forms import ActionForm, SendForm, show_service_error
-from b2bhub.web.kit import bp, requires
+from b2bhub.web.kit import bp, expired, requires
 
 PAGE_SIZE = 50
 #: the envelope filters (docs/edi.md) are the API's, by the same names
@@ -41,7 +42,7 @@ def ui_time(args: MultiDict, name: str, errors: dict) -> datetime | None:
     try:
         moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        errors[name] = "a time like 2024-05-01T12:00 (UTC)"
+        errors[name] = _("a time like %(example)s (UTC)", example="2024-05-01T12:00")
         return None
     return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
@@ -51,7 +52,7 @@ def message_filter(args: MultiDict) -> tuple[svc.MessageFilter, dict]:
     statuses = [s for s in args.getlist("status") if s]
     wrong = [s for s in statuses if s not in MessageStatus.__members__.values()]
     if wrong:
-        errors["status"] = f"unknown status {', '.join(wrong)}"
+        errors["status"] = _("unknown status %(status)s", status=", ".join(wrong))
     filters = svc.MessageFilter(
         status=[s for s in statuses if s not in wrong] or None,
         from_party=args.get("from") or None, to_party=args.get("to") or None,
@@ -136,7 +137,7 @@ def message(message_id: int):
     try:
         found = svc.get_message(db.session, message_id)
     except ServiceError:
-        abort(404, f"no message {message_id}")
+        abort(404, _("no message %(id)s", id=message_id))
     history = svc.message_history(db.session, message_id)
     svc.attach_acknowledgments(db.session, [found])
     return render_template("ui/message.html", m=found, form=ActionForm(), history=history,
@@ -181,7 +182,7 @@ def message_action(message_id: int, action: str):
 def delivery_action(delivery_id: int, action: str):
     delivery = db.session.get(Delivery, delivery_id)
     if delivery is None:
-        abort(404, f"no delivery {delivery_id}")
+        abort(404, _("no delivery %(id)s", id=delivery_id))
     message_id = delivery.message_id
     _act(operator.DELIVERY_ACTIONS[action], delivery_id)
     return redirect(url_for("ui.message", message_id=message_id))
@@ -190,7 +191,7 @@ def delivery_action(delivery_id: int, action: str):
 def _act(action, object_id: int) -> None:
     """Run an operator action as the logged-in user and say what happened."""
     if not ActionForm().validate_on_submit():
-        abort(400, "the form expired or was not sent from this site; reload and try again")
+        abort(400, expired())
     try:
         result = action(db.session, object_id, g.actor, utcnow())
     except operator.UnknownObject as exc:
@@ -210,8 +211,8 @@ def send_message():
     request.max_content_length = sending.MAX_BYTES + 1024 * 1024  # room for the form
     form = SendForm()
     parties = party_choices(any_party=False)
-    form.from_party.choices = form.to_party.choices = [("", "choose…")] + parties
-    form.target.choices = [("", "(from the routes)")] + [
+    form.from_party.choices = form.to_party.choices = [("", _("choose…"))] + parties
+    form.target.choices = [("", _("(from the routes)"))] + [
         (n, n) for n in instance_names("target")]
     if form.validate_on_submit():
         upload = form.file.data
@@ -225,8 +226,9 @@ def send_message():
             show_service_error(form, exc, {"from": "from_party", "to": "to_party"})
         else:
             db.session.commit()
-            flash(f"Message {found.id} stored and sent to {found.deliveries[0].target}"
-                  if found.deliveries else f"Message {found.id} stored")
+            flash(_("Message %(id)s stored and sent to %(target)s", id=found.id,
+                    target=found.deliveries[0].target)
+                  if found.deliveries else _("Message %(id)s stored", id=found.id))
             return redirect(url_for("ui.message", message_id=found.id))
     status = 400 if form.errors or form.form_errors else 200
     return render_template("ui/send.html", form=form, active="ui.messages"), status

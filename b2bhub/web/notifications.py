@@ -4,6 +4,8 @@ deleting one (after a confirmation), sending a test, and the latest notification
 from __future__ import annotations
 
 from flask import abort, flash, g, redirect, render_template, request, url_for
+from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 from flask_wtf import FlaskForm
 from wtforms import BooleanField, SelectMultipleField, StringField
 from wtforms.widgets import CheckboxInput, ListWidget
@@ -13,19 +15,19 @@ from b2bhub.models import utcnow
 from b2bhub.services import notifications as svc
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.forms import ActionForm, show_service_error
-from b2bhub.web.kit import ask_first, bp, form_status, requires
+from b2bhub.web.kit import ask_first, bp, expired, form_status, requires
 
 
 class ChannelForm(FlaskForm):
-    name = StringField("Name", description="1-64 of a-z 0-9 _ -")
-    url = StringField("Apprise URL", description=(
-        "mailto://user:password@smtp.example.com?to=ops@example.com, "
-        "json://hooks.example.com/b2bhub, slack://..., msteams://..."))
+    name = StringField(_l("Name"), description=_l("1-64 of a-z 0-9 _ -"))
+    url = StringField(_l("Apprise URL"), description=(
+        _l("mailto://user:password@smtp.example.com?to=ops@example.com, "
+        "json://hooks.example.com/b2bhub, slack://..., msteams://...")))
     kinds = SelectMultipleField(
-        "Alert kinds", choices=[(k, k.replace("_", " ")) for k in svc.ALERT_KINDS],
+        _l("Alert kinds"), choices=[(k, k.replace("_", " ")) for k in svc.ALERT_KINDS],
         option_widget=CheckboxInput(), widget=ListWidget(prefix_label=False),
-        description="none ticked: every kind")
-    on_resolve = BooleanField("Also when an alert resolves")
+        description=_l("none ticked: every kind"))
+    on_resolve = BooleanField(_l("Also when an alert resolves"))
 
 
 @bp.route("/system/notifications", methods=["GET", "POST"])
@@ -42,7 +44,7 @@ def notifications():
                 show_service_error(form, exc)
             else:
                 db.session.commit()
-                flash(f"Created notification channel {channel.name}")
+                flash(_("Created notification channel %(name)s", name=channel.name))
                 return redirect(url_for("ui.notifications"))
     return render_template("ui/notifications.html", form=form, action=ActionForm(),
                            channels=[svc.channel_shape(c) for c in svc.list_channels(
@@ -56,14 +58,15 @@ def notifications():
 def delete_channel(name: str):
     """Asks for confirmation first (:func:`~b2bhub.web.confirmation`)."""
     channel = svc.channel_shape(_channel_or_404(name))
-    ask_first(f"Delete notification channel {name} ({channel['url']})?",
-              "Its pending notifications are dropped; alerts then reach only "
-              "the other channels.", url_for("ui.notifications"),
+    ask_first(_("Delete notification channel %(name)s (%(url)s)?", name=name,
+                url=channel["url"]),
+              _("Its pending notifications are dropped; alerts then reach only "
+                "the other channels."), url_for("ui.notifications"),
               active="ui.settings")
     _check_form()
     svc.delete_channel(db.session, name, g.actor, utcnow())
     db.session.commit()
-    flash(f"Deleted notification channel {name}")
+    flash(_("Deleted notification channel %(name)s", name=name))
     return redirect(url_for("ui.notifications"))
 
 
@@ -74,9 +77,10 @@ def test_channel(name: str):
     error = svc.test_channel(db.session, name, g.actor, utcnow())
     db.session.commit()
     if error is None:
-        flash(f"Sent a test notification to {name}")
+        flash(_("Sent a test notification to %(name)s", name=name))
     else:
-        flash(f"The test notification to {name} failed: {error}", "error")
+        flash(_("The test notification to %(name)s failed: %(error)s", name=name,
+                error=error), "error")
     return redirect(url_for("ui.notifications"))
 
 
@@ -89,4 +93,4 @@ def _channel_or_404(name: str):
 
 def _check_form() -> None:
     if not ActionForm().validate_on_submit():
-        abort(400, "the form expired or was not sent from this site; reload and try again")
+        abort(400, expired())

@@ -4,6 +4,8 @@ add (a protocol's page of its own, or one drawn from the kind's schema)."""
 from __future__ import annotations
 
 from flask import abort, flash, g, redirect, render_template, request, url_for
+from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 from sqlalchemy import select
 
 from b2bhub.config.extensions import db
@@ -20,9 +22,17 @@ from b2bhub.services.profiles import (
     run_connection_test,
 )
 from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form
-from b2bhub.web.kit import ask_first, bp, button, form_status, requires, submit
+from b2bhub.web.kit import ask_first, bp, button, expired, form_status, requires, submit
 
 KINDS = {"organization": ORGANIZATION, "partner": PARTNER}
+#: a party's change as its history line and flash say it, by kind (each its own
+#: msgid: the words around a kind agree with it in other languages)
+CREATED = {ORGANIZATION: lambda **v: _l("created organization %(name)s", **v),
+           PARTNER: lambda **v: _l("created partner %(name)s", **v)}
+CHANGED = {ORGANIZATION: lambda **v: _l("changed organization %(name)s", **v),
+           PARTNER: lambda **v: _l("changed partner %(name)s", **v)}
+DELETED = {ORGANIZATION: lambda **v: _l("deleted organization %(name)s", **v),
+           PARTNER: lambda **v: _l("deleted partner %(name)s", **v)}
 
 
 def _forms(posted: str | None = None) -> dict[str, PartyForm]:
@@ -54,7 +64,7 @@ def create_party(kind: str):
     if form.validate_on_submit() and submit(
             form, lambda: svc.create_party(db.session, kind, (form.name.data or "").strip(),
                                            form.display_name.data or ""),
-            lambda party: f"created {kind} {party.name}"):
+            lambda party: CREATED[kind](name=party.name)):
         return redirect(url_for("ui.parties"))
     return _page(forms, 400)
 
@@ -76,7 +86,7 @@ def edit_party(kind: str, name: str):
                 _lines(form.edi_identities.data), actor=g.actor,
                 acks={"functional_acks": form.functional_acks.data,
                       "ack_hours": _hours(form.ack_hours.data)}),
-            lambda _party: f"changed {kind} {name}"):
+            lambda _party: CHANGED[kind](name=name)):
         return redirect(url_for("ui.parties"))
     return render_template("ui/party_form.html", form=form, party=party,
                            active="ui.parties"), form_status(form)
@@ -102,12 +112,13 @@ def delete_party(kind: str, name: str):
         svc.get_party(db.session, kind, name)
     except ServiceError as exc:
         abort(404, exc.message)
-    ask_first(f"Delete {kind} {name}?",
-              "Its profiles go with it; routes that name it must go first, and "
-              "its messages and their history stay.", url_for("ui.parties"),
+    ask_first(_("Delete organization %(name)s?", name=name) if kind == ORGANIZATION
+              else _("Delete partner %(name)s?", name=name),
+              _("Its profiles go with it; routes that name it must go first, and "
+                "its messages and their history stay."), url_for("ui.parties"),
               active="ui.parties")
     button(lambda: svc.delete_party(db.session, kind, name),
-           lambda _none: f"deleted {kind} {name}")
+           lambda _none: DELETED[kind](name=name))
     return redirect(url_for("ui.parties"))
 
 
@@ -154,11 +165,20 @@ def _schema_page(found, party, shown):
                            kind=found, active="ui.parties"), form_status(form)
 
 
-def saved_line(found, kind: str, name: str, created: bool, saved: dict, extra: str = "") -> str:
-    """The history line of a saved profile."""
+def saved_line(found, kind: str, name: str, created: bool, saved: dict, extra: str = ""):
+    """The history line of a saved profile (a lazy text: stored in English, flashed in
+    the user's language; what the plugin describes is as it wrote it)."""
     described = found.describe(saved)
-    return (f"{'created' if created else 'changed'} the {found.label} profile of {kind} "
-            f"{name}" + (f" ({described})" if described else "") + extra)
+    more = (f" ({described})" if described else "") + extra
+    values = {"protocol": found.label, "name": name, "more": more}
+    if kind == ORGANIZATION:
+        return (_l("created the %(protocol)s profile of organization %(name)s%(more)s",
+                   **values) if created else
+                _l("changed the %(protocol)s profile of organization %(name)s%(more)s",
+                   **values))
+    return (_l("created the %(protocol)s profile of partner %(name)s%(more)s", **values)
+            if created else
+            _l("changed the %(protocol)s profile of partner %(name)s%(more)s", **values))
 
 
 @bp.route("/parties/<any(organization, partner):kind>/<name>/<protocol>/delete",
@@ -167,12 +187,18 @@ def saved_line(found, kind: str, name: str, created: bool, saved: dict, extra: s
 def delete_profile(kind: str, name: str, protocol: str):
     found = _kind_or_404(protocol)
     back = url_for("ui.profile", kind=kind, name=name, protocol=protocol)
-    ask_first(f"Delete the {found.label} profile of {kind} {name}?",
-              f"Its settings and certificates are removed for good; {name} has no "
-              f"{found.label} profile until a new one is saved.", back,
+    ask_first(_("Delete the %(protocol)s profile of %(kind)s %(name)s?",
+                protocol=found.label, kind=_("organization") if kind == ORGANIZATION
+                else _("partner"), name=name),
+              _("Its settings and certificates are removed for good; %(name)s has no "
+                "%(protocol)s profile until a new one is saved.", name=name,
+                protocol=found.label), back,
               active="ui.parties")
     button(lambda: found.delete(db.session, kind, name),
-           lambda _none: f"deleted the {found.label} profile of {kind} {name}")
+           lambda _none: (_l("deleted the %(protocol)s profile of organization %(name)s",
+                             protocol=found.label, name=name) if kind == ORGANIZATION else
+                          _l("deleted the %(protocol)s profile of partner %(name)s",
+                             protocol=found.label, name=name)))
     return redirect(url_for("ui.profile", kind=kind, name=name, protocol=protocol))
 
 
@@ -182,7 +208,7 @@ def test_profile(name: str, protocol: str):
     a link to the test message (whose history names the operator)."""
     found = _kind_or_404(protocol)
     if not ActionForm().validate_on_submit():
-        abort(400, "the form expired or was not sent from this site; reload and try again")
+        abort(400, expired())
     options = {"organization": request.form.get("organization") or None,
                "wait": _wait(request.form.get("wait"))}
     try:
@@ -209,7 +235,7 @@ def _wait(text: str | None) -> int:
 def party_page(name: str):
     party = db.session.scalar(select(Party).where(Party.name == name))
     if party is None:
-        abort(404, f"no party named {name!r}")
+        abort(404, _("no party named %(name)r", name=name))
     now = utcnow()
     ids = partner.newest_ids(db.session, name)
     kinds = profile_kinds(hub.registry())

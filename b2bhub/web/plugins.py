@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 from flask import abort, flash, g, redirect, render_template, request, url_for
+from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 
 from b2bhub.api.shapes import instance_json
 from b2bhub.config.extensions import db
@@ -42,20 +44,20 @@ def shown_config(schema: list, config: dict) -> list[tuple[str, str]]:
                                             and not field.default):
             continue
         if field.type == "boolean":
-            text = "yes" if value else "no"
+            text = _("yes") if value else _("no")
         elif field.type == "secret":
             text = SECRET_MASK
         elif field.type == "json":
             text = json.dumps(value, separators=(", ", ": "))
         else:
             text = str(value)
-        shown.append((field.title, text))
+        shown.append((_(field.title), text))
     return shown
 
 
 def _plugin_class(type_name: str) -> type:
     if type_name not in hub.registry():
-        abort(404, f"no plugin type {type_name!r} is installed")
+        abort(404, _("no plugin type %(type)r is installed", type=type_name))
     return hub.registry().get(type_name)
 
 
@@ -76,8 +78,10 @@ def edit_instance(type_name: str | None = None, name: str | None = None):
     if form.validate_on_submit() and submit(
             form, lambda: save_instance_form(form, plugin_cls, lambda data: svc.save_instance(
                 db.session, hub.registry(), data, row, actor=g.actor)),
-            lambda saved: f"{'created' if row is None else 'changed'} {saved.type} "
-                          f"instance {saved.name}"):
+            lambda saved: (_l("created %(type)s instance %(name)s", type=saved.type,
+                              name=saved.name) if row is None else
+                           _l("changed %(type)s instance %(name)s", type=saved.type,
+                              name=saved.name))):
         return redirect(url_for("ui.plugins"))
     return render_template("ui/plugin_form.html", form=form, row=row, plugin_cls=plugin_cls,
                            active="ui.plugins"), form_status(form)
@@ -89,7 +93,8 @@ def instance_action(name: str, action: str):
         row = svc.get_instance(db.session, name)
         svc.save_instance(db.session, hub.registry(), {
             "enabled": action == "enable", "config": dict(row.config or {})}, row)
-    button(change, lambda _none: f"{action}d instance {name}")
+    button(change, lambda _none: _l("enabled instance %(name)s", name=name)
+           if action == "enable" else _l("disabled instance %(name)s", name=name))
     return redirect(url_for("ui.plugins"))
 
 
@@ -127,10 +132,10 @@ def delete_instance(name: str):
         row = svc.get_instance(db.session, name)
     except ServiceError as exc:
         abort(404, exc.message)
-    ask_first(f"Delete {row.type} instance {name}?",
-              "Its configuration is gone for good; routes that name it must go "
-              "first, and its messages and their history stay.",
+    ask_first(_("Delete %(type)s instance %(name)s?", type=row.type, name=name),
+              _("Its configuration is gone for good; routes that name it must go "
+                "first, and its messages and their history stay."),
               url_for("ui.plugins"), active="ui.plugins")
     button(lambda: svc.delete_instance(db.session, name),
-           lambda _none: f"deleted instance {name}")
+           lambda _none: _l("deleted instance %(name)s", name=name))
     return redirect(url_for("ui.plugins"))

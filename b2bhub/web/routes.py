@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from flask import abort, g, redirect, render_template, request, url_for
+from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 
 from b2bhub.config.extensions import db
 from b2bhub.domain import routing
@@ -41,8 +43,8 @@ def _route_form(route: Route | None = None) -> RouteForm:
                 "to_party": route.to_party, "target": route.target,
                 "document_type": route.document_type}
     form = RouteForm(data=data)
-    form.source.choices = [("", "choose…")] + [(n, n) for n in instance_names("source")]
-    form.target.choices = [("", "choose…")] + [(n, n) for n in instance_names("target")]
+    form.source.choices = [("", _("choose…"))] + [(n, n) for n in instance_names("source")]
+    form.target.choices = [("", _("choose…"))] + [(n, n) for n in instance_names("target")]
     form.from_party.choices = form.to_party.choices = party_choices()
     return form
 
@@ -52,7 +54,7 @@ def _route_form(route: Route | None = None) -> RouteForm:
 def edit_route(route_id: int | None = None):
     route = db.session.get(Route, route_id) if route_id is not None else None
     if route_id is not None and route is None:
-        abort(404, f"no route {route_id}")
+        abort(404, _("no route %(id)s", id=route_id))
     form = _route_form(route)
     if form.validate_on_submit():
         values = (form.source.data, form.from_party.data or ANY, form.to_party.data or ANY,
@@ -61,12 +63,13 @@ def edit_route(route_id: int | None = None):
         if route is None:
             saved = submit(form, lambda: svc.create_route(
                 db.session, hub.registry(), *values, actor=g.actor, document_type=kind),
-                lambda new: f"saved {_describe(new)}", ALIASES)
+                lambda new: _l("saved %(route)s", route=_describe(new)), ALIASES)
         else:
             saved = submit(form, lambda: svc.replace_route(
                 db.session, hub.registry(), route.id, *values, actor=g.actor,
                 document_type=kind),
-                lambda new: f"replaced route {route_id} by {_describe(new)}", ALIASES)
+                lambda new: _l("replaced route %(id)s by %(route)s", id=route_id,
+                               route=_describe(new)), ALIASES)
         if saved:
             return redirect(url_for("ui.routes"))
     return render_template("ui/route_form.html", form=form, route=route,
@@ -83,11 +86,11 @@ def _describe(route: Route) -> str:
 def delete_route(route_id: int):
     route = db.session.get(Route, route_id)
     if route is None:
-        abort(404, f"no route {route_id}")
-    ask_first(f"Delete {_describe(route)}?",
-              "Messages it would route afterwards are Not routed unless "
-              "another route matches them.", url_for("ui.routes"),
+        abort(404, _("no route %(id)s", id=route_id))
+    ask_first(_("Delete %(route)s?", route=_describe(route)),
+              _("Messages it would route afterwards are Not routed unless "
+                "another route matches them."), url_for("ui.routes"),
               active="ui.routes")
     button(lambda: svc.delete_route(db.session, route_id),
-           lambda _none: f"deleted route {route_id}")
+           lambda _none: _l("deleted route %(id)s", id=route_id))
     return redirect(url_for("ui.routes"))

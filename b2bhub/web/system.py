@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from flask import abort, g, redirect, render_template, request, url_for
+from flask_babel import gettext as _
+from flask_babel import lazy_gettext as _l
 
 from b2bhub.config.extensions import db
 from b2bhub.engine import blocking, instances, presence
@@ -54,7 +56,9 @@ def _save(form: SettingsForm, current: DeliverySettings) -> tuple[dict, dict]:
 def _changed(old_new: tuple[dict, dict]) -> str:
     old, new = old_new
     changed = sorted(key for key, value in new.items() if old[key] != value)
-    return "changed delivery settings: " + (", ".join(changed) or "nothing")
+    if not changed:
+        return _l("changed delivery settings: nothing")
+    return _l("changed delivery settings: %(names)s", names=", ".join(changed))
 
 
 LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -65,7 +69,7 @@ def logs():
     """Newest first; the page then tails ``/api/v1/logs/stream`` with the same filters."""
     level = request.args.get("level") or "info"
     if level not in LEVELS:
-        abort(400, f"level must be one of {', '.join(LEVELS)}")
+        abort(400, _("level must be one of %(levels)s", levels=", ".join(LEVELS)))
     process = request.args.get("process") or None
     filters = presence.LogFilter(min_level=presence.level_number(level), process=process)
     records = presence.list_log_records(db.session, filters, 200).items

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import abort, redirect, url_for
+from flask_babel import lazy_gettext as _l
 from flask_wtf import FlaskForm
 from flask_wtf.file import FileField
 from wtforms import BooleanField, PasswordField, SelectField, StringField, TextAreaField
@@ -43,58 +44,59 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
     own = kind == "organization"
 
     class As2ProfileForm(FlaskForm):
-        as2_id = StringField("AS2 ID", description="unique among all AS2 profiles")
-        sign = BooleanField("Sign")
-        digest_alg = SelectField("Signing digest", choices=DIGESTS)
-        encrypt = BooleanField("Encrypt")
-        encryption_alg = SelectField("Encryption", choices=CIPHERS)
+        as2_id = StringField(_l("AS2 ID"), description=_l("unique among all AS2 profiles"))
+        sign = BooleanField(_l("Sign"))
+        digest_alg = SelectField(_l("Signing digest"), choices=DIGESTS)
+        encrypt = BooleanField(_l("Encrypt"))
+        encryption_alg = SelectField(_l("Encryption"), choices=CIPHERS)
         key_encryption = SelectField(
-            "Key encryption", choices=KEY_ENCRYPTIONS,
-            description="how the content key is wrapped for the partner (we accept all)")
-        compress = BooleanField("Compress")
+            _l("Key encryption"), choices=KEY_ENCRYPTIONS,
+            description=_l("how the content key is wrapped for the partner (we accept all)"))
+        compress = BooleanField(_l("Compress"))
         accept_expired_certificates = BooleanField(
-            "Accept expired certificates",
-            description="use a certificate outside its validity window (a warning line "
-                        "each time) instead of refusing")
-        mdn_mode = SelectField("MDN mode", choices=MDN_MODES)
-        mdn_signed = BooleanField("Signed MDN")
-        mdn_digest_alg = SelectField("MDN digest", choices=DIGESTS)
-        receipt_timeout = StringField("Receipt timeout (seconds)",
-                                      description="how long to wait for an asynchronous MDN")
-        canonicalize_as_binary = BooleanField("Canonicalize as binary")
-        chunked = BooleanField("Chunked transfer encoding",
-                               description="off: send with Content-Length (a 411 answer to "
-                               "chunked is sent again with Content-Length)")
+            _l("Accept expired certificates"),
+            description=_l("use a certificate outside its validity window (a warning line "
+                        "each time) instead of refusing"))
+        mdn_mode = SelectField(_l("MDN mode"), choices=MDN_MODES)
+        mdn_signed = BooleanField(_l("Signed MDN"))
+        mdn_digest_alg = SelectField(_l("MDN digest"), choices=DIGESTS)
+        receipt_timeout = StringField(_l("Receipt timeout (seconds)"),
+                                      description=_l("how long to wait for an asynchronous MDN"))
+        canonicalize_as_binary = BooleanField(_l("Canonicalize as binary"))
+        chunked = BooleanField(_l("Chunked transfer encoding"),
+                               description=_l("off: send with Content-Length (a 411 answer to "
+                               "chunked is sent again with Content-Length)"))
         accept_mdn_without_mic = BooleanField(
-            "Accept a signed MDN without MIC",
-            description="delivered with a warning instead of failed (RFC 4130 requires "
-            "the MIC on signed receipts)")
-        content_type = StringField("Content type")
-        subject = StringField("Subject")
+            _l("Accept a signed MDN without MIC"),
+            description=_l("delivered with a warning instead of failed (RFC 4130 requires "
+            "the MIC on signed receipts)"))
+        content_type = StringField(_l("Content type"))
+        subject = StringField(_l("Subject"))
         certificate_file = FileField(
-            "Our certificate and private key" if own else "Partner certificate",
-            description=("PEM (certificate with its key, or the key in the next field) or "
-                         "PKCS#12 (.p12, .pfx) with its password" if own else
-                         "PEM or DER certificate, or PKCS#12") +
-            "; leave empty to keep the stored one")
-        password = PasswordField("Password of the key or PKCS#12",
-                                 description="used once to open it, never kept or shown")
+            _l("Our certificate and private key") if own else _l("Partner certificate"),
+            description=(_l("PEM (certificate with its key, or the key in the next field) or "
+                         "PKCS#12 (.p12, .pfx) with its password") if own else
+                         _l("PEM or DER certificate, or PKCS#12")) +
+            _l("; leave empty to keep the stored one"))
+        password = PasswordField(_l("Password of the key or PKCS#12"),
+                                 description=_l("used once to open it, never kept or shown"))
 
     if own:
         As2ProfileForm.mdn_url = StringField(
-            "MDN URL", description="where partners post asynchronous MDNs to us (optional)")
+            _l("MDN URL"), description=_l("where partners post asynchronous MDNs to us (optional)"))
         As2ProfileForm.message_id_domain = StringField(
-            "Message-ID domain", description="empty: the host's name")
+            _l("Message-ID domain"), description=_l("empty: the host's name"))
         As2ProfileForm.disposition_notification_to = StringField(
-            "Disposition-Notification-To", description="empty: as2@<Message-ID domain>")
+            _l("Disposition-Notification-To"), description=_l("empty: as2@<Message-ID domain>"))
         As2ProfileForm.mdn_text = TextAreaField(
-            "MDN text", description="the human-readable part of our receipts; empty: b2bhub's")
+            _l("MDN text"),
+            description=_l("the human-readable part of our receipts; empty: b2bhub's"))
         As2ProfileForm.mdn_failed_text = TextAreaField(
-            "Negative MDN text", description="empty: b2bhub's")
+            _l("Negative MDN text"), description=_l("empty: b2bhub's"))
         As2ProfileForm.key_file = FileField(
-            "Private key (PEM)", description="only when the certificate file has no key")
+            _l("Private key (PEM)"), description=_l("only when the certificate file has no key"))
     else:
-        As2ProfileForm.url = StringField("URL", description="the partner's AS2 endpoint")
+        As2ProfileForm.url = StringField(_l("URL"), description=_l("the partner's AS2 endpoint"))
         _tls_fields(As2ProfileForm)
     values = {k: v for k, v in data.items()
               if k in (*_AS2_TEXT, *_AS2_BOOL, *_AS2_SELECT, *(() if own else _TLS))}
@@ -107,21 +109,21 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
 def _tls_fields(form_class) -> None:
     """A partner's outbound TLS: the CAs of its server, our client certificate."""
     form_class.tls_ca_bundle = TextAreaField(
-        "TLS CA bundle (PEM)", description="the CA certificates that verify the partner's "
-        "HTTPS server certificate; empty: none of the partner's own")
+        _l("TLS CA bundle (PEM)"), description=_l("the CA certificates that verify the partner's "
+        "HTTPS server certificate; empty: none of the partner's own"))
     form_class.tls_system_trust = BooleanField(
-        "Also trust the system's CA store",
-        description="off: only the CA bundle above is trusted")
+        _l("Also trust the system's CA store"),
+        description=_l("off: only the CA bundle above is trusted"))
     form_class.tls_client_file = FileField(
-        "TLS client certificate (mutual TLS)",
-        description="ours, with its private key: PEM (certificate and key, or the key in "
-        "the next field) or PKCS#12; leave empty to keep the stored one")
-    form_class.tls_client_key_file = FileField("TLS client private key (PEM)",
-                                               description="only when the file above has none")
+        _l("TLS client certificate (mutual TLS)"),
+        description=_l("ours, with its private key: PEM (certificate and key, or the key in "
+        "the next field) or PKCS#12; leave empty to keep the stored one"))
+    form_class.tls_client_key_file = FileField(_l("TLS client private key (PEM)"),
+                                               description=_l("only when the file above has none"))
     form_class.tls_client_password = PasswordField(
-        "Password of the TLS client key or PKCS#12",
-        description="used once to open it, never kept or shown")
-    form_class.tls_client_remove = BooleanField("Remove the TLS client certificate")
+        _l("Password of the TLS client key or PKCS#12"),
+        description=_l("used once to open it, never kept or shown"))
+    form_class.tls_client_remove = BooleanField(_l("Remove the TLS client certificate"))
 
 
 def _tls_data(form: FlaskForm, data: dict, errors: dict) -> None:
