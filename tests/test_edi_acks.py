@@ -275,9 +275,10 @@ def test_the_api_shows_and_filters_the_acknowledgment(loop, session, api):
 def test_the_message_page_says_acknowledged(loop, session, login):  # noqa: F811
     po = send(loop, session, X12)
     client = login("admin")
-    assert '<dd id="acknowledgment">Awaiting acknowledgment</dd>' in client.get(
+    cell = '<dd id="acknowledgment" data-acknowledgment="{}">{}</dd>'
+    assert cell.format("awaiting", "Awaiting acknowledgment") in client.get(
         f"/ui/messages/{po}").get_data(True)
     receive(loop, session, x12_ack(status="R", codes=("5",)))
     ack_waits.run(session, utcnow())
     page = client.get(f"/ui/messages/{po}").get_data(True)
-    assert '<dd id="acknowledgment">Rejected</dd>' in page and "AK5 0001: 5" in page
+    assert cell.format("rejected", "Rejected") in page and "AK5 0001: 5" in page

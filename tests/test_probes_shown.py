@@ -24,7 +24,7 @@ def test_the_probe_interval_of_an_instance_is_checked(api, hub, session, peer):
     setup_poster(hub, session, peer)
     config = instance().config
     error = error_of(api.put("/api/v1/plugins/configs/poster", json={
-        "probe_interval": 3, "config": config}), 400)
+        "probe_interval": 3, "config": config}), 422)  # 0, or 5 and up: the hub says
     assert error["message"] == "probe_interval must be 0 (the System > Settings probe " \
                                "interval) or from 5 to 604800 seconds"
     assert instance().probe_interval == 0

@@ -142,7 +142,7 @@ def test_page_shows_the_tree_and_the_store_against_the_rows(setup, hub, session,
     figures = storage_report(session, utcnow())["store"]
     assert figures["files"] == 2 and figures["referenced_files"] == 1
     assert figures["unreferenced_bytes"] == leaked.size
-    assert "Referenced by no row" in text and "1 files" in text
+    assert "Referenced by no row" in text and "1 file</td>" in text
 
 
 def test_unknown_ui_address_gets_the_sites_404_page(viewer, api):

@@ -89,12 +89,14 @@ HISTORY_TEXTS: list[tuple[re.Pattern, str]] = [
         (r"^(?P<target>[^:\s]+): (?P<state>[A-Z][a-z ]+)$", N_("%(target)s: %(state)s")),
         (r"^no route from (?P<source>\S+) matches (?P<from_party>\S+) → (?P<to_party>\S+)$",
          N_("no route from %(source)s matches %(from_party)s → %(to_party)s")),
-        # the AS2 connection test's result (plugins/as2/selftest.py)
-        (r"^every step passed: (?P<partner>\S+) takes AS2 messages at (?P<url>\S+)$",
-         N_("every step passed: %(partner)s takes AS2 messages at %(url)s")),
-        (r"^the AS2 connection test of (?P<partner>\S+) failed at (?P<step>[^:]+): "
-         r"(?P<text>.*)$",
-         N_("the AS2 connection test of %(partner)s failed at %(step)s: %(text)s")),
+        # a protocol's connection test's result (plugins/as2/selftest.py); the core
+        # names no protocol: it is a word of capitals and digits
+        (r"^every step passed: (?P<partner>\S+) takes (?P<protocol>[A-Z0-9]+) messages at "
+         r"(?P<url>\S+)$",
+         N_("every step passed: %(partner)s takes %(protocol)s messages at %(url)s")),
+        (r"^the (?P<protocol>[A-Z0-9]+) connection test of (?P<partner>\S+) failed at "
+         r"(?P<step>[^:]+): (?P<text>.*)$",
+         N_("the %(protocol)s connection test of %(partner)s failed at %(step)s: %(text)s")),
         (r"^the test message reached (?P<partner>\S+) \((?P<url>\S+)\); its asynchronous "
          r"MDN has not come yet$", N_("the test message reached %(partner)s (%(url)s); its "
                                       "asynchronous MDN has not come yet")),

@@ -11,7 +11,8 @@ Measured before (bench/RESULTS.md, "The same after the checks at intake and the
 acknowledgments were merged"): of the 1,324 more samples a profile of two workers took
 with inspection on (``python bench/edi_files.py --backend embedded --files 6000 --size
 2048 --workers 2 --rounds 1 --profile DIR``), 184 were the second open and sha256 pass of
-the stored copy; after, in the same section's follow-up, the figures with this path.
+the stored copy. After: "Inspection from the bytes the intake read" there (8.5% on
+PostgreSQL against the 15% goal).
 """
 
 from __future__ import annotations
