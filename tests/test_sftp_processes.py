@@ -204,7 +204,13 @@ def test_the_server_stopped_and_started_mid_run_loses_nothing(
         sshd.start()
     wait_until(lambda: states() == {"delivered": 60}, 180, "all delivered after the outage")
 
-    assert sorted(os.listdir(remote)) == sorted(bodies)
+    # Every message under its name, whole. An upload the outage cut (if one was under
+    # way when sshd stopped: the timing decides) leaves only its hidden temporary file,
+    # never a name a partner reads; a later write removes it once it is an hour old,
+    # as a killed worker's (test_kill_9_mid_upload_leaves_no_partial_file_...).
+    left = {p.name for p in parts(remote)}
+    assert sorted(set(os.listdir(remote)) - left) == sorted(bodies)
+    assert len(left) <= 2, left  # at most the uploads under way: two workers
     for name, body in bodies.items():
         assert (remote / name).read_bytes() == body
     failed = [r[0] for r in rows(select(HistoryLine.text).where(
