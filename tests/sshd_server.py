@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -134,9 +135,12 @@ LogLevel VERBOSE
         raise RuntimeError(f"sshd did not answer on port {self.port}")
 
     def stop(self) -> None:
-        """Stop the listener and every session it started (an outage)."""
+        """Stop the listener and every session it started (an outage), and no other
+        server's: the two backends' suites run side by side with servers of the same
+        user, and killing that user's sessions cut the other suite's transfers."""
         if self.process is None:
             return
+        sessions = _descendants(self.process.pid)  # before they lose their parent
         self.process.terminate()
         try:
             self.process.wait(10)
@@ -144,11 +148,12 @@ LogLevel VERBOSE
             self.process.kill()
             self.process.wait(10)
         self.process = None
-        # sessions are processes of their own: end the ones of this server's user
-        subprocess.run(["pkill", "-KILL", "-u", USER, "-f", f"sshd: {USER}"],
-                       capture_output=True)
-        subprocess.run(["pkill", "-KILL", "-u", USER, "-x", "sftp-server"],
-                       capture_output=True)
+        # sessions are processes of their own (sshd: user [priv], sftp-server): end them
+        for pid in sessions + [p for p in _descendants_of(sessions) if p not in sessions]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def close(self) -> None:
         self.stop()
@@ -194,3 +199,32 @@ LogLevel VERBOSE
         """An instance's connection fields for this server, by password."""
         return {"host": "127.0.0.1", "port": self.port, "username": USER,
                 "password": PASSWORD, "host_key": self.host_key, **more}
+
+
+def _children() -> dict[int, list[int]]:
+    """Every process's children, read from /proc."""
+    found: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        found.setdefault(ppid, []).append(int(entry))
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``, parents before their children."""
+    return _descendants_of([pid])
+
+
+def _descendants_of(pids: list[int]) -> list[int]:
+    children, out, todo = _children(), [], list(pids)
+    while todo:
+        kids = children.get(todo.pop(0), [])
+        out += kids
+        todo += kids
+    return out

@@ -26,23 +26,10 @@ from b2bhub.models import Delivery, HistoryLine, utcnow
 from b2bhub.runtime.hub import CeleryPublisher
 from plugins.sftp.writer import SftpWriter
 from tests.procs import wait_until
-from tests.sshd_server import SshServer
 
 pytestmark = pytest.mark.processes
 MB = 1024 * 1024
 FAST_RETRIES = {"strategy": "fixed", "base_delay": 1, "max_attempts": 60}
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = SshServer(tmp_path_factory.mktemp("sshd"))
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def remote(sshd, request) -> Path:
-    return sshd.directory(f"{request.node.name[:50]}-{time.time_ns()}")
 
 
 @pytest.fixture

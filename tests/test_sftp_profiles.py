@@ -16,13 +16,6 @@ from tests.sshd_server import PASSWORD, USER, SshServer, keygen
 PROFILE = "/api/v1/partners/acme/profiles/sftp"
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = SshServer(tmp_path_factory.mktemp("sshd"))
-    yield server
-    server.close()
-
-
 @pytest.fixture(autouse=True)
 def _sftp(registry, hub):
     registry.register(SftpWriter)

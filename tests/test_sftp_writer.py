@@ -6,33 +6,28 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
+import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 from sqlalchemy import select
 
 from b2bhub.engine import operator
+from b2bhub.engine.probes import ProbeRunner
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.models import Alert, Delivery, HistoryLine, Message
 from b2bhub.runtime.hub import new_session
 from b2bhub.services.errors import ServiceError
-from plugins.sftp.connection import POOL, Endpoint, SftpError
+from plugins.sftp.connection import POOL, Connection, Endpoint, HostKey, SftpError
 from plugins.sftp.writer import SftpWriter
 from tests.enginekit import Clock
 from tests.sshd_server import PASSWORD, USER, SshServer, keygen
 
 BODY = b"<order id='1'>\x00\xffbinary too</order>\n"
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    server = SshServer(tmp_path_factory.mktemp("sshd"))
-    yield server
-    server.close()
 
 
 @pytest.fixture(autouse=True)
@@ -46,12 +41,6 @@ def _sftp_writer(registry):
 @pytest.fixture
 def clock():
     return Clock()
-
-
-@pytest.fixture
-def remote(sshd, request) -> Path:
-    """A directory of this test's own on the server (as the server's file system)."""
-    return sshd.directory(re.sub(r"\W", "_", request.node.name)[:60] + f"-{time.time_ns()}")
 
 
 @pytest.fixture
@@ -189,6 +178,18 @@ def test_a_changed_host_key_fails_at_once_with_an_alert_and_sends_nothing(
         # the attempt connected and left without trying to log in
         assert "Connection from 127.0.0.1" in since, since
         assert "password" not in since and "Accepted" not in since, since
+
+        # the instance's own alert, named by the server, once however many messages
+        # wait: its probe (what the beat runs every interval) sees the same mismatch
+        runner = ProbeRunner(registry, "test-probes", clock=clock)
+        assert runner.probe(session.get_bind(), "writer", 30) == "offline"
+        session.expire_all()
+        offline = session.scalars(select(Alert).where(
+            Alert.kind == "target_offline", Alert.resolved_at.is_(None))).all()
+        assert [a.subject for a in offline] == ["instance:writer"]
+        assert "writer is offline" in offline[0].text
+        assert "host key mismatch" in offline[0].text
+        assert f"offered {server.fingerprint()}" in offline[0].text
     finally:
         server.close()
 
@@ -491,3 +492,48 @@ def test_writer_and_profile_kind_are_found_through_the_entry_point():
     assert [k.kind for k in SftpWriter.profile_kinds] == ["sftp"]
     assert Endpoint.from_config({"host": "h"}).problems().keys() == {
         "username", "password", "host_key"}
+
+
+# --- a server that hangs up during the login -------------------------------------------
+
+class _HangUpAtLogin(paramiko.ServerInterface):
+    """Answers the key exchange, then closes the connection at the first login try:
+    what an sshd being stopped does to a client between handshake and login."""
+
+    def __init__(self, transport: paramiko.Transport) -> None:
+        self.transport = transport
+
+    def get_allowed_auths(self, username):
+        return "password"
+
+    def check_auth_password(self, username, password):
+        self.transport.close()
+        return paramiko.AUTH_FAILED
+
+
+def test_a_server_hanging_up_during_the_login_is_a_lost_connection_not_a_refusal():
+    """paramiko reports it as "Authentication failed: transport shut down or saw EOF";
+    an operator reading "error class auth" would go and check the password."""
+    host_key = paramiko.ECDSAKey.generate()
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve():
+        sock, _ = listener.accept()
+        transport = paramiko.Transport(sock)
+        transport.add_server_key(host_key)
+        transport.start_server(server=_HangUpAtLogin(transport))
+        transport.join(10)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        endpoint = Endpoint(host="127.0.0.1", port=port, username=USER, password="x",
+                            host_key=HostKey.of(host_key).line, connect_timeout=5)
+        with pytest.raises(SftpError) as caught:
+            Connection(endpoint)
+    finally:
+        listener.close()
+        thread.join(10)
+    assert caught.value.error_class == "connection", str(caught.value)
+    assert "closed the connection during the login" in str(caught.value)

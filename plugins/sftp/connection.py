@@ -47,6 +47,7 @@ import paramiko
 from paramiko.message import Message
 from paramiko.sftp import CMD_EXTENDED, CMD_INIT, CMD_VERSION, CMD_WRITE, SFTPError, int64
 
+from b2bhub.plugin import N_
 from b2bhub.plugin.schema import Field
 
 #: the host key types accepted (what OpenSSH servers offer)
@@ -89,31 +90,32 @@ class HostKey:
         (``host[,host] ssh-ed25519 AAAA...``, ``[host]:port ...``, with or without
         markers); ValueError saying why not."""
         if not isinstance(text, str) or not text.strip():
-            raise ValueError("no host key given")
+            raise ValueError(N_("no host key given"))
         lines = [line for line in text.strip().splitlines()
                  if line.strip() and not line.lstrip().startswith("#")]
         if len(lines) != 1:
-            raise ValueError("give one host key (one line)")
+            raise ValueError(N_("give one host key (one line)"))
         if lines[0].lstrip().startswith("@"):  # @cert-authority, @revoked
-            raise ValueError("a marked known_hosts line (@cert-authority, @revoked) is "
-                             "not a host key to pin")
+            raise ValueError(N_("a marked known_hosts line (@cert-authority, @revoked) "
+                                "is not a host key to pin"))
         words = lines[0].split()
         for n, word in enumerate(words[:-1]):
             if word in KEY_TYPES:
                 try:
                     blob = base64.b64decode(words[n + 1], validate=True)
                 except (binascii.Error, ValueError):
-                    raise ValueError("the key after the type is not base64") from None
+                    raise ValueError(N_("the key after the type is not base64")) from None
                 inner = _wire_string(blob)
                 if inner != word.encode():
-                    raise ValueError(f"the key data is not a {word} key")
+                    raise ValueError(N_("the key data is not a %(type)s key", type=word))
                 try:
                     paramiko.PKey.from_type_string(word, blob)
                 except Exception as exc:
-                    raise ValueError(f"not a valid {word} key: {exc}") from None
+                    raise ValueError(N_("not a valid %(type)s key: %(why)s", type=word,
+                                        why=str(exc))) from None
                 return cls(word, blob)
-        raise ValueError("no public key found: expected e.g. 'ssh-ed25519 AAAA...' "
-                         f"(types: {', '.join(KEY_TYPES)})")
+        raise ValueError(N_("no public key found: expected e.g. 'ssh-ed25519 AAAA...' "
+                            "(types: %(types)s)", types=", ".join(KEY_TYPES)))
 
     @classmethod
     def of(cls, key: paramiko.PKey) -> HostKey:
@@ -145,7 +147,7 @@ def host_key_problem(value: str | None) -> str | None:
     try:
         HostKey.parse(value)
     except ValueError as exc:
-        return str(exc)
+        return exc.args[0]  # a Text: shown in the reader's language
     return None
 
 
@@ -156,27 +158,28 @@ _KEY_CLASSES = (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey)
 
 def load_private_key(text: str, passphrase: str | None = None) -> paramiko.PKey:
     """An OpenSSH or PEM private key (ed25519, ECDSA, RSA); ValueError saying why not
-    (a wrong or missing passphrase says so)."""
+    (a wrong or missing passphrase says so), a text of ours (:func:`N_`)."""
     if not isinstance(text, str) or "PRIVATE KEY" not in text:
-        raise ValueError("not a private key (expected an OpenSSH or PEM private key)")
+        raise ValueError(N_("not a private key (expected an OpenSSH or PEM private key)"))
     last: Exception | None = None
     for cls in _KEY_CLASSES:
         try:
             return cls.from_private_key(io.StringIO(text), password=passphrase or None)
         except paramiko.PasswordRequiredException:
-            raise ValueError("the private key needs its passphrase") from None
+            raise ValueError(N_("the private key needs its passphrase")) from None
         except (paramiko.SSHException, ValueError, TypeError, IndexError) as exc:
             last = exc
             if "passphrase" in str(exc).lower() or "password" in str(exc).lower():
-                raise ValueError("the passphrase does not open the private key") from None
-    raise ValueError(f"the private key cannot be read: {last}")
+                raise ValueError(N_("the passphrase does not open the private key")) \
+                    from None
+    raise ValueError(N_("the private key cannot be read: %(why)s", why=str(last)))
 
 
 def private_key_problem(value: str | None) -> str | None:
     if not value:
         return None
     if "PRIVATE KEY" not in value:
-        return "not a private key (expected an OpenSSH or PEM private key)"
+        return N_("not a private key (expected an OpenSSH or PEM private key)")
     return None
 
 
@@ -243,14 +246,14 @@ class Endpoint:
         """What keeps this description from being used, by field."""
         found = {}
         if not self.host:
-            found["host"] = "required"
+            found["host"] = N_("required")
         if not self.username:
-            found["username"] = "required"
+            found["username"] = N_("required")
         if not self.password and not self.private_key:
-            found["password"] = "give a password or a private key"
+            found["password"] = N_("give a password or a private key")
         if not self.host_key:
-            found["host_key"] = ("required: pin the server's host key before the first "
-                                 "connection")
+            found["host_key"] = N_("required: pin the server's host key before the first "
+                                   "connection")
         return found
 
     @property
@@ -402,6 +405,13 @@ class Connection:
                 transport.set_keepalive(endpoint.keepalive)
             self.sftp = self._open_sftp(transport)
         except BaseException as exc:
+            if isinstance(exc, paramiko.AuthenticationException) and (
+                    not transport.is_active()):
+                # paramiko reports a server that went away during the login as an
+                # authentication failure ("transport shut down or saw EOF"): it is a
+                # lost connection, retried as one, not a refused login.
+                exc = EOFError(f"the server closed the connection during the login "
+                               f"({exc})")
             transport.close()
             if isinstance(exc, Exception):
                 raise classify(exc, f"connecting to {endpoint.where}") from None
@@ -411,6 +421,9 @@ class Connection:
         self.known_dirs: set[str] = set()
         self.last_used = time.monotonic()
         self.lock = threading.Lock()
+        #: held by each operation of a poller's scan and its files (their removal runs
+        #: on a thread of its own while the scan reads the next file)
+        self.ops = threading.RLock()
 
     def _authenticate(self, transport: paramiko.Transport) -> None:
         endpoint = self.endpoint
@@ -574,6 +587,27 @@ class Connection:
             return None
         _bsize, frsize, _blocks, _bfree, bavail = (msg.get_int64() for _ in range(5))
         return frsize * bavail
+
+
+def probe_directory(endpoint: Endpoint, directory: str, make: bool = False) -> bool:
+    """An instance's probe: connect (a connection of its own, closed after) and look at
+    ``directory`` (made when missing with ``make``); True, or SftpError saying why not."""
+    conn = Connection(endpoint)
+    try:
+        found = conn.stat(directory)
+        if found is None and make:
+            conn.makedirs(directory)
+        elif found is None:
+            raise SftpError("remote", f"{directory} does not exist")
+        elif not stat.S_ISDIR(found.st_mode or 0):
+            raise SftpError("remote", f"{directory} is not a directory")
+        return True
+    except SftpError:
+        raise
+    except Exception as exc:
+        raise classify(exc, f"looking at {directory}") from None
+    finally:
+        conn.close()
 
 
 # --- the per-process pool ----------------------------------------------------------------

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from b2bhub.plugin import (
+    N_,
     NotFound,
     ProfileKind,
     ServiceError,
@@ -35,7 +36,9 @@ from b2bhub.plugin import (
     delete_protocol_profile,
     find_protocol_profile,
     get_protocol_profile,
+    joined,
     new_session,
+    no_profile,
     save_protocol_profile,
 )
 from b2bhub.plugin.schema import ConfigError, schema_to_json, validate_config
@@ -88,13 +91,14 @@ class SftpProfiles(ProfileKind):
     def get(self, session, party_kind: str, name: str) -> dict:
         profile = _stored(session, party_kind, name)
         if profile is None:
-            raise NotFound(f"{party_kind} '{name}' has no SFTP profile")
+            raise NotFound(no_profile(party_kind, name, "SFTP"))
         return profile_json(profile)
 
     def save(self, session, party_kind: str, name: str, body: dict) -> dict:
         unknown = set(body) - set(self.fields())
         if unknown:
-            raise ServiceError(f"unknown fields: {', '.join(sorted(unknown))}",
+            raise ServiceError(N_("unknown fields: %(fields)s",
+                                  fields=", ".join(sorted(unknown))),
                                {f: "unknown" for f in unknown})
         profile = _stored(session, party_kind, name)
         settings = dict(profile.settings) if profile else {}
@@ -105,8 +109,9 @@ class SftpProfiles(ProfileKind):
         try:
             clean = validate_config(SCHEMA, merged, strict=False)
         except ConfigError as exc:
-            raise ServiceError("invalid SFTP profile: " + "; ".join(
-                f"{k} {v}" for k, v in exc.errors.items()), dict(exc.errors)) from None
+            raise ServiceError(N_("invalid SFTP profile: %(problems)s", problems=joined(
+                N_("%(field)s %(problem)s", field=k, problem=v)
+                for k, v in exc.errors.items())), dict(exc.errors)) from None
         for secret in SECRET_FIELDS:
             if secret in body and body[secret] in (None, ""):
                 clean[secret] = None
@@ -119,10 +124,11 @@ class SftpProfiles(ProfileKind):
             try:
                 load_private_key(clean["private_key"], clean.get("passphrase"))
             except ValueError as exc:
-                problems["private_key"] = str(exc)
+                problems["private_key"] = exc.args[0]  # a Text: the reader's language
         if problems:
-            raise ServiceError("invalid SFTP profile: " + "; ".join(
-                f"{k} {v}" for k, v in problems.items()), problems)
+            raise ServiceError(N_("invalid SFTP profile: %(problems)s", problems=joined(
+                N_("%(field)s %(problem)s", field=k, problem=v)
+                for k, v in problems.items())), problems)
         clean["host_key"] = settings.get("host_key")
         saved = save_protocol_profile(session, PROTOCOL, party_kind, name,
                                       _address(clean), clean)
@@ -132,7 +138,7 @@ class SftpProfiles(ProfileKind):
 
     def delete(self, session, party_kind: str, name: str) -> None:
         if _stored(session, party_kind, name) is None:
-            raise NotFound(f"{party_kind} '{name}' has no SFTP profile")
+            raise NotFound(no_profile(party_kind, name, "SFTP"))
         delete_protocol_profile(session, PROTOCOL, party_kind, name)
         bump_version(session, VERSION_KEY)
         session.flush()
@@ -171,14 +177,15 @@ class SftpProfiles(ProfileKind):
         """One of :data:`ACTIONS` (module docstring); the answer as JSON."""
         profile = _stored(session, party_kind, name)
         if profile is None:
-            raise NotFound(f"{party_kind} '{name}' has no SFTP profile: save its host "
-                           "and user first")
+            raise NotFound(N_("%(missing)s: save its host and user first",
+                              missing=no_profile(party_kind, name, "SFTP")))
         settings = dict(profile.settings)
         where = f"{settings.get('host')}:{settings.get('port') or 22}"
         whose = f"the SFTP profile of {party_kind} {name}"
         unknown = set(body) - set(self.action_schemas()[action]["properties"])
         if unknown:
-            raise ServiceError(f"unknown fields: {', '.join(sorted(unknown))}",
+            raise ServiceError(N_("unknown fields: %(fields)s",
+                                  fields=", ".join(sorted(unknown))),
                                {f: "unknown" for f in unknown})
         if action == "fetch_host_key":
             offered = fetch(settings)
@@ -210,18 +217,22 @@ def key_to_pin(settings: dict, body: dict) -> tuple[HostKey, str]:
         try:
             key = HostKey.parse(body["key"])
         except ValueError as exc:
-            raise ServiceError(f"key: {exc}", {"key": str(exc)}) from None
+            raise ServiceError(N_("key: %(problem)s", problem=exc.args[0]),
+                               {"key": exc.args[0]}) from None
         how = "pasted"
     else:
         if not confirmed:
-            raise ServiceError("give the fingerprint you confirmed (or a key)",
+            raise ServiceError(N_("give the fingerprint you confirmed (or a key)"),
                                {"fingerprint": "required"})
         key = fetch(settings)
         how = "fetched"
     if confirmed and confirmed != key.fingerprint:
-        raise ServiceError(
-            f"the {how} key's fingerprint is {key.fingerprint}, not the confirmed "
-            f"{confirmed}; nothing pinned", {"fingerprint": "does not match"})
+        said = (N_("the pasted key's fingerprint is %(found)s, not the confirmed "
+                   "%(confirmed)s; nothing pinned") if how == "pasted" else
+                N_("the fetched key's fingerprint is %(found)s, not the confirmed "
+                   "%(confirmed)s; nothing pinned"))
+        raise ServiceError(N_(said, found=key.fingerprint, confirmed=confirmed),
+                           {"fingerprint": "does not match"})
     return key, how
 
 
@@ -230,7 +241,7 @@ def fetch(settings: dict) -> HostKey:
         return fetch_host_key(settings.get("host") or "", int(settings.get("port") or 22),
                               float(settings.get("connect_timeout") or 15))
     except SftpError as exc:
-        raise ServiceError(f"could not fetch the host key: {exc.text}",
+        raise ServiceError(N_("could not fetch the host key: %(why)s", why=exc.text),
                            {"host": exc.error_class}) from None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flask import abort, g, redirect, request, url_for
+from flask_babel import lazy_gettext as _l
 from flask_wtf import FlaskForm
 from wtforms import IntegerField, PasswordField, StringField, TextAreaField
 from wtforms.validators import Optional
@@ -32,28 +33,31 @@ _SECRETS = ("password", "private_key", "passphrase")
 
 
 class SftpProfileForm(FlaskForm):
-    host = StringField("Host", description="the partner's SFTP server, a name or address")
-    port = IntegerField("Port", validators=[Optional()])
-    username = StringField("User")
-    password = PasswordField("Password", description="leave empty to keep the stored one")
+    host = StringField(_l("Host"),
+                       description=_l("the partner's SFTP server, a name or address"))
+    port = IntegerField(_l("Port"), validators=[Optional()])
+    username = StringField(_l("User"))
+    password = PasswordField(_l("Password"),
+                             description=_l("leave empty to keep the stored one"))
     private_key = TextAreaField(
-        "Private key", description="OpenSSH or PEM (ed25519, RSA, ECDSA); leave empty to "
-        "keep the stored one")
-    passphrase = PasswordField("Private key passphrase",
-                               description="leave empty to keep the stored one")
-    connect_timeout = IntegerField("Connect timeout (seconds)", validators=[Optional()])
-    operation_timeout = IntegerField("Operation timeout (seconds)", validators=[Optional()])
-    keepalive = IntegerField("Keep-alive (seconds)", validators=[Optional()])
-    idle_close = IntegerField("Close when idle (seconds)", validators=[Optional()])
+        _l("Private key"), description=_l("OpenSSH or PEM (ed25519, RSA, ECDSA); leave "
+                                          "empty to keep the stored one"))
+    passphrase = PasswordField(_l("Private key passphrase"),
+                               description=_l("leave empty to keep the stored one"))
+    connect_timeout = IntegerField(_l("Connect timeout (seconds)"), validators=[Optional()])
+    operation_timeout = IntegerField(_l("Operation timeout (seconds)"),
+                                     validators=[Optional()])
+    keepalive = IntegerField(_l("Keep-alive (seconds)"), validators=[Optional()])
+    idle_close = IntegerField(_l("Close when idle (seconds)"), validators=[Optional()])
 
 
 class HostKeyForm(FlaskForm):
     """The host-key steps: a fingerprint to confirm, or a pasted key."""
 
-    fingerprint = StringField("Fingerprint")
-    key = TextAreaField("Paste the host key",
-                        description="'ssh-ed25519 AAAA...' or a line of known_hosts "
-                                    "(ssh-keyscan prints them)")
+    fingerprint = StringField(_l("Fingerprint"))
+    key = TextAreaField(_l("Paste the host key"),
+                        description=_l("'ssh-ed25519 AAAA...' or a line of known_hosts "
+                                       "(ssh-keyscan prints them)"))
 
 
 def _data(form: SftpProfileForm) -> dict:
@@ -81,9 +85,10 @@ def profile_page(found, party, shown: dict | None):
         def fetch():
             result.update(_action(kind, name, "fetch_host_key", {}))
             return result
-        ui_button(fetch, lambda got: f"fetched the host key of {got['host']}:{got['port']}: "
-                  f"{got['fingerprint']}; compare it with the one your partner gave",
-                  record=False)
+        ui_button(fetch, lambda got: _l(
+            "fetched the host key of %(host)s:%(port)s: %(fingerprint)s; compare it with "
+            "the one your partner gave", host=got["host"], port=got["port"],
+            fingerprint=got["fingerprint"]), record=False)
         offered = result or None
         if offered:
             key_form = HostKeyForm(prefix="hk", data={"fingerprint": offered["fingerprint"]})
@@ -94,8 +99,9 @@ def profile_page(found, party, shown: dict | None):
         body = {k: v for k, v in body.items() if v is not None}
         action = "unpin_host_key" if step == "unpin" else "pin_host_key"
         ui_button(lambda: _action(kind, name, action, body),
-                  lambda got: (f"pinned the host key {got['host_key_fingerprint']}"
-                               if got.get("host_key") else "removed the pinned host key"),
+                  lambda got: (_l("pinned the host key %(fingerprint)s",
+                                  fingerprint=got["host_key_fingerprint"])
+                               if got.get("host_key") else _l("removed the pinned host key")),
                   record=False)
         return redirect(here)
     values = dict(shown or {f.name: f.default for f in profiles.SCHEMA})

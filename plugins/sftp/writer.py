@@ -39,8 +39,8 @@ import time
 from typing import Any
 
 from b2bhub.plugin import (
+    N_,
     DeliveryInfo,
-    InstanceActionResult,
     Outcome,
     PayloadError,
     PayloadReader,
@@ -53,6 +53,7 @@ from b2bhub.plugin import (
     filename_pattern,
 )
 from b2bhub.plugin.schema import Field
+from plugins.sftp.actions import HostKeyActions
 from plugins.sftp.connection import (
     CONNECTION_FIELDS,
     POOL,
@@ -60,8 +61,9 @@ from plugins.sftp.connection import (
     Endpoint,
     SftpError,
     classify,
+    probe_directory,
 )
-from plugins.sftp.profiles import PROFILE_KIND, endpoint_of_partner, fetch, key_to_pin
+from plugins.sftp.profiles import PROFILE_KIND, endpoint_of_partner
 
 FilenamePattern = filename_pattern.FilenamePattern
 PatternError = filename_pattern.PatternError
@@ -79,25 +81,18 @@ SFTP_DEFAULT = RetryPolicy(strategy=Strategy.EXPONENTIAL, base_delay=30, max_del
                            max_attempts=10, rules=(RetryRule("host_key", "fail"),))
 
 
-def _pattern_problem(value: str) -> str | None:
-    try:
-        parse(value)
-    except PatternError as exc:
-        return str(exc)
-    return None
-
-
 def _absolute_problem(value: str) -> str | None:
-    return None if value.startswith("/") else "must be an absolute path on the server"
+    return None if value.startswith("/") else N_("must be an absolute path on the server")
 
 
 def _mode_problem(value: str | None) -> str | None:
     if not value:
         return None
-    return None if re.fullmatch(r"0?[0-7]{3}", value) else "must be an octal mode, e.g. 0640"
+    return None if re.fullmatch(r"0?[0-7]{3}", value) else N_("must be an octal mode, e.g. "
+                                                               "0640")
 
 
-class SftpWriter(Plugin):
+class SftpWriter(HostKeyActions, Plugin):
     """Writes the chosen payload stage of each message to a file on an SFTP server."""
 
     type_name = "sftp_writer"
@@ -118,7 +113,7 @@ class SftpWriter(Plugin):
               help="absolute directory on the server below which files are written; "
                    "made if missing"),
         Field("filename_pattern", "string", label="File name pattern",
-              default=DEFAULT_PATTERN, validate=_pattern_problem,
+              default=DEFAULT_PATTERN, validate=filename_pattern.problem,
               help="file name below the remote directory, e.g. {to}/{original_filename}"),
         Field("overwrite", "boolean", label="Overwrite an existing file", default=False,
               help="replace a file of the same name; when off such a message fails"),
@@ -129,44 +124,12 @@ class SftpWriter(Plugin):
               choices=STAGES, help="which recorded stage of the message is written"),
     ]
 
-    instance_actions = ("fetch_host_key", "pin_host_key")
-
     @classmethod
-    def instance_action_schemas(cls) -> dict[str, dict]:
-        return {action: schema for action, schema in PROFILE_KIND.action_schemas().items()
-                if action in cls.instance_actions}
-
-    @classmethod
-    def run_instance_action(cls, config: dict[str, Any], action: str, body: dict
-                            ) -> InstanceActionResult:
-        """``fetch_host_key``: the key the configured server offers, with its
-        fingerprint, pinned nowhere; ``pin_host_key``: as the ``sftp`` profile's
-        (docs/sftp.md), into this instance's ``host_key``."""
+    def action_refused(cls, config: dict[str, Any]) -> None:
         if (config.get("connection") or "instance") != "instance":
-            raise ServiceError("this writer connects as each partner's SFTP profile says: "
-                               "pin the host key on the partner's profile",
+            raise ServiceError(N_("this writer connects as each partner's SFTP profile "
+                                  "says: pin the host key on the partner's profile"),
                                {"connection": "partner"})
-        unknown = set(body) - set(cls.instance_action_schemas()[action]["properties"])
-        if unknown:
-            raise ServiceError(f"unknown fields: {', '.join(sorted(unknown))}",
-                               {f: "unknown" for f in unknown})
-        where = f"{config.get('host')}:{config.get('port') or 22}"
-        if action == "fetch_host_key":
-            offered = fetch(config)
-            return InstanceActionResult(
-                answer={"host": config.get("host"), "port": config.get("port") or 22,
-                        "key": offered.line, "key_type": offered.type,
-                        "fingerprint": offered.fingerprint, "pinned": False},
-                text=f"fetched the host key of {where}: {offered.type} "
-                     f"{offered.fingerprint} (not pinned)",
-                confirm={"action": "pin_host_key",
-                         "body": {"fingerprint": offered.fingerprint},
-                         "label": f"Confirm and pin {offered.fingerprint}"})
-        key, how = key_to_pin(config, body)
-        return InstanceActionResult(
-            answer={"host_key": key.line, "host_key_fingerprint": key.fingerprint},
-            changes={"host_key": key.line},
-            text=f"pinned the {how} host key {key.type} {key.fingerprint} of {where}")
 
     @classmethod
     def config_problems(cls, config: dict[str, Any]) -> dict[str, str]:
@@ -329,20 +292,7 @@ class SftpWriter(Plugin):
         """Connect (a connection of its own) and stat the remote directory."""
         if self.endpoint is None:
             return None
-        conn = Connection(self.endpoint)
-        try:
-            found = conn.stat(self.directory)
-            if found is None:
-                conn.makedirs(self.directory)
-            elif not stat.S_ISDIR(found.st_mode or 0):
-                raise SftpError("remote", f"{self.directory} is not a directory")
-            return True
-        except SftpError:
-            raise
-        except Exception as exc:
-            raise classify(exc, f"looking at {self.directory}") from None
-        finally:
-            conn.close()
+        return probe_directory(self.endpoint, self.directory, make=True)
 
 
 def remove_stale_temp_files(conn: Connection, directory: str,
