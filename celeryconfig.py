@@ -52,6 +52,10 @@ beat_schedule = {
     # acknowledgments received matched to what we sent, overdue ones raised (docs/edi.md)
     "edi-acks": {"task": "b2bhub.edi_acks", "schedule": 5.0,
                  "options": {"expires": 5.0}},
+    # expected-message rules: windows planned, messages matched, missed ones raised
+    # (docs/expected-messages.md)
+    "expected": {"task": "b2bhub.expected", "schedule": 5.0,
+                 "options": {"expires": 5.0}},
     # the functional acknowledgments due to partners (b2bhub.engine.acks)
     "acks": {"task": "b2bhub.make_acks", "schedule": 5.0, "options": {"expires": 5.0}},
     "notify": {"task": "b2bhub.notify", "schedule": 5.0,
@@ -64,6 +68,9 @@ beat_schedule = {
                 "options": {"expires": 60.0}},
     "broker-cleanup": {"task": "b2bhub.broker_cleanup", "schedule": 300.0,
                        "options": {"expires": 60.0}},
+    # certificates and OpenPGP keys of every profile kind that end within 30 days
+    "certificates": {"task": "b2bhub.check_certificates", "schedule": 3600.0,
+                     "options": {"expires": 600.0}},
 }
 # Celery's persistent scheduler, recovering from a publish that leaves its producer on a
 # closed channel (it would otherwise never publish again): b2bhub/runtime/beat.py

@@ -3,6 +3,7 @@
 from b2bhub.models.acks import AckReceived, AckWait
 from b2bhub.models.base import Base, utcnow
 from b2bhub.models.documents import AckJob, AckNumber, MessageAttribute
+from b2bhub.models.expected import ExpectedRule, ExpectedWindow
 from b2bhub.models.messages import Delivery, HistoryLine, Message, Payload
 from b2bhub.models.notifications import Notification, NotificationChannel
 from b2bhub.models.parties import (
@@ -22,6 +23,7 @@ from b2bhub.models.system import (
     Lock,
     LogRecord,
     Process,
+    ScorecardDay,
     Setting,
     StatsMinute,
     User,
@@ -30,9 +32,11 @@ from b2bhub.models.system import (
 __all__ = [
     "ORGANIZATION", "PARTNER", "AckJob", "AckNumber", "AckReceived", "AckWait", "Alert",
     "ApiToken", "Base", "Certificate", "CleanupRun",
-    "Delivery", "HistoryLine", "InstanceState", "Lock", "LogRecord", "Message",
+    "Delivery", "ExpectedRule", "ExpectedWindow",
+    "HistoryLine", "InstanceState", "Lock", "LogRecord", "Message",
     "MessageAttribute",
     "Notification", "NotificationChannel", "Party", "PartyIdentity", "Payload", "PluginInstance",
-    "PollerPickup", "Process", "ProtocolProfile", "Route", "Setting", "StatsMinute", "User",
+    "PollerPickup", "Process", "ProtocolProfile", "Route", "ScorecardDay", "Setting",
+    "StatsMinute", "User",
     "utcnow",
 ]

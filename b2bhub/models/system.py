@@ -140,6 +140,22 @@ class StatsMinute(Base):
     oldest_due_seconds: Mapped[float | None] = mapped_column(default=None)
 
 
+class ScorecardDay(Base):
+    """A partner's figures of one day (UTC) for one direction, source and target, as
+    ``b2bhub.domain.scorecard.Figures.as_dict`` (``b2bhub.services.scorecard``): the
+    messages created that day and how their deliveries, receipts and acknowledgments
+    ended. Written once the day's outcomes have settled; a scorecard adds up its days."""
+
+    __tablename__ = "scorecard_days"
+
+    partner: Mapped[str] = mapped_column(String(64), primary_key=True)
+    day: Mapped[datetime] = mapped_column(primary_key=True)
+    direction: Mapped[str] = mapped_column(String(16), primary_key=True)
+    source: Mapped[str] = mapped_column(String(64), primary_key=True)
+    target: Mapped[str] = mapped_column(String(64), primary_key=True)
+    figures: Mapped[dict] = mapped_column(JSON)
+
+
 class CleanupRun(Base):
     """One run of the nightly cleanup (``b2bhub.engine.cleanup``), shown on System >
     Services. Its counts are written in the transaction of each batch they count, so a

@@ -75,6 +75,15 @@ def edi_acks() -> dict:
     from b2bhub.engine import ack_waits
     with hub.new_session() as session:
         return ack_waits.run(session, utcnow())
+@shared_task(name="b2bhub.expected", ignore_result=True)
+def expected() -> dict:
+    """Beat's tick: plan, match and judge the expected-message rules' windows
+    (:mod:`b2bhub.engine.expected`), in one process at a time."""
+    from b2bhub.engine import expected as engine
+    with hub.new_session() as session:
+        return engine.run(session, utcnow(), hub.process_owner()).__dict__
+
+
 @shared_task(name="b2bhub.make_acks", ignore_result=True)
 def make_acks() -> dict:
     """Beat's tick (and its own follow-up while more are due): make the functional
@@ -122,19 +131,22 @@ def cleanup() -> dict:
 
 
 @shared_task(name="b2bhub.scan_source", ignore_result=True)
-def scan_source(instance: str) -> dict:
-    """One scan of a scheduled source, unless another process is scanning it."""
-    report = sources().scan(instance)
+def scan_source(instance: str, shard: int | None = None) -> dict:
+    """One scan of a scheduled source (of its shard ``shard`` when it has more than
+    one), unless another process is scanning it."""
+    report = sources().scan(instance, shard)
     return {"ran": report.ran, "reason": report.reason, "messages": len(report.messages)}
 
 
 @shared_task(name="b2bhub.schedule_sources", ignore_result=True)
 def schedule_sources() -> int:
-    """Publish a scan of each scheduled source whose polling interval has elapsed."""
+    """Publish a scan of each scheduled source whose polling interval has elapsed (one
+    per due shard of a source of more than one)."""
     with hub.new_session() as session:
         due = due_scans(session, hub.registry(), utcnow())
-    for instance, interval in due:
-        scan_source.apply_async(args=[instance], expires=max(interval, 5.0), retry=False)
+    for instance, interval, *shard in due:
+        scan_source.apply_async(args=[instance, *shard], expires=max(interval, 5.0),
+                                retry=False)
     return len(due)
 
 
@@ -158,18 +170,32 @@ def broker_cleanup() -> int:
 
 @shared_task(name="b2bhub.housekeeping", ignore_result=True)
 def housekeeping() -> dict:
-    """Every minute: the dashboard's per-minute samples, the trim of log records and
-    of processes long gone, and the storage report when it is due again."""
-    from b2bhub.services import storage
+    """Every minute: the dashboard's per-minute samples, the partners' daily scorecard
+    figures once a day has settled, the trim of log records and of processes long gone,
+    and the storage report when it is due again."""
+    from b2bhub.services import scorecard, storage
     with hub.new_session() as session:
         sampled = sample_minutes(session, utcnow())
+        session.commit()
+        rolled = scorecard.roll_up(session, utcnow())
         session.commit()
         trimmed = presence.trim(session, utcnow())
         session.commit()
         refreshed = storage.refresh(session, utcnow())
         session.commit()
-    return {"sampled": sampled, "log_records_trimmed": trimmed,
+    return {"sampled": sampled, "scorecard_days": rolled, "log_records_trimmed": trimmed,
             "storage_report": refreshed}
+
+
+@shared_task(name="b2bhub.check_certificates", ignore_result=True)
+def check_certificates() -> int:
+    """Every hour: ``certificate_expiring`` for the certificates and OpenPGP keys of
+    every profile kind that end within 30 days (:mod:`b2bhub.services.profiles`)."""
+    from b2bhub.services.profiles import check_certificates as check
+    with hub.new_session() as session:
+        ending = check(session, hub.registry(), utcnow())
+        session.commit()
+    return ending
 
 
 @shared_task(name="b2bhub.notify", ignore_result=True)
