@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tests.http_peer import own_path, own_prefix
+from tests.loopback import serve_in_thread
 
 
 @dataclass
@@ -59,7 +60,7 @@ def start_peer() -> tuple[AnsweringPeer, ThreadingHTTPServer]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     peer.url = f"http://127.0.0.1:{server.server_address[1]}{peer.prefix}/orders"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     return peer, server
 
 

@@ -41,6 +41,7 @@ from b2bhub.models import (
 from b2bhub.payloads.store import PayloadBatch, PayloadStore
 from b2bhub.plugin import PREREAD
 from b2bhub.runtime.hub import new_session
+from b2bhub.services.profiles import check_certificates
 from plugins.as2 import lib, profiles, stream
 from plugins.as2.mdn_out import send_due_mdns
 from plugins.as2.plugin import As2Receiver, As2Sender
@@ -61,9 +62,10 @@ DATA = b"ISA*00*          *00*          *ZZ*ACME~GS*PO*ACME*HUB~ST*850*0001~SE*2
 
 
 @pytest.fixture(scope="module")
-def certs():
-    return {"hub": make_pair("hub.example"), "acme": make_pair("acme.example"),
-            "other": make_pair("intruder.example")}
+def certs(as2_certs):
+    """The hub's, acme's and an intruder's certificate and key (PEM): the run's, made
+    once (``as2_certs``), in a dict of the module's own."""
+    return dict(as2_certs)
 
 
 @pytest.fixture(scope="module")
@@ -378,6 +380,38 @@ def test_a_received_message_is_stored_in_few_statements(as2):
         ("received", "po.edi received from acme for mycompany by as2in"),
         ("delivery_changed", "sink: queued"),
         ("mdn_sent", "signed MDN returned in the response")]
+
+
+def test_the_lookups_of_a_received_message_run_without_begin(as2):
+    """On PostgreSQL the lookups before the parse run as a transaction of their own
+    (autocommit: no BEGIN round trip); the rows of a message, accepted (one statement)
+    or refused (its message, its as2_inbound row), then go in a transaction, as
+    everything does on SQLite."""
+    as2.choose(sign=True, encrypt=True)
+    set_checks(as2, duplicate_days=0)
+    seen: list[tuple[str, bool]] = []
+
+    def before(conn, cursor, statement, params, context, executemany):
+        alone = getattr(cursor.connection, "autocommit", False) is True  # psycopg's
+        seen.append((statement.split()[0].upper(), alone))
+
+    send_counted(as2, INTERCHANGE)  # warm: plans, caches, the partner's features noted
+    event.listen(Engine, "before_cursor_execute", before)
+    try:
+        send_counted(as2, INTERCHANGE)
+        accepted, seen[:] = list(seen), []
+        refused = as2.partner.send(as2.url, data=INTERCHANGE, sign=False, encrypt=True,
+                                   mdn_mode="sync", mdn_signed=True)
+    finally:
+        event.remove(Engine, "before_cursor_execute", before)
+    assert refused["mdn_status"] != "processed", refused
+    if as2.session.get_bind().dialect.name == "postgresql":
+        assert accepted == [("SELECT", True), ("WITH", False)], accepted
+    else:
+        assert not any(alone for _word, alone in accepted), accepted
+    writes = [(word, alone) for word, alone in seen if word in ("WITH", "INSERT", "UPDATE")]
+    assert len(writes) > 1 and not any(alone for _word, alone in writes), seen
+    assert [m.status for m in as2.messages()[-3:]] == ["received", "received", "refused"]
 
 
 def test_the_duplicate_check_costs_one_select_per_interchange(as2):
@@ -758,7 +792,7 @@ def test_profile_api_hides_keys_and_certificate_expiry_raises_an_alert(as2, api,
     bad = api.put("/api/v1/partners/acme/profiles/as2", json={"mdn_mode": "sometimes"})
     assert bad.status_code == 400
     from b2bhub.models import Alert
-    assert profiles.check_certificates(as2.session, utcnow()) == 1
+    assert check_certificates(as2.session, as2.hub.registry, utcnow()) == 1
     as2.session.commit()
     [alert] = as2.session.scalars(select(Alert).where(Alert.kind == "certificate_expiring"))
     assert "acme" in alert.text

@@ -68,12 +68,13 @@ def later(monkeypatch, days: int) -> None:
 
 
 def post_from_acme(as2, sign_with: tuple[str, str], encrypt_to: str,
-                   message_id: str) -> requests.Response:
+                   message_id: str, ids: tuple[str, str] = ("ACME", "HUB")
+                   ) -> requests.Response:
     """A message built by pyas2lib as the partner: signed with ``sign_with``, encrypted
-    to ``encrypt_to``, asking for a signed sync MDN."""
+    to ``encrypt_to``, asking for a signed sync MDN; ``ids``: its AS2-From and -To."""
     cert, key = sign_with
-    message = Message(Organization(as2_name="ACME", sign_key=(key + cert).encode()),
-                      Partner(as2_name="HUB", verify_cert=encrypt_to.encode(),
+    message = Message(Organization(as2_name=ids[0], sign_key=(key + cert).encode()),
+                      Partner(as2_name=ids[1], verify_cert=encrypt_to.encode(),
                               encrypt_cert=encrypt_to.encode(), validate_certs=False,
                               sign=True, encrypt=True, digest_alg="sha256",
                               mdn_mode="SYNC", mdn_digest_alg="sha256"))

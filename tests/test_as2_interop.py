@@ -106,8 +106,10 @@ def test_nothing_we_send_names_another_product_or_localhost(as2):
     assert head["user-agent"] == lib.PRODUCT and lib.PRODUCT.startswith("b2bhub/")
     assert re.fullmatch(r"<[^@<>]+@[^@<>]+>", head["message-id"])
     assert head["disposition-notification-to"] == f"as2@{lib.default_domain()}"
-    # the peer gets AS2 1.2 and no claim of a feature we do not implement
-    assert head["as2-version"] == "1.2" and "ediint-features" not in head
+    # the peer gets AS2 1.2 and exactly the RFC 6017 features we implement: CEM (on
+    # both paths: PATHS sends in memory and streamed)
+    assert head["as2-version"] == "1.2" and head["ediint-features"] == "CEM"
+    assert wire.lower().count(b"ediint-features:") == 1
     for mdn_signed in (True, False):
         result = as2.partner.send(as2.url, sign=True, mdn_mode="sync", mdn_signed=mdn_signed)
         assert result["mdn_status"] == "processed", result

@@ -27,6 +27,7 @@ from b2bhub.models import utcnow
 from b2bhub.plugin import ServiceError
 from plugins.as2 import profiles
 from plugins.as2.models import As2Outbound
+from tests.loopback import serve_in_thread
 from tests.test_as2 import (
     DATA,
     PATHS,
@@ -131,8 +132,7 @@ def peer():
         return Response("ok")
 
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     yield f"http://127.0.0.1:{server.server_port}/as2", bodies
     server.shutdown()
     server.server_close()

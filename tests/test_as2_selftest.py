@@ -172,6 +172,23 @@ def test_closed_port_fails_at_tcp_and_the_rest_is_not_run(as2, api):
     assert message.status == "error" and "TCP connect" in message.status_text
 
 
+def test_the_steps_details_in_portuguese(as2, api, app, login, fresh_user_per_request):
+    """The page shows each step's detail in the reader's language; the API in English."""
+    from flask import g
+
+    @app.before_request
+    def language_per_request() -> None:
+        g.pop("_flask_babel", None)
+    as2.choose(url=f"http://127.0.0.1:{closed_port()}/as2")
+    client = login("admin", "pia")
+    client.environ_base["HTTP_ACCEPT_LANGUAGE"] = "pt-BR"
+    shown = client.post("/ui/parties/partner/acme/as2/test", data={"wait": "0"}).text
+    assert "não foi possível conectar: 127.0.0.1:" in shown
+    assert "não executado: Conexão TCP falhou" in shown
+    assert "not run:" not in shown and "could not connect" not in shown
+    assert step(run_test(api), "http")["text"] == "not run: TCP connect failed"
+
+
 def test_unknown_host_fails_at_name_resolution(as2, api):
     as2.choose(url="http://no-such-host.invalid/as2")
     result = run_test(api)

@@ -19,9 +19,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
+from b2bhub.plugin import N_
+
 
 class CertificateError(ValueError):
-    """An upload that is not a readable certificate or key (the message says why)."""
+    """An upload that is not a readable certificate or key; ``args[0]`` says why, a text
+    of ours (:func:`N_`): English for the API, the reader's language on a page."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,8 @@ def upload_from_files(cert_file: bytes, key_file: bytes | None = None,
         else:
             upload = {"pem": cert.public_bytes(serialization.Encoding.PEM).decode()}
     else:
-        raise CertificateError("not a certificate: expected a PEM or DER certificate or a "
-                               "PKCS#12 file (.p12, .pfx)")
+        raise CertificateError(N_("not a certificate: expected a PEM or DER certificate or "
+                                  "a PKCS#12 file (.p12, .pfx)"))
     if key_file:
         upload["private_key_pem"] = key_file.decode("ascii", "replace")
     if password:
@@ -85,24 +88,29 @@ def read_upload(upload: dict, need_key: bool) -> KeyPair:
     ``{"pkcs12": <base64>, "password": ...}``; a PEM may hold certificate and key together.
     ``need_key``: our own certificate must come with its private key."""
     if not isinstance(upload, dict):
-        raise CertificateError("a certificate is an object with 'pem' or 'pkcs12'")
+        raise CertificateError(N_("a certificate is an object with 'pem' or 'pkcs12'"))
     password = upload.get("password")
+    if password is not None and not isinstance(password, str):
+        raise CertificateError(N_("the certificate's password must be text"))
+    for field in ("pem", "pkcs12", "private_key_pem"):
+        if upload.get(field) is not None and not isinstance(upload[field], str):
+            raise CertificateError(N_("the certificate's %(field)s must be text", field=field))
     if upload.get("pkcs12"):
         try:
             data = base64.b64decode(upload["pkcs12"], validate=True)
             key, cert, _extra = pkcs12.load_key_and_certificates(data, _password(password))
         except (ValueError, TypeError) as exc:
-            raise CertificateError(f"PKCS#12 could not be opened (wrong password or not "
-                                   f"PKCS#12): {exc}") from None
+            raise CertificateError(N_("PKCS#12 could not be opened (wrong password or not "
+                                      "PKCS#12): %(why)s", why=str(exc))) from None
         if cert is None:
-            raise CertificateError("the PKCS#12 holds no certificate")
+            raise CertificateError(N_("the PKCS#12 holds no certificate"))
         pair = _describe(cert, _key_pem(key) if key is not None else None)
     elif upload.get("pem"):
         pem = str(upload["pem"]).encode()
         try:
             cert = x509.load_pem_x509_certificate(pem)
         except ValueError as exc:
-            raise CertificateError(f"not a PEM certificate: {exc}") from None
+            raise CertificateError(N_("not a PEM certificate: %(why)s", why=str(exc))) from None
         key_text = upload.get("private_key_pem") or (
             pem if b"PRIVATE KEY-----" in pem else None)
         key_pem = None
@@ -112,14 +120,15 @@ def read_upload(upload: dict, need_key: bool) -> KeyPair:
                     key_text if isinstance(key_text, bytes) else key_text.encode(),
                     _password(password))
             except (ValueError, TypeError) as exc:
-                raise CertificateError(f"the private key could not be read (wrong password "
-                                       f"or not a PEM key): {exc}") from None
+                raise CertificateError(N_("the private key could not be read (wrong "
+                                          "password or not a PEM key): %(why)s",
+                                          why=str(exc))) from None
             if key.public_key().public_numbers() != cert.public_key().public_numbers():
-                raise CertificateError("the private key does not belong to the certificate")
+                raise CertificateError(N_("the private key does not belong to the certificate"))
             key_pem = _key_pem(key)
         pair = _describe(cert, key_pem)
     else:
-        raise CertificateError("a certificate needs 'pem' or 'pkcs12'")
+        raise CertificateError(N_("a certificate needs 'pem' or 'pkcs12'"))
     if need_key and pair.private_key_pem is None:
-        raise CertificateError("our own certificate must come with its private key")
+        raise CertificateError(N_("our own certificate must come with its private key"))
     return pair

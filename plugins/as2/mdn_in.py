@@ -36,7 +36,7 @@ from b2bhub.plugin import (
     settle_receipt,
     store_refused,
 )
-from plugins.as2 import lib, profiles
+from plugins.as2 import lib, presets, profiles
 from plugins.as2.models import As2Outbound
 from plugins.as2.replies import party_name, text_reply
 
@@ -55,7 +55,8 @@ def looks_like_mdn(found: dict, body: bytes) -> bool:
 def original_message(row: As2Outbound, org: profiles.As2Profile,
                      partner: profiles.As2Profile):
     """The pyas2lib view of what we sent, as an MDN parser needs it (MIC, certificate)."""
-    message = lib.Message(sender=lib.organization(org), receiver=lib.partner(partner))
+    message = lib.Message(sender=lib.organization(org, partner=partner.party),
+                          receiver=lib.partner(partner))
     message.message_id = row.as2_message_id
     message.mic = row.mic.encode() if row.mic else None
     message.digest_alg = row.digest_alg
@@ -102,23 +103,46 @@ UNREADABLE = ("Failed to parse received MDN", "mdn-not-found")
 _UNSIGNED = "Expected signed MDN but unsigned MDN returned"
 
 
+#: the partner's AS2 profile switch that each receipt refusal can be answered by: the
+#: refusal's text names it (issue: a refusal says how to proceed). A bad signature, an
+#: unreadable MDN and the partner's own negative disposition have none.
+SWITCH_HINTS = {
+    "unsigned": "to ask this partner for unsigned receipts instead, switch off "
+                "mdn_signed in its AS2 profile",
+    "no_mic": "to accept such receipts from this partner, switch on "
+              "accept_mdn_without_mic in its AS2 profile (pyas2lib and django-pyas2 "
+              "leave the MIC out of their receipts for unsigned messages)",
+    "mic_mismatch": "if the partner computes the MIC over the content as binary "
+                    "(without the CRLF canonicalisation of text), switch on "
+                    "canonicalize_as_binary in its AS2 profile",
+}
+#: each hint's switch and the value it asks for: the hint names the presets that set it
+#: (from the presets' table, plugins.as2.presets)
+_HINT_SWITCHES = {"unsigned": ("mdn_signed", False), "no_mic": ("accept_mdn_without_mic", True),
+                  "mic_mismatch": ("canonicalize_as_binary", True)}
+SWITCH_HINTS = {case: hint + presets.naming(*_HINT_SWITCHES[case])
+                for case, hint in SWITCH_HINTS.items()}
+
+
 def judge(receipt: Receipt, accept_without_mic: bool = False) -> tuple[bool, str]:
     """(delivered, history text) of a receipt; each case its own words (README "AS2
     receipts"): the partner's negative disposition, a signature failing our check, a MIC
     that differs, a signed MDN without MIC (a failure unless the partner's profile has
     ``accept_mdn_without_mic``, then delivered with a warning), an unsigned MDN where a
-    signed one was asked for, an MDN we could not read."""
+    signed one was asked for, an MDN we could not read. A refusal a profile switch can
+    answer names it (:data:`SWITCH_HINTS`)."""
     status, detail = receipt.status, receipt.detail
     if receipt.signature_error is not None:
         return False, (f"MDN signature failed our verification: {receipt.signature_error}; "
                        "the partner's disposition is not trusted")
     if status == "failed/Failure" and detail == _UNSIGNED:
-        return False, "unsigned MDN, although a signed one was asked for"
+        return False, ("unsigned MDN, although a signed one was asked for; "
+                       + SWITCH_HINTS["unsigned"])
     if status == "failed/Failure" and detail and detail.startswith(UNREADABLE):
         return False, f"MDN could not be read: {detail}"
     if status == "processed/warning" and detail == "Message Integrity check failed.":
         return False, (f"MIC mismatch: the MDN confirms {receipt.mic or '?'}, which is not "
-                       "the MIC of what we sent")
+                       "the MIC of what we sent; " + SWITCH_HINTS["mic_mismatch"])
     if status == "processed":
         if receipt.signed and not receipt.mic:
             if accept_without_mic:
@@ -126,7 +150,8 @@ def judge(receipt: Receipt, accept_without_mic: bool = False) -> tuple[bool, str
                               "Received-Content-MIC, accepted (accept_mdn_without_mic): "
                               "MIC not verified")
             return False, ("signed MDN without Received-Content-MIC: nothing to compare, "
-                           "the MIC is not verified (RFC 4130 7.4.3)")
+                           "the MIC is not verified (RFC 4130 7.4.3); "
+                           + SWITCH_HINTS["no_mic"])
         if receipt.mic:
             return True, "MDN processed; MIC verified"
         return True, "MDN processed (unsigned, without MIC: nothing verified)"

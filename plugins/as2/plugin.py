@@ -5,9 +5,11 @@
 * ``as2_sender`` (target): sends per the partner's AS2 profile (:mod:`.sender`).
 * Both add the ``as2`` party profile kind (:mod:`.profiles`, UI in :mod:`.ui`) and the
   periodic jobs ``as2_send_mdns`` (owed asynchronous MDNs, every 5 s and after a receipt)
-  and ``check_certificates`` (daily). The tables ``as2_inbound`` and ``as2_outbound``
-  (:mod:`.models`) came with the core's migration 0006; later changes to them are
-  migrations of this package's own (``migrations``, none yet).
+  and ``as2_cem`` (certificate exchange, :mod:`.cem`: responses owed, requests overdue);
+  certificates ending soon are the core's hourly ``b2bhub.check_certificates``. The
+  tables ``as2_inbound`` and ``as2_outbound`` (:mod:`.models`) came with the core's
+  migration 0006; later changes to them are migrations of this package's own
+  (``migrations``, none yet).
 
 This module stays light: the protocol's modules load on first use.
 """
@@ -38,15 +40,15 @@ def _send_mdns(session, store, now) -> int:
     return send_due_mdns(session, store, now)
 
 
-def _check_certificates(session, store, now) -> int:
-    """Raise ``certificate_expiring`` for AS2 certificates ending within 30 days."""
-    from plugins.as2.profiles import check_certificates
-    return check_certificates(session, now)
+def _cem_due(session, store, now) -> int:
+    """CEM responses owed, CEM requests overdue (:mod:`.cem`)."""
+    from plugins.as2.cem import run_due
+    return run_due(session, store, now)
 
 
+CEM_JOB = "as2_cem"
 JOBS = (PeriodicJob(MDN_JOB, _send_mdns, every=5.0, expires=5.0),
-        PeriodicJob("check_certificates", _check_certificates, every=86400.0,
-                    expires=3600.0))
+        PeriodicJob(CEM_JOB, _cem_due, every=60.0, expires=60.0))
 
 
 class As2Receiver(Plugin):
@@ -85,14 +87,18 @@ class As2Receiver(Plugin):
                                  request.content_length, request.now,
                                  parties_from=request.parties_from,
                                  checks=request.checks)
+        wake = [job for job, owed in ((MDN_JOB, reply.mdn_owed), (CEM_JOB, reply.cem_owed))
+                if owed]
         return EndpointReply(reply.status, reply.headers, reply.body,
-                             after=_wake_mdn_sender if reply.mdn_owed else None)
+                             after=(lambda: _wake(wake)) if wake else None)
 
 
-def _wake_mdn_sender() -> None:
-    """Ask a worker to send the owed MDN now; beat asks every 5 s anyway."""
+def _wake(jobs: list[str]) -> None:
+    """Ask a worker to run the jobs now (an owed MDN, a CEM response); beat asks every
+    5 s and 60 s anyway."""
     from b2bhub.plugin import run_job_soon
-    run_job_soon(MDN_JOB)
+    for job in jobs:
+        run_job_soon(job)
 
 
 class As2Sender(Plugin):

@@ -15,7 +15,9 @@ partner's are the partner's; the older values ``own`` and ``partner`` mean both)
 all with a list, ``add_certificate`` adds one (a rollover: the new certificate uploaded
 before its ``not_before``, nothing to change on the day). Inbound, every certificate of
 the role valid now is tried (signatures of the partner, decryption with our keys);
-outbound, the newest valid one is used (latest ``not_before``). When no certificate of
+outbound, the newest valid one is used (latest ``not_before``); of an organization's,
+one offered to partners by CEM signs only for those that accepted it, each from its own
+date (:func:`choose_certs`, :mod:`.cem`). When no certificate of
 a role is valid now, the message is refused with a reason naming the certificate and
 its window, unless the partner's ``accept_expired_certificates`` is on: then the newest
 one is used, with a warning line. Saving a certificate that has expired or ends within
@@ -29,6 +31,7 @@ shown without its key; ``null`` removes it. Replacing the AS2 certificates leave
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,7 +41,9 @@ from sqlalchemy.orm import Session
 
 from b2bhub.plugin import (
     CERTIFICATE_WARNING,
+    N_,
     ORGANIZATION,
+    PARTNER,
     PROFILES_VERSION_KEY,
     Conflict,
     NewCertificate,
@@ -48,15 +53,16 @@ from b2bhub.plugin import (
     StoredProfile,
     address_holder,
     bump_version,
+    certificate_alert,
     delete_protocol_profile,
     find_protocol_profile,
     get_protocol_profile,
-    profile_certificates,
-    raise_alert,
-    resolve_alert,
+    joined,
+    no_profile,
     save_protocol_profile,
     utcnow,
 )
+from plugins.as2 import presets
 from plugins.as2.certs import CertificateError, read_upload
 from plugins.as2.tls import TLS_CLIENT, bundle_problem
 
@@ -76,23 +82,24 @@ def _bool(v):
 
 
 def _one_of(options):
-    return lambda v: None if v in options else f"must be one of {', '.join(options)}"
+    return lambda v: None if v in options else N_("must be one of %(choices)s",
+                                                  choices=", ".join(options))
 
 
 def _url(v):
     if v is None or (isinstance(v, str) and v.startswith(("http://", "https://"))
                      and len(v) < 2000):
         return None
-    return "must be an http:// or https:// URL"
+    return N_("must be an http:// or https:// URL")
 
 
 def _seconds(v):
     return None if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 90 * 86400 \
-        else "must be whole seconds from 1 to 90 days"
+        else N_("must be whole seconds from 1 to 90 days")
 
 
 def _text(v):
-    return None if isinstance(v, str) and len(v) <= 200 else "must be text (200 at most)"
+    return None if isinstance(v, str) and len(v) <= 200 else N_("must be text (200 at most)")
 
 
 def _optional_text(limit, lines=True):
@@ -101,7 +108,9 @@ def _optional_text(limit, lines=True):
         if v is None or (isinstance(v, str) and len(v) <= limit
                          and not any(c in v for c in bad)):
             return None
-        return f"must be text ({limit} at most{'' if lines else ', one line'}) or null"
+        if lines:
+            return N_("must be text (%(most)s at most) or null", most=limit)
+        return N_("must be text (%(most)s at most, one line) or null", most=limit)
     return check
 
 
@@ -109,7 +118,7 @@ def _domain(v):
     if v is None or (isinstance(v, str) and 0 < len(v) <= 200 and v.isascii() and all(
             part and all(c.isalnum() or c == "-" for c in part) for part in v.split("."))):
         return None
-    return "must be a domain name (letters, digits, hyphens and dots) or null"
+    return N_("must be a domain name (letters, digits, hyphens and dots) or null")
 
 
 CHOICES: dict[str, tuple[Any, Any]] = {
@@ -147,9 +156,16 @@ CHOICES: dict[str, tuple[Any, Any]] = {
     # with the system's store or alone
     "tls_ca_bundle": (None, bundle_problem),
     "tls_system_trust": (True, _bool),
+    # a partner's CEM requests (plugins.as2.cem) are accepted without an operator
+    "cem_auto_accept": (False, _bool),
 }
 FIELDS = {"as2_id", "certificate", "certificates", "add_certificate", "tls_client_certificate",
-          *CHOICES}
+          "preset", *CHOICES}
+#: the settings key of the preset a profile started from (:mod:`.presets`)
+PRESET = "preset"
+#: an organization's settings key of its certificates offered by CEM (:mod:`.cem`):
+#: certificate id -> {"fingerprint", "signs_for": {partner: ISO date}, "open": [partner]}
+GATES = "cem_offered"
 ROLES = ("both", "signing", "encryption")
 
 # --- the same rules as JSON Schema, for the API's document ---------------------------
@@ -186,7 +202,7 @@ CHOICE_SCHEMAS: dict[str, dict] = {
                                     "pattern": "^[A-Za-z0-9-]+(\\.[A-Za-z0-9-]+)*$"}),
     "disposition_notification_to": _texts(200, lines=False),
     "mdn_text": _texts(2000), "mdn_failed_text": _texts(2000),
-    "accept_mdn_without_mic": _BOOL,
+    "accept_mdn_without_mic": _BOOL, "cem_auto_accept": _BOOL,
 }
 #: a certificate as a PUT takes it; whether it is one (and its key belongs to it) only
 #: reading it tells: such a refusal is a 400 naming the certificate field
@@ -204,7 +220,11 @@ CERTIFICATE_SCHEMA = {"type": "object", "properties": {
     "not_before": _nullable({"type": "string", "format": "date-time"}),
     "not_after": _nullable({"type": "string", "format": "date-time"}),
     "valid": _BOOL, "days_left": _nullable({"type": "integer"}), "expiring": _BOOL,
-    "has_private_key": _BOOL}}
+    "has_private_key": _BOOL,
+    "signs_for": _nullable({
+        "type": "object", "additionalProperties": {"type": "string", "format": "date-time"},
+        "description": "our certificate offered by CEM: the partners that accepted it, "
+        "each with the date it signs for it from (null: it signs for every partner)"})}}
 
 
 def json_schemas() -> dict[str, dict]:
@@ -213,6 +233,10 @@ def json_schemas() -> dict[str, dict]:
         "as2_id": {"type": "string", "minLength": 1, "maxLength": 128,
                    "pattern": AS2_ID_PATTERN},
         **CHOICE_SCHEMAS,
+        "preset": _nullable({"type": "string", "enum": list(presets.NAMES),
+                             "description": "a vendor preset (GET /as2/presets): its "
+                             "switches first, this body's choices on top; null forgets "
+                             "the name, keeping the switches"}),
         "certificate": _nullable(UPLOAD_SCHEMA),
         "certificates": _nullable({"type": "array", "items": UPLOAD_SCHEMA, "minItems": 1}),
         "add_certificate": _nullable(UPLOAD_SCHEMA)},
@@ -225,10 +249,20 @@ def json_schemas() -> dict[str, dict]:
         "as2_id": {"type": "string"},
         **{name: {k: v for k, v in schema.items() if k not in ("pattern", "maxLength")}
            for name, schema in CHOICE_SCHEMAS.items()},
-        "certificates": {"type": "array", "items": CERTIFICATE_SCHEMA}}}
-    # a certificate's content, what a new profile needs, an AS2 ID another profile has
+        "preset": _nullable({"type": "string", "enum": list(presets.NAMES)}),
+        "certificates": {"type": "array", "items": CERTIFICATE_SCHEMA},
+        "peer_features": _nullable({
+            "type": "object", "description": "what the partner said it is, in the "
+            "AS2-Version and EDIINT-Features headers of its last message or receipt "
+            "(null: not heard yet)", "properties": {
+                "as2_version": _nullable({"type": "string"}),
+                "features": {"type": "array", "items": {"type": "string"}},
+                "seen_at": {"type": "string", "format": "date-time"},
+                "seen_in": {"type": "string", "enum": ["message", "receipt"]}}})}}
+    # a certificate's content, what a new profile needs, an AS2 ID another profile has,
+    # a preset in an organization's profile (one body schema serves both kinds)
     return {"body": body, "answer": answer, "server_checks": [
-        "certificate", "certificates", "add_certificate", "as2_id", "url"]}
+        "certificate", "certificates", "add_certificate", "as2_id", "url", "preset"]}
 _LEGACY_BOTH = ("own", "partner")
 
 
@@ -271,10 +305,23 @@ class CertChoice:
 
 
 def choose_certs(profile_certs, role: str, now: datetime, accept_expired: bool,
-                 whose: str) -> CertChoice:
+                 whose: str, partner: str | None = None,
+                 gates: dict | None = None) -> CertChoice:
     """The certificates of ``role`` valid at ``now``, newest first; when none is, the
     newest of the others if ``accept_expired`` (with a warning), else
-    :class:`CertificateRefused` naming why."""
+    :class:`CertificateRefused` naming why.
+
+    ``gates`` (an organization's :attr:`As2Profile.gates`): our certificates offered by
+    CEM, which sign only for the partners that accepted them, each from its own date.
+    For ``partner`` (None: no partner in view) the signing certificates are the ungated
+    ones and those it accepted, from that date, the latest start first (a gated one by
+    its date for this partner). When none of them is valid now (the old certificate
+    ended), a gated one valid now signs for every partner, with a warning: a partner
+    that has not accepted it may not verify it, but the old one would fail everywhere."""
+    if role == "signing" and gates:
+        gated = _gated_choice(profile_certs, now, whose, partner, gates)
+        if gated is not None:
+            return gated
     of_role = sorted((c for c in profile_certs if c.serves(role)),
                      key=lambda c: (c.not_before or datetime.min, c.id), reverse=True)
     valid = tuple(c for c in of_role if c.valid_at(now))
@@ -288,6 +335,55 @@ def choose_certs(profile_certs, role: str, now: datetime, accept_expired: bool,
         return CertChoice((newest,), f"warning: {text}; used because "
                                      "accept_expired_certificates is on")
     raise CertificateRefused(f"{text}; refused (accept_expired_certificates is off)")
+
+
+def _gated_choice(profile_certs, now: datetime, whose: str, partner: str | None,
+                  gates: dict) -> CertChoice | None:
+    """:func:`choose_certs` of the signing role with CEM gates; None when no
+    certificate of the role is valid now (the rule without gates then says why)."""
+    valid = [c for c in profile_certs if c.serves("signing") and c.valid_at(now)]
+    mine = []
+    for cert in valid:
+        start = cert.not_before or datetime.min
+        if cert.id in gates:
+            accepted = gates[cert.id].get(partner) if partner else None
+            if accepted is None or accepted > now:
+                continue
+            start = max(start, accepted)
+        mine.append((start, cert.id, cert))
+    if mine:
+        return CertChoice(tuple(c for _s, _i, c in sorted(mine, key=lambda m: m[:2],
+                                                             reverse=True)))
+    others = sorted((c for c in valid if c.id in gates),
+                    key=lambda c: (c.not_before or datetime.min, c.id), reverse=True)
+    if not others:
+        return None
+    return CertChoice(tuple(others), N_(
+        "warning: no signing certificate of %(org)s that %(partner)s accepted is valid "
+        "now; signed with %(cert)s, offered to other partners by CEM",
+        org=whose, partner=partner or "?", cert=others[0].subject))
+
+
+def gates_of(settings: dict, certs) -> dict[int, dict[str, datetime]]:
+    """An organization's CEM gates (:data:`GATES`) as :func:`choose_certs` takes them:
+    certificate id -> {partner: from when it signs for it}, for the certificates the
+    profile has (an entry whose fingerprint differs from the row's is an old one)."""
+    kept = settings.get(GATES)
+    if not kept:
+        return {}
+    by_id = {c.id: c for c in certs}
+    found = {}
+    for key, gate in kept.items():
+        cert = by_id.get(int(key))
+        if cert is not None and gate.get("fingerprint") == fingerprint(cert.pem):
+            found[cert.id] = {name: datetime.fromisoformat(when.rstrip("Z"))
+                              for name, when in (gate.get("signs_for") or {}).items()}
+    return found
+
+
+def fingerprint(pem: str) -> str:
+    """A certificate's short fingerprint (of its PEM as stored)."""
+    return hashlib.sha256(pem.strip().encode()).hexdigest()[:32]
 #: an organization's identity choices (optional texts)
 IDENTITY = ("message_id_domain", "disposition_notification_to", "mdn_text", "mdn_failed_text")
 
@@ -308,6 +404,9 @@ class As2Profile:
     certs: tuple = ()
     #: our TLS client certificate for this partner (a :class:`CertInfo` with its key)
     tls_client: CertInfo | None = None
+    #: an organization's certificates offered by CEM that sign only for the partners
+    #: that accepted them (:func:`gates_of`): id -> {partner: from when}
+    gates: dict = field(default_factory=dict, compare=False)
     #: pyas2lib objects built from this profile, kept with it (see :mod:`.lib`)
     loaded: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -318,15 +417,15 @@ class As2Profile:
 def _check_as2_id(value: Any) -> str:
     if (not isinstance(value, str) or not 1 <= len(value) <= 128 or not value.isascii()
             or not value.isprintable() or value != value.strip()):
-        raise ServiceError("as2_id must be 1 to 128 printable ASCII characters without "
-                           "leading or trailing spaces (RFC 4130)", {"as2_id": "invalid"})
+        raise ServiceError(N_("as2_id must be 1 to 128 printable ASCII characters without "
+                              "leading or trailing spaces (RFC 4130)"), {"as2_id": "invalid"})
     return value
 
 
 def get_profile(session: Session, kind: str, name: str) -> StoredProfile:
     profile = get_protocol_profile(session, PROTOCOL, kind, name)
     if profile is None:
-        raise NotFound(f"{kind} '{name}' has no AS2 profile")
+        raise NotFound(no_profile(kind, name, "AS2"))
     return profile
 
 
@@ -334,15 +433,28 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> StoredPr
     """Create or update the AS2 profile of a party from the API shape; all or nothing."""
     unknown = set(body) - FIELDS
     if unknown:
-        raise ServiceError(f"unknown fields: {', '.join(sorted(unknown))}",
+        raise ServiceError(N_("unknown fields: %(fields)s", fields=", ".join(sorted(unknown))),
                            {f: "unknown" for f in unknown})
     profile = get_protocol_profile(session, PROTOCOL, kind, name)  # NotFound: no party
     as2_id = _check_as2_id(body.get("as2_id", profile.address if profile else None))
     holder = address_holder(session, PROTOCOL, as2_id)
     if holder is not None and holder != name:
-        raise Conflict(f"AS2 ID '{as2_id}' belongs to '{holder}' already",
+        raise Conflict(N_("AS2 ID '%(as2_id)s' belongs to '%(holder)s' already",
+                          as2_id=as2_id, holder=holder),
                        {"as2_id": "taken"})
     settings = dict(profile.settings) if profile else {}
+    if body.get(PRESET) is not None and kind == ORGANIZATION:
+        raise ServiceError(N_("a vendor preset is a partner's (it names the partner's "
+                              "product)"),
+                           {PRESET: "only for a partner"})
+    if body.get(PRESET) is not None:  # its switches first, the body's choices on top
+        try:
+            settings.update(presets.get(body[PRESET]).switches)
+        except presets.UnknownPreset as exc:
+            raise ServiceError(exc.args[0], {PRESET: exc.args[0]}) from None
+        settings[PRESET] = body[PRESET]
+    elif PRESET in body:
+        settings.pop(PRESET, None)
     problems = {}
     for choice, (_default, check) in CHOICES.items():
         if choice in body:
@@ -352,14 +464,15 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> StoredPr
             else:
                 settings[choice] = body[choice]
     if problems:
-        raise ServiceError("invalid AS2 profile: " + "; ".join(
-            f"{k} {v}" for k, v in problems.items()), problems)
+        raise ServiceError(N_("invalid AS2 profile: %(problems)s", problems=joined(
+            N_("%(field)s %(problem)s", field=k, problem=v) for k, v in problems.items())),
+            problems)
     own = kind == ORGANIZATION
     replace, added, tls_client = None, [], None
     try:
         if body.get("certificates") is not None:
             if not isinstance(body["certificates"], list) or not body["certificates"]:
-                raise CertificateError("certificates must be a list of one or more")
+                raise CertificateError(N_("certificates must be a list of one or more"))
             replace = [_read_cert(u, own) for u in body["certificates"]]
         elif body.get("certificate") is not None:
             replace = [_read_cert(body["certificate"], own)]
@@ -371,17 +484,20 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> StoredPr
     except CertificateError as exc:
         field_name = next(f for f in ("certificates", "certificate", "add_certificate",
                                       "tls_client_certificate") if body.get(f) is not None)
-        raise ServiceError(str(exc), {field_name: str(exc)}) from None
+        problem = exc.args[0]  # a Text: shown in the reader's language
+        raise ServiceError(problem, {field_name: problem}) from None
     if not replace and not added and (profile is None or not as2_certs(profile)):
-        raise ServiceError("an AS2 profile needs a certificate",
+        raise ServiceError(N_("an AS2 profile needs a certificate"),
                            {"certificate": "required"})
     if kind != ORGANIZATION and settings.get("url") is None and profile is None:
-        raise ServiceError("a partner's AS2 profile needs its url", {"url": "required"})
+        raise ServiceError(N_("a partner's AS2 profile needs its url"), {"url": "required"})
     remove = set()
     if profile is not None and replace is not None:
         remove |= {cert.id for cert in as2_certs(profile)}
     if profile is not None and "tls_client_certificate" in body:  # a new one, or null
         remove |= {cert.id for cert in profile.certificates if cert.usage == TLS_CLIENT}
+    if settings.get(GATES) and remove:  # a replaced certificate offered by CEM: forgotten
+        settings[GATES] = {k: v for k, v in settings[GATES].items() if int(k) not in remove}
     new = [NewCertificate(usage=role, pem=pair.pem, private_key_pem=pair.private_key_pem,
                           subject=pair.subject[:500], issuer=pair.issuer[:500],
                           not_before=pair.not_before, not_after=pair.not_after)
@@ -393,7 +509,7 @@ def save_profile(session: Session, kind: str, name: str, body: dict) -> StoredPr
         now = utcnow()
         for cert in saved.certificates:
             if cert.id not in before:
-                _expiry_alert(session, name, cert, now)
+                certificate_alert(session, name, "AS2 certificate", cert, now)
     bump_profiles_version(session)
     session.flush()
     return saved
@@ -408,7 +524,8 @@ def _read_cert(upload, own: bool):
     """(key pair, role) of one uploaded certificate (``role`` optional: both)."""
     role = upload.get("role", "both") if isinstance(upload, dict) else "both"
     if role not in ROLES:
-        raise CertificateError(f"a certificate's role must be one of {', '.join(ROLES)}")
+        raise CertificateError(N_("a certificate's role must be one of %(roles)s",
+                                  roles=", ".join(ROLES)))
     upload = {k: v for k, v in upload.items() if k != "role"} if isinstance(upload, dict) \
         else upload
     return read_upload(upload, need_key=own), role
@@ -426,12 +543,16 @@ def profile_json(profile: StoredProfile, now: datetime) -> dict:
     settings = {choice: profile.settings.get(choice, default)
                 for choice, (default, _c) in CHOICES.items()}
     tls = next((c for c in profile.certificates if c.usage == TLS_CLIENT), None)
+    gates = gates_of(profile.settings, profile.certificates)
     return {"party": profile.party, "kind": profile.kind, "as2_id": profile.address,
-            **settings, "certificates": [_cert_json(c, now) for c in as2_certs(profile)],
-            "tls_client_certificate": _cert_json(tls, now) if tls is not None else None}
+            **settings, PRESET: profile.settings.get(PRESET),
+            "certificates": [_cert_json(c, now, gates.get(c.id))
+                             for c in as2_certs(profile)],
+            "tls_client_certificate": _cert_json(tls, now) if tls is not None else None,
+            "peer_features": profile.settings.get(PEER_KEY)}
 
 
-def _cert_json(cert: StoredCertificate, now: datetime) -> dict:
+def _cert_json(cert: StoredCertificate, now: datetime, gate: dict | None = None) -> dict:
     left = (cert.not_after - now) if cert.not_after else None
     return {"id": cert.id, "usage": cert.usage,
             "role": "both" if cert.usage in _LEGACY_BOTH else cert.usage,
@@ -441,7 +562,9 @@ def _cert_json(cert: StoredCertificate, now: datetime) -> dict:
                           and cert.not_before <= now <= cert.not_after),
             "days_left": left.days if left is not None else None,
             "expiring": left is not None and left <= EXPIRY_WARNING,
-            "has_private_key": cert.private_key_pem is not None}
+            "has_private_key": cert.private_key_pem is not None,
+            "signs_for": None if gate is None else {
+                name: _iso(when) for name, when in sorted(gate.items())}}
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -467,6 +590,7 @@ def _lookup(session: Session, **where) -> As2Profile | None:
                       cert_pem=newest.pem if newest else None,
                       key_pem=newest.key_pem if newest else None,
                       updated_at=found.updated_at, certs=certs,
+                      gates=gates_of(found.settings, certs),
                       tls_client=next((c for c in every if c.role == TLS_CLIENT), None))
 
 
@@ -534,28 +658,55 @@ class ProfileCache:
 profile_cache = ProfileCache()
 
 
-# --- certificate expiry (beat, daily) ------------------------------------------------
+# --- what the partner says it is (AS2-Version, EDIINT-Features) ----------------------
 
-def check_certificates(session: Session, now: datetime) -> int:
-    """Raise ``certificate_expiring`` for each certificate that expires within 30 days
-    (or has expired); resolve it for one renewed. Returns how many are expiring."""
-    expiring = 0
-    for party, cert in profile_certificates(session):
-        expiring += _expiry_alert(session, party, cert, now)
-    return expiring
+#: the settings key of what the partner said of itself (not a choice: PUT cannot set it)
+PEER_KEY = "peer_features"
 
 
-def _expiry_alert(session: Session, party: str, cert: StoredCertificate, now: datetime
-                  ) -> bool:
-    """Raise ``certificate_expiring`` for a certificate that has expired or ends within
-    30 days, else resolve it; True when raised. Called by the daily check and when a
-    certificate is saved."""
-    subject = f"certificate:{party}:{cert.id}"
-    if cert.not_after is not None and cert.not_after - now <= EXPIRY_WARNING:
-        when = "expired" if cert.not_after <= now else "expires"
-        raise_alert(session, "certificate_expiring", subject,
-                    f"the AS2 certificate of {party} ({cert.subject}) {when} "
-                    f"{cert.not_after:%Y-%m-%d %H:%M} UTC", now=now)
-        return True
-    resolve_alert(session, "certificate_expiring", subject, now)
-    return False
+def peer_features(headers) -> dict:
+    """The AS2-Version and the EDIINT-Features (RFC 6017: a comma-separated list) of a
+    partner's request or answer, ``headers`` any mapping with ``get`` of lower- or
+    mixed-case names."""
+    def get(name: str) -> str | None:
+        value = headers.get(name) or headers.get(name.lower())
+        return str(value).strip() if value else None
+    features = get("EDIINT-Features")
+    return {"as2_version": get("AS2-Version"),
+            "features": [f.strip() for f in features.split(",") if f.strip()]
+            if features else []}
+
+
+#: (party, seen_in) -> what this process last found kept for it: a partner says the same
+#: on every message, so the profile is read at most once per process until it changes
+_PEER_SAID: dict[tuple[str, str], dict] = {}
+
+
+def note_peer_features(session: Session, partner: As2Profile, headers, seen_in: str,
+                       now: datetime) -> bool:
+    """Keep on the partner's profile what its ``headers`` say of it when that differs
+    from what is kept. A partner says the same on every message: this process
+    remembers what it found kept, so the steady state costs no statement; a change
+    costs a read and a write of the profile's settings (not of its version: nothing the
+    AS2 code caches depends on them). What its messages say is kept over what its
+    receipts say (a partner sending us nothing is known by its receipts). In the
+    caller's transaction; True when it changed."""
+    said = peer_features(headers)
+    if seen_in == "receipt" and not (said["as2_version"] or said["features"]):
+        return False  # an answer without the headers says nothing
+    if _PEER_SAID.get((partner.party, seen_in)) == said:
+        return False
+    stored = get_protocol_profile(session, PROTOCOL, PARTNER, partner.party)
+    if stored is None:
+        return False
+    kept = stored.settings.get(PEER_KEY) or {}
+    if ({k: kept.get(k) for k in said} == said
+            or (seen_in == "receipt" and kept.get("seen_in") == "message")):
+        _PEER_SAID[(partner.party, seen_in)] = said
+        return False
+    save_protocol_profile(session, PROTOCOL, PARTNER, partner.party, stored.address, {
+        **stored.settings, PEER_KEY: {**said, "seen_at": _iso(now), "seen_in": seen_in}})
+    # remembered now: should the caller's transaction roll back (a duplicate raced it),
+    # the display waits for the partner's next change or this process's restart
+    _PEER_SAID[(partner.party, seen_in)] = said
+    return True

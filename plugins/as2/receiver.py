@@ -38,12 +38,14 @@ import os
 import re
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from email import policy
 from email.parser import BytesHeaderParser
 from typing import IO
 
+from psycopg.pq import TransactionStatus
 from pyas2lib.exceptions import IntegrityError as SignatureError
 from pyas2lib.exceptions import PartnerNotFound
 from sqlalchemy import bindparam, insert, select
@@ -71,7 +73,7 @@ from b2bhub.plugin import (
     store_intake_refusal,
     store_refused,
 )
-from plugins.as2 import lib, mdn_in, profiles, stream
+from plugins.as2 import cem_xml, lib, mdn_in, profiles, stream
 from plugins.as2.models import As2Inbound
 from plugins.as2.replies import Reply, party_name
 from plugins.as2.replies import text_reply as _text
@@ -226,8 +228,16 @@ def receive(session: Session, store: PayloadStore, instance: str, config: dict |
     # the partner as this process knows it, to look for its Message-ID in the same
     # statement; checked once the profiles version is read
     guess = profiles.profile_cache.peek(as2_from, PARTNER) if as2_from and msgid else None
-    looked = _lookups(session, instance if config is None else None,
-                      _accepted_key(guess.party, msgid) if guess else None)
+    # the lookups are a transaction of their own, without BEGIN on PostgreSQL (one round
+    # trip less: 0.1 and 0.2 ms median in one process, with and without alternating per
+    # message, 300 messages, load 2.7-3.2); the rows then go in a transaction, BEGIN and
+    # the insert while the stages are synced. Writing an accepted message by its one
+    # statement in autocommit too (after the sync: it commits) spared the COMMIT but lost
+    # that overlap: 26.62 against 25.09 and 24.26 against 24.16 ms median the same way
+    # (load 3.7-4.1), so it is not done
+    with _own_transaction(session):
+        looked = _lookups(session, instance if config is None else None,
+                          _accepted_key(guess.party, msgid) if guess else None)
     if config is None:
         if not looked.enabled:
             return no_receiver(instance)
@@ -285,6 +295,7 @@ def _received(session, store, instance, found, raw: bytes | Spool, data: bytes |
             duplicate_id = _duplicate_id(session, partner.party, msgid)
         if duplicate_id is not None:
             return _duplicate(session, store, duplicate_id, partner.party, msgid, now)
+    profiles.note_peer_features(session, partner, found, "message", now)  # on a change
     stages = _Stages(store, raw)  # the raw stage is written while the message is parsed
     parse = _stream_parse_and_store if isinstance(raw, Spool) else _parse_and_store
     try:
@@ -416,7 +427,8 @@ def _parse(raw: bytes, org: profiles.As2Profile | None, partner: profiles.As2Pro
     message = lib.Message()
     with lib.parsing(), lib.collecting_warnings() as warnings:
         status, (exc, _tb), mdn = message.parse(
-            raw, find_org_cb=lambda _id: lib.organization(org) if org else None,
+            raw, find_org_cb=lambda _id: lib.organization(
+                org, partner=partner.party if partner else None) if org else None,
             find_partner_cb=lambda _id: lib.partner(partner, binary) if partner else None)
     message.certificate_warnings = list(warnings)
     return message, status, exc, BuiltMdn(mdn) if mdn is not None else None
@@ -440,6 +452,10 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
         log.info("AS2 message could not be parsed: %r", error)
         return _refuse_early(session, instance, found, stages, now,
                              f"malformed AS2 message: {error}")
+    if status == "processed" and org is not None and cem_xml.is_cem(message.payload):
+        return _cem(session, instance, stages, found, org, partner, msgid, now, mdn,
+                    message.payload)
+
     def content():
         content = message.content  # decoded anew at every read
         content = content if isinstance(content, bytes) else b""
@@ -448,6 +464,32 @@ def _parse_and_store(session, store, instance, raw, stages: _Stages, found, org,
     return _store_parsed(session, store, instance, stages, found, org, partner, msgid, now, known,
                          status, exc, mdn, content, _filename(message),
                          message.certificate_warnings, checks)
+
+
+def _cem(session, instance, stages: _Stages, found, org, partner, msgid, now, mdn,
+         entity) -> Reply:
+    """A CEM request or response (:mod:`.cem`): consumed by the AS2 plugin, never routed;
+    what it did is a history line (and a step on the partner page), the MDN as the
+    partner asked. One we cannot read is refused with the reason."""
+    from plugins.as2 import cem
+    try:
+        text = cem.consume(session, partner, org, entity, msgid, now)
+    except cem_xml.CemFormatError as exc:
+        session.rollback()
+        return _refuse_early(session, instance, found, stages, now,
+                             f"CEM document refused: {exc}")
+    mode = _mdn_mode(mdn)
+    if mode == "pending":  # the owed MDN's row, as for any message (no message row)
+        mdn_stage = _mdn_stage(stages, mdn)
+        stages.durable().result()
+        _insert_inbound(session, instance, partner.party, msgid, None, mdn, mode,
+                        mdn_stage, now)
+    else:
+        stages.discard()
+    session.commit()
+    reply = _reply(mdn, mode, None, text)
+    reply.cem_owed = True
+    return reply
 
 
 def _stream_parse_and_store(session, store, instance, spool: Spool, stages: _Stages, found,
@@ -462,7 +504,8 @@ def _stream_parse_and_store(session, store, instance, spool: Spool, stages: _Sta
         else:
             received = stream.receive(
                 spool.ws, spool.path, spool.body_at, spool.headers, lib.partner(partner),
-                decrypt_keys=lambda: lib.decrypt_keys(org),
+                decrypt_keys=lambda: lib.decrypt_keys(
+                    org, partner.party if partner else None),
                 verify_certs=lambda: lib.verify_certs(partner),
                 receipt_alg=lib.micalg(found.get("disposition-notification-options")),
                 content_head=lib.content_head)
@@ -493,7 +536,8 @@ def _streamed_mdn(received: stream.Received, found: dict, org, partner, msgid: s
     message = lib.Message()
     message.payload = received.merged
     message.message_id = msgid
-    message.receiver = lib.organization(org) if org is not None \
+    message.receiver = lib.organization(
+        org, partner=partner.party if partner else None) if org is not None \
         else lib.organization_stub(lib.unquote(found.get("as2-to")), None)
     message.sender = lib.partner(partner)
     message.mic, message.digest_alg = received.mic, received.digest_alg
@@ -565,6 +609,28 @@ def _store_parsed(session, store, instance, stages: _Stages, found, org, partner
                  checked.reason)
         return _reply(mdn, mode, made, f"received; refused: {checked.reason}")
     return _reply(mdn, mode, made, "accepted")
+
+
+@contextmanager
+def _own_transaction(session):
+    """On PostgreSQL, while nothing was sent in the session's transaction yet, each
+    statement of the block runs as a transaction of its own (psycopg in autocommit):
+    psycopg sends BEGIN and COMMIT as round trips of their own. For reads only here. The
+    connection stays the session's (the request holds one); the next statement after
+    the block begins a transaction as before. Yields whether it does (not on SQLite, nor
+    in a transaction)."""
+    conn = connection(session)
+    dbapi = conn.connection.dbapi_connection if conn.dialect.name == "postgresql" else None
+    if dbapi is None or dbapi.autocommit \
+            or dbapi.info.transaction_status != TransactionStatus.IDLE:
+        yield False
+        return
+    dbapi.autocommit = True
+    try:
+        yield True
+    finally:
+        if dbapi.info.transaction_status == TransactionStatus.IDLE:
+            dbapi.autocommit = False  # else broken: SQLAlchemy discards the connection
 
 
 def _store_refusal(session, instance, new: NewMessage, reason: str, mdn, mode: str,
@@ -690,11 +756,7 @@ def _reason(status: str, exc) -> str:
 
 
 def _filename(message) -> str | None:
-    try:
-        name = message.payload.get_filename()
-    except Exception:
-        return None
-    return _safe_name(name)
+    return _safe_name(stream.decoded_filename(message.payload))
 
 
 def _safe_name(name: str | None) -> str | None:

@@ -13,6 +13,7 @@ class Reply:
     body: bytes = b""
     message_id: int | None = None
     mdn_owed: bool = False  # an asynchronous MDN row is due: wake the sender
+    cem_owed: bool = False  # a CEM document was taken: wake the CEM job (plugins.as2.cem)
 
 
 def text_reply(status: int, text: str, **kw) -> Reply:

@@ -28,6 +28,7 @@ import requests
 from cryptography import x509
 
 from b2bhub.plugin import (
+    N_,
     TEST_SOURCE,
     ConnectionTest,
     NewMessage,
@@ -37,6 +38,7 @@ from b2bhub.plugin import (
     add_line,
     finish_test_message,
     latest_line,
+    no_profile,
     profile_parties,
     record_stage,
     store_test_message,
@@ -49,10 +51,6 @@ SUBJECT = "b2bhub AS2 connection test (not a business message)"
 #: the header that marks the test message for the partner
 TEST_HEADER = ("X-B2bhub-Test", "connection-test")
 #: the history line the receiver writes for a test message's MDN
-def N_(text: str) -> str:  # noqa: N802  (marks a label for the UI's catalog, docs/i18n.md)
-    return text
-
-
 #: each step's name and label; the page shows the label through the UI's catalog
 STEPS = (("dns", N_("Name resolution")), ("tcp", N_("TCP connect")), ("tls", "TLS"),
          ("message", N_("Test message built")), ("http", N_("HTTP status")),
@@ -83,7 +81,8 @@ class _Steps:
     def finish(self) -> tuple[TestStep, ...]:
         failed = self.failed
         done = {s.name for s in self.steps}
-        rest = [TestStep(n, label, "not_run", f"not run: {failed.label} failed")
+        rest = [TestStep(n, label, "not_run", N_("not run: %(step)s failed",
+                                                 step=failed.label))
                 for n, label in STEPS if n not in done] if failed else []
         return tuple(self.steps + rest)
 
@@ -93,7 +92,8 @@ def run(session, store, name: str, actor: str, organization: str | None = None,
     partner, org = _profiles(session, name, organization)
     url = partner.get("url")
     if not url:
-        raise ServiceError(f"the AS2 profile of '{name}' has no url", {"url": "required"})
+        raise ServiceError(N_("the AS2 profile of '%(name)s' has no url", name=name),
+                           {"url": "required"})
     now = utcnow()
     data = (f"b2bhub AS2 connection test from {org.party} to {partner.party} at "
             f"{now:%Y-%m-%d %H:%M:%S} UTC, run by {actor}. Not a business message.\r\n"
@@ -119,16 +119,18 @@ def run(session, store, name: str, actor: str, organization: str | None = None,
 def _profiles(session, name: str, organization: str | None):
     partner = profiles.by_party(session, name)
     if partner is None or partner.kind != "partner":
-        raise NotFound(f"partner '{name}' has no AS2 profile")
+        raise NotFound(no_profile("partner", name, "AS2"))
     if organization:
         org = profiles.by_party(session, organization)
         if org is None or org.kind != "organization":
-            raise NotFound(f"organization '{organization}' has no AS2 profile")
+            raise NotFound(no_profile("organization", organization, "AS2"))
         return partner, org
     names = profile_parties(session, profiles.PROTOCOL, "organization")
     if len(names) != 1:
-        raise ServiceError("name the organization that sends the test "
-                           f"({', '.join(names) or 'no organization has an AS2 profile'})",
+        raise ServiceError(N_("name the organization that sends the test (%(names)s)",
+                              names=", ".join(names)) if names else
+                           N_("name the organization that sends the test (no organization "
+                              "has an AS2 profile)"),
                            {"organization": "required"})
     return partner, profiles.by_party(session, names[0])
 
@@ -146,7 +148,7 @@ def _run(session, store, steps: _Steps, message_id: int, org, partner, url: str,
         return
     with sock:
         if not https:
-            steps.add("tls", "skipped", "http:// URL: no TLS")
+            steps.add("tls", "skipped", N_("http:// URL: no TLS"))
         elif not _tls(steps, sock, host, port, partner):
             return
     built = _build(session, store, steps, message_id, org, partner, data)
@@ -159,40 +161,43 @@ def _run(session, store, steps: _Steps, message_id: int, org, partner, url: str,
     mode = partner.get("mdn_mode")
     if mode == "none":
         for step in ("mdn", "mdn_signature", "mic"):
-            steps.add(step, "skipped", "the profile asks for no MDN")
+            steps.add(step, "skipped", N_("the profile asks for no MDN"))
         return
     if mode == "sync":
         raw = lib.wire(answer.headers.items(), answer.content)
         if not mdn_in.looks_like_mdn(lib.read_headers(raw.partition(b"\r\n\r\n")[0]), raw):
-            steps.add("mdn", "failed", "the answer carries no MDN (Content-Type "
-                      f"{answer.headers.get('Content-Type', 'none')}), although the profile "
-                      "asks for a synchronous one")
+            steps.add("mdn", "failed", N_(
+                "the answer carries no MDN (Content-Type %(type)s), although the profile "
+                "asks for a synchronous one", type=answer.headers.get("Content-Type", "none")))
             return
         receipt = mdn_in.read_mdn(raw, lambda _i, _r: mdn_in.original_message(row, org,
                                                                                 partner))
         mdn_in.record_receipt(session, message_id, store.put(raw), utcnow())
         session.commit()
-        _mdn_steps(steps, receipt, partner, "synchronous MDN in the answer")
+        _mdn_steps(steps, receipt, partner, N_("synchronous MDN in the answer"))
         return
     receipt = _wait_async(session, message_id, wait)
     if receipt is None:
-        text = (f"asked for an asynchronous MDN to {org.get('mdn_url') or '?'}; none came "
-                f"within {wait:g} s: it is recorded on the test message when it comes")
+        text = N_("asked for an asynchronous MDN to %(url)s; none came within %(wait)s s: "
+                  "it is recorded on the test message when it comes",
+                  url=org.get("mdn_url") or "?", wait=f"{wait:g}")
         steps.add("mdn", "pending", text)
         for step in ("mdn_signature", "mic"):
-            steps.add(step, "pending", "checked when the MDN comes")
+            steps.add(step, "pending", N_("checked when the MDN comes"))
         return
-    _mdn_steps(steps, receipt, partner, "asynchronous MDN")
+    _mdn_steps(steps, receipt, partner, N_("asynchronous MDN"))
 
 
 def _resolve(steps: _Steps, host: str, port: int) -> list:
     try:
         found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
-        steps.add("dns", "failed", f"{host or '(no host)'} cannot be resolved: {exc}")
+        steps.add("dns", "failed", N_("%(host)s cannot be resolved: %(why)s",
+                                      host=host or "(no host)", why=str(exc)))
         return []
     addresses = list(dict.fromkeys(f[4][:2] for f in found))
-    steps.add("dns", "ok", f"{host} is " + ", ".join(a for a, _p in addresses))
+    steps.add("dns", "ok", N_("%(host)s is %(addresses)s", host=host,
+                              addresses=", ".join(a for a, _p in addresses)))
     return [(f[0], f[4]) for f in found]
 
 
@@ -208,10 +213,11 @@ def _connect(steps: _Steps, addresses: list) -> socket.socket | None:
             sock.close()
             problems.append(f"{_where(address)}: {exc.strerror or exc}")
             continue
-        steps.add("tcp", "ok", f"connected to {_where(address)} in "
-                  f"{(time.monotonic() - start) * 1000:.0f} ms")
+        steps.add("tcp", "ok", N_("connected to %(where)s in %(ms)s ms",
+                                  where=_where(address),
+                                  ms=f"{(time.monotonic() - start) * 1000:.0f}"))
         return sock
-    steps.add("tcp", "failed", "could not connect: " + "; ".join(problems))
+    steps.add("tcp", "failed", N_("could not connect: %(why)s", why="; ".join(problems)))
     return None
 
 
@@ -243,27 +249,34 @@ def _tls(steps: _Steps, sock: socket.socket, host: str, port: int, partner) -> b
         except (ssl.SSLError, OSError) as exc:
             return steps.add("tls", "failed", tls.explain(exc, partner))
     if closed:
-        return steps.add("tls", "failed", "the server closed the connection right after the "
-                         "TLS handshake (it may refuse our client certificate: "
-                         f"{client.subject if client else 'none configured'})")
+        return steps.add("tls", "failed", N_(
+            "the server closed the connection right after the TLS handshake (it may refuse "
+            "our client certificate: %(ours)s)",
+            ours=client.subject if client else N_("none configured")))
     now = utcnow()
     left = cert.not_valid_after_utc.replace(tzinfo=None) - now
-    warning = (f"; warning: it ends within {profiles.EXPIRY_WARNING.days} days"
-               if left <= profiles.EXPIRY_WARNING else "")
-    ours = f"client certificate {client.subject} sent" if client else \
-        "no client certificate configured"
-    return steps.add("tls", "ok", f"{version}, certificate chain verified; server certificate "
-                     f"{tls.describe_certificate(cert)}{warning}; {ours}")
+    ours = N_("client certificate %(subject)s sent", subject=client.subject) if client \
+        else N_("no client certificate configured")
+    if left <= profiles.EXPIRY_WARNING:
+        return steps.add("tls", "ok", N_(
+            "%(version)s, certificate chain verified; server certificate %(cert)s; warning: "
+            "it ends within %(days)s days; %(ours)s", version=version,
+            cert=tls.describe_certificate(cert), days=profiles.EXPIRY_WARNING.days,
+            ours=ours))
+    return steps.add("tls", "ok", N_(
+        "%(version)s, certificate chain verified; server certificate %(cert)s; %(ours)s",
+        version=version, cert=tls.describe_certificate(cert), ours=ours))
 
 
 def _build(session, store, steps: _Steps, message_id: int, org, partner, data: bytes):
     roles = ((org, "signing", partner.get("sign")),
              (partner, "encryption", partner.get("encrypt")))
-    refused = next(filter(None, (lib.refusal(p, r) for p, r, on in roles if on)), None)
+    refused = next(filter(None, (lib.refusal(p, r, partner=partner.party)
+                                 for p, r, on in roles if on)), None)
     if refused:
         steps.add("message", "failed", refused)
         return None
-    message = lib.Message(lib.organization(org), lib.partner(partner))
+    message = lib.Message(lib.organization(org, partner=partner.party), lib.partner(partner))
     try:
         lib.build_message(message, data,
                           filename="connection-test.txt", content_type="text/plain",
@@ -271,7 +284,8 @@ def _build(session, store, steps: _Steps, message_id: int, org, partner, data: b
                           disposition_notification_to=lib.disposition_notification_to(org),
                           key_encryption=partner.get("key_encryption"))
     except Exception as exc:  # a key or certificate pyas2lib cannot use
-        steps.add("message", "failed", f"the test message could not be built: {exc}")
+        steps.add("message", "failed", N_("the test message could not be built: %(why)s",
+                                          why=str(exc)))
         return None
     body = message.content if isinstance(message.content, bytes) else b""
     headers = dict(message.headers)
@@ -311,10 +325,11 @@ def _send(steps: _Steps, partner, headers: dict, body: bytes):
         answer, note = sender.post(partner, headers, body, bool(partner.get("chunked")),
                                    (CONNECT_TIMEOUT, ANSWER_TIMEOUT))
     except requests.exceptions.SSLError as exc:
-        steps.add("http", "failed", f"TLS failed while sending: {tls.explain(exc, partner)}")
+        steps.add("http", "failed", N_("TLS failed while sending: %(why)s",
+                                       why=tls.explain(exc, partner)))
         return None
     except requests.RequestException as exc:
-        steps.add("http", "failed", f"the POST failed: {exc}")
+        steps.add("http", "failed", N_("the POST failed: %(why)s", why=str(exc)))
         return None
     code = answer.status_code
     if not 200 <= code < 300:
@@ -346,34 +361,39 @@ def _mdn_steps(steps: _Steps, receipt: mdn_in.Receipt, partner, how: str) -> Non
     """The MDN, signature and MIC steps of a receipt, as :func:`mdn_in.judge` sees it."""
     status, detail = receipt.status, receipt.detail
     if receipt.signature_error is not None:  # pyas2lib read no disposition then
-        steps.add("mdn", "ok", f"{how} received for <{receipt.orig_id or '?'}>")
-        steps.add("mdn_signature", "failed",
-                  f"the MDN's signature failed our verification with the partner's "
-                  f"certificate ({_signers(partner)}): {receipt.signature_error}")
+        steps.add("mdn", "ok", N_("%(how)s received for <%(id)s>", how=how,
+                                  id=receipt.orig_id or "?"))
+        steps.add("mdn_signature", "failed", N_(
+            "the MDN's signature failed our verification with the partner's certificate "
+            "(%(signers)s): %(why)s", signers=_signers(partner),
+            why=receipt.signature_error))
         return
     if status == "failed/Failure" and detail and detail.startswith(mdn_in.UNREADABLE):
-        steps.add("mdn", "failed", f"{how} could not be read: {detail}")
+        steps.add("mdn", "failed", N_("%(how)s could not be read: %(why)s", how=how,
+                                      why=detail))
         return
-    steps.add("mdn", "ok", f"{how} received, disposition {status}"
-              + (f": {detail}" if detail else ""))
+    steps.add("mdn", "ok", N_("%(how)s received, disposition %(status)s: %(detail)s",
+                              how=how, status=status, detail=detail) if detail else
+              N_("%(how)s received, disposition %(status)s", how=how, status=status))
     signed_asked = bool(partner.get("mdn_signed"))
     if signed_asked and not receipt.signed:
-        steps.add("mdn_signature", "failed", "unsigned MDN, although a signed one was asked for")
+        steps.add("mdn_signature", "failed",
+                  N_("unsigned MDN, although a signed one was asked for"))
         return
     if receipt.signed:
-        steps.add("mdn_signature", "ok", f"verified with the partner's certificate "
-                  f"({_signers(partner)})")
+        steps.add("mdn_signature", "ok", N_("verified with the partner's certificate "
+                                            "(%(signers)s)", signers=_signers(partner)))
     else:
-        steps.add("mdn_signature", "skipped", "the profile asks for an unsigned MDN")
+        steps.add("mdn_signature", "skipped", N_("the profile asks for an unsigned MDN"))
     ok, text = mdn_in.judge(receipt, bool(partner.get("accept_mdn_without_mic")))
     if not ok:
         steps.add("mic", "failed", text)
     elif receipt.mic:
-        steps.add("mic", "ok", f"the MDN confirms our MIC {receipt.mic}")
+        steps.add("mic", "ok", N_("the MDN confirms our MIC %(mic)s", mic=receipt.mic))
     elif receipt.signed:
         steps.add("mic", "ok", text)  # accepted without MIC: the text says so
     else:
-        steps.add("mic", "skipped", "unsigned MDN without MIC: nothing to compare")
+        steps.add("mic", "skipped", N_("unsigned MDN without MIC: nothing to compare"))
 
 
 def _signers(partner) -> str:

@@ -80,7 +80,8 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
             return Outcome.failed(f"the AS2 profile of '{partner.party}' has no url")
         roles = ((org, "signing", partner.get("sign")),
                  (partner, "encryption", partner.get("encrypt")))
-        refused = next(filter(None, (lib.refusal(p, r) for p, r, on in roles if on)), None)
+        refused = next(filter(None, (lib.refusal(p, r, partner=partner.party)
+                                     for p, r, on in roles if on)), None)
         if refused:
             return Outcome.failed(refused)
         previous = session.scalar(select(As2Outbound).where(
@@ -88,7 +89,8 @@ def send(delivery: DeliveryInfo, payload: PayloadReader, context, config: dict) 
             As2Outbound.target == delivery.target))
         left, domain = (previous.as2_message_id.rsplit("@", 1) if previous
                         and "@" in previous.as2_message_id else (None, None))
-        message = lib.Message(lib.organization(org, domain=domain), lib.partner(partner))
+        message = lib.Message(lib.organization(org, domain=domain, partner=partner.party),
+                              lib.partner(partner))
         choices = dict(filename=delivery.original_filename,
                        content_type=partner.get("content_type"),
                        subject=partner.get("subject"), message_id=left,
@@ -148,7 +150,7 @@ def _send(delivery, context, config, session, org, partner, previous, roles, mes
     previous.mdn_signed = bool(partner.get("mdn_signed"))
     record_stage(session, delivery.message_id, "sent", sent, context.now)
     for p, r, on in roles:
-        for warning in lib.warnings_of(p, r) if on else ():
+        for warning in lib.warnings_of(p, r, partner=partner.party) if on else ():
             add_line(session, delivery.message_id, "warning", f"{delivery.target}: "
                      f"{warning}", delivery_id=delivery.id, now=context.now)
     session.commit()
@@ -183,6 +185,7 @@ def _send(delivery, context, config, session, org, partner, previous, roles, mes
     read = mdn_in.read_mdn(
         raw, lambda _i, _r: mdn_in.original_message(previous, org, partner))
     mdn_in.record_receipt(session, delivery.message_id, receipt, context.now)
+    profiles.note_peer_features(session, partner, answer.headers, "receipt", context.now)
     session.commit()
     ok, text = mdn_in.judge(read, bool(partner.get("accept_mdn_without_mic")))
     text = f"{sent_as}: {text}"

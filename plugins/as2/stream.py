@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email import policy
 from email import utils as email_utils
+from email.header import decode_header, make_header
 from email.message import Message as EmailMessage
 from email.parser import BytesHeaderParser
 from pathlib import Path
@@ -74,6 +75,10 @@ HEAD_LIMIT = 64 * 1024
 ELEMENT_LIMIT = 4 << 20
 _HASHES = {"sha1": hashes.SHA1, "sha224": hashes.SHA224, "sha256": hashes.SHA256,
            "sha384": hashes.SHA384, "sha512": hashes.SHA512, "md5": hashes.MD5}
+
+
+#: the RFC 6017 features b2bhub implements, as its messages advertise them
+EDIINT_FEATURES = "CEM"
 
 
 def threshold(config: dict | None) -> int:
@@ -702,10 +707,24 @@ class Received:
     merged: EmailMessage = field(default_factory=EmailMessage)  # payload + AS2 headers
 
     def filename(self) -> str | None:
-        try:
-            return self.merged.get_filename()
-        except Exception:
-            return None
+        return decoded_filename(self.merged)
+
+
+def decoded_filename(part) -> str | None:
+    """The file name of a MIME entity's ``Content-Disposition`` (else ``Content-Type``'s
+    ``name``), decoded; None when it has none or it cannot be read. RFC 2231 parameters
+    (``filename*=UTF-8''%E2%82%AC.csv``, a charset and language, continuations
+    ``filename*0*``, ``filename*1``) are decoded by the email package; RFC 2047 encoded
+    words (``filename="=?UTF-8?B?...?="``), which RFC 2047 section 5 does not allow in a
+    parameter but mail-derived AS2 products send, are decoded here. The caller still
+    sanitises the result (no directories, no NUL)."""
+    try:
+        name = part.get_filename()
+        if name and "=?" in name:
+            name = str(make_header(decode_header(name)))
+    except Exception:  # a charset Python does not know, a malformed word: no name
+        return None
+    return name
 
 
 def receive(ws: Workspace, path: Path, body_at: int, http: EmailMessage, partner,
@@ -881,7 +900,7 @@ def _headers(content_type: str, params: dict, filename: str | None,
 def build(ws: Workspace, source: IO[bytes], *, sender, receiver, filename: str | None,
           content_type: str, subject: str, message_id: str | None,
           disposition_notification_to: str, key_encryption: str | None,
-          sign_with, encrypt_for) -> Built:
+          sign_with, encrypt_for, type_params: dict | None = None) -> Built:
     """Build what pyas2lib's ``Message.build`` builds, on files: the document (binary,
     as :func:`.lib.building` has it), compressed, then signed, then encrypted, per the
     pyas2lib ``receiver`` Partner. ``sign_with``: our (key, certificate);
@@ -891,7 +910,10 @@ def build(ws: Workspace, source: IO[bytes], *, sender, receiver, filename: str |
         size = _write(out, iter(lambda: source.read(CHUNK), b""))
     document = EmailMessage()
     document.set_type(content_type)
-    document["Content-Transfer-Encoding"] = "binary"
+    for name, value in (type_params or {}).items():
+        document.set_param(name, value)
+    if not content_type.startswith("multipart/"):  # a multipart's parts say their own
+        document["Content-Transfer-Encoding"] = "binary"
     if filename:
         document.add_header("Content-Disposition", "attachment", filename=filename)
     del document["MIME-Version"]
@@ -939,9 +961,9 @@ def build(ws: Workspace, source: IO[bytes], *, sender, receiver, filename: str |
     msgid = f"{message_id}@{domain}" if message_id else \
         email_utils.make_msgid(domain=domain).lstrip("<").rstrip(">")
     headers = dict(outer.items())
-    # no EDIINT-Features: it lists RFC 6017 features (CEM, multiple-attachments,
-    # AS2-Reliability) and b2bhub implements none of them yet; "CMS" is no such token
-    headers.update({"AS2-Version": "1.2",
+    # EDIINT-Features lists the RFC 6017 features b2bhub implements: CEM (:mod:`.cem`),
+    # not multiple-attachments nor AS2-Reliability; pyas2lib's "CMS" is no such token
+    headers.update({"AS2-Version": "1.2", "EDIINT-Features": EDIINT_FEATURES,
                     "Message-ID": f"<{msgid}>", "AS2-From": _quoted(sender.as2_name),
                     "AS2-To": _quoted(receiver.as2_name), "Subject": subject,
                     "Date": email_utils.formatdate(localtime=True)})

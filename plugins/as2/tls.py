@@ -9,6 +9,12 @@ is a certificate of the profile with the role ``tls_client`` and its private key
 like the profile's other keys, never shown again). Python's ``ssl`` loads a key only from
 a file: it is written to a private temporary file, loaded, and the file removed at once;
 the context built is kept per profile version.
+
+A certificate of the bundle is a trust anchor whether or not it is self-signed: the
+context verifies with OpenSSL's partial-chain flag (``ssl.VERIFY_X509_PARTIAL_CHAIN``),
+so a bundle holding only the partner's server certificate, issued by a CA we do not
+hold (as a CEM request for TLS brings it, :mod:`.cem`), verifies that server; without
+the flag OpenSSL would insist on reaching a self-signed root.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import requests
 from cryptography import x509
 from requests.adapters import HTTPAdapter
 
+from b2bhub.plugin import N_
+
 #: the role of a profile's certificate that is our TLS client certificate
 TLS_CLIENT = "tls_client"
 #: the largest CA bundle taken, in characters
@@ -34,12 +42,12 @@ def bundle_problem(value) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > MAX_BUNDLE:
-        return f"must be PEM text ({MAX_BUNDLE // 1024} KB at most) or null"
+        return N_("must be PEM text (%(most)s KB at most) or null", most=MAX_BUNDLE // 1024)
     try:
         certs = x509.load_pem_x509_certificates(value.encode("ascii", "replace"))
     except ValueError as exc:
-        return f"must hold PEM certificates ({exc})"
-    return None if certs else "must hold at least one PEM certificate"
+        return N_("must hold PEM certificates (%(why)s)", why=str(exc))
+    return None if certs else N_("must hold at least one PEM certificate")
 
 
 def bundle_subjects(value: str | None) -> list[str]:
@@ -76,6 +84,9 @@ def _build(bundle: str | None, system: bool, client) -> ssl.SSLContext:
     context = ssl.create_default_context() if system else ssl.SSLContext(
         ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # a trusted certificate that is not self-signed (a partner's CA-issued server
+    # certificate in the bundle) ends the chain: see the module's docstring
+    context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     if bundle:
         context.load_verify_locations(cadata=bundle)
     if client is not None and client.key_pem:

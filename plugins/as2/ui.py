@@ -15,6 +15,7 @@ from wtforms import BooleanField, PasswordField, SelectField, StringField, TextA
 
 from b2bhub.plugin import (
     ServiceError,
+    joined,
     render_plugin_template,
     ui_form_status,
     ui_saved_line,
@@ -22,7 +23,7 @@ from b2bhub.plugin import (
     ui_submit,
     ui_whole_number,
 )
-from plugins.as2 import profiles, tls
+from plugins.as2 import presets, profiles, tls
 from plugins.as2.certs import CertificateError, upload_from_files
 from plugins.as2.profiles import CIPHERS, DIGESTS, KEY_ENCRYPTIONS, MDN_MODES
 
@@ -32,7 +33,7 @@ TEMPLATE = str(Path(__file__).with_name("templates") / "as2_profile.html")
 #: the profile's choices by the kind of field that edits them (the form's names are the API's)
 _AS2_TEXT = ("as2_id", "url", "mdn_url", "content_type", "subject", *profiles.IDENTITY)
 _AS2_BOOL = ("sign", "encrypt", "compress", "mdn_signed", "canonicalize_as_binary", "chunked",
-             "accept_expired_certificates", "accept_mdn_without_mic")
+             "accept_expired_certificates", "accept_mdn_without_mic", "cem_auto_accept")
 _AS2_SELECT = ("digest_alg", "encryption_alg", "key_encryption", "mdn_mode", "mdn_digest_alg")
 #: a partner's outbound TLS choices (plugins.as2.tls)
 _TLS = ("tls_ca_bundle", "tls_system_trust")
@@ -72,6 +73,10 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
             "the MIC on signed receipts)"))
         content_type = StringField(_l("Content type"))
         subject = StringField(_l("Subject"))
+        cem_auto_accept = BooleanField(
+            _l("Accept CEM requests automatically"),
+            description=_l("the partner's new certificates sent by CEM are taken without "
+                           "an operator's approval"))
         certificate_file = FileField(
             _l("Our certificate and private key") if own else _l("Partner certificate"),
             description=(_l("PEM (certificate with its key, or the key in the next field) or "
@@ -80,6 +85,14 @@ def as2_profile_form(kind: str, data: dict) -> FlaskForm:
             _l("; leave empty to keep the stored one"))
         password = PasswordField(_l("Password of the key or PKCS#12"),
                                  description=_l("used once to open it, never kept or shown"))
+
+    if not own:  # vendor presets are a partner's (plugins.as2.presets)
+        As2ProfileForm.preset = SelectField(
+            _l("Start from a preset"),
+            choices=[("", _l("(none: keep the choices below)"))]
+            + [(p.name, p.label) for p in presets.PRESETS.values()], default="",
+            description=_l("its switches replace the choices below when saved; change "
+                           "them afterwards if needed"))
 
     if own:
         As2ProfileForm.mdn_url = StringField(
@@ -137,7 +150,7 @@ def _tls_data(form: FlaskForm, data: dict, errors: dict) -> None:
                 upload.read(), key.read() if key else None,
                 form.tls_client_password.data or None)
         except CertificateError as exc:
-            errors["tls_client_file"] = str(exc)
+            errors["tls_client_file"] = exc.args[0]  # a Text: the reader's language
     elif form.tls_client_remove.data:
         data["tls_client_certificate"] = None
 
@@ -163,11 +176,15 @@ def as2_profile_data(form: FlaskForm) -> dict:
             data["certificate"] = upload_from_files(
                 upload.read(), key.read() if key else None, form.password.data or None)
         except CertificateError as exc:
-            errors["certificate_file"] = str(exc)
+            errors["certificate_file"] = exc.args[0]
     if "tls_ca_bundle" in form:
         _tls_data(form, data, errors)
+    if "preset" in form and form.preset.data:  # the preset's switches win over the form's
+        data["preset"] = form.preset.data
+        for switch in presets.PRESETS[form.preset.data].switches:  # a choice of the select
+            data.pop(switch, None)
     if errors:
-        raise ServiceError("; ".join(errors.values()), errors)
+        raise ServiceError(joined(errors.values()), errors)
     return data
 
 
@@ -188,6 +205,8 @@ def _saved(found, kind: str, name: str, created: bool, profile, data: dict) -> s
         extra += (f"; TLS client certificate {client.subject} valid until "
                   f"{client.not_after:%Y-%m-%d}" if client else
                   "; TLS client certificate removed")
+    if data.get("preset"):
+        extra += "; " + presets.applied_text(data["preset"])
     return ui_saved_line(found, kind, name, created, {"as2_id": profile.address}, extra)
 
 
@@ -197,6 +216,10 @@ def profile_page(found, party, shown: dict | None):
     if party is None:
         abort(404)
     kind, name = party.kind, party.name
+    from plugins.as2 import cem_ui  # certificate exchange: its forms and its section
+    answered = cem_ui.posted(found, party) if shown is not None else None
+    if answered is not None:
+        return answered
     defaults = {choice: default for choice, (default, _check) in profiles.CHOICES.items()}
     form = as2_profile_form(kind, shown or defaults)
     if form.validate_on_submit() and ui_submit(
@@ -209,4 +232,6 @@ def profile_page(found, party, shown: dict | None):
                                   warning_days=profiles.EXPIRY_WARNING.days,
                                   ca_subjects=tls.bundle_subjects(
                                       (shown or {}).get("tls_ca_bundle")),
+                                  cem_section=cem_ui.section(party),
+                                  presets=presets.PRESETS,
                                   active="ui.parties"), ui_form_status(form)
