@@ -3,6 +3,7 @@ cost of parsing the same messages and building the same MDNs, in the same run; a
 peak RSS of receiving and of sending a large message.
 
     python bench/as2_receive.py --backend embedded --sizes 10240 1048576 --count 40
+    python bench/as2_receive.py --backend postgres --sizes 10240 --count 200
     python bench/as2_receive.py --rss-mb 100
 
 Messages are signed (sha256) and encrypted (AES-256) by a pyas2lib client built before
@@ -21,6 +22,16 @@ same run (both measured as messages over the wall time of posting them). Every m
 is checked afterwards: stored once with the bytes sent and dispatched to exactly one
 delivery.
 
+django-pyas2 (1.2.3, from PyPI) is the third peer, unless ``--no-django-pyas2``: in a
+virtualenv of its own (bench/djpyas2.py makes it once, ``--django-pyas2-venv``), a
+minimal Django project under gunicorn with as many sync workers as the hub has worker
+processes, its database following ``--backend`` (SQLite, or a PostgreSQL database of
+its own), the same organization, partner and certificates. It takes its turn in the
+sequential alternation with the same messages, and the 4-client posts go to the hub and
+to it in alternating rounds of the same messages. Its MDNs are verified as the hub's,
+and every message it kept is checked (status success, the document sent); one failed
+post ends the bench with an error instead of its figures.
+
 ``--py-spy FILE``: py-spy (installed beside this Python or on PATH) records the first web
 worker during the sequential posts, where it holds the GIL, as collapsed stacks.
 
@@ -32,7 +43,9 @@ about 8 MB, so it takes the streaming path (plugins.as2.stream) each way;
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
+import importlib.metadata
 import os
 import statistics
 import subprocess
@@ -56,9 +69,11 @@ from benchlib import (  # noqa: E402
     process_cpu,
     start_py_spy,
     stop_py_spy,
+    wait_booted,
     wait_serving,
     worker_pids,
 )
+from djpyas2 import DEFAULT_VENV, DjangoPyas2, ensure_venv, versions  # noqa: E402
 from pyas2lib import Message, Organization, Partner  # noqa: E402
 
 from plugins.as2 import lib  # noqa: E402
@@ -135,6 +150,13 @@ class Checks:
             self.mdns.append((sent, headers, content))
 
     def verify(self, backend) -> int:
+        verified = self.verify_mdns()
+        self._check_stored(backend)
+        return verified
+
+    def verify_mdns(self) -> int:
+        """Every MDN kept, as the partner parses it; the bench ends on the first that
+        does not verify."""
         from pyas2lib import Mdn
         for sent, headers, content in self.mdns:
             raw = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() \
@@ -143,7 +165,6 @@ class Checks:
             if status != "processed":
                 raise SystemExit(f"MDN of {sent.message.message_id} did not verify: "
                                  f"{status} {detail}")
-        self._check_stored(backend)
         return len(self.mdns)
 
     def _check_stored(self, backend) -> None:
@@ -193,7 +214,8 @@ class Bare:
     key loaded once beforehand, as the hub keeps it loaded). ``hub_way``: the same
     pyas2lib calls as the hub makes them (plugins.as2.lib: no debug copies of the MIME
     tree, the MDN signed through OpenSSL and its body put together, not rendered
-    again), to show what the hub spends beyond its own protocol work."""
+    again, each header parsed once while MIME is rendered), to show what the hub spends
+    beyond its own protocol work."""
 
     def __init__(self, certs, hub_way: bool = False):
         key = (certs["hub"][1] + certs["hub"][0]).encode()
@@ -269,60 +291,101 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def run_latency(args, certs) -> None:
-    rows = []
-    with fresh_backend(args.backend) as backend:
-        configure(backend, certs)
-        port = free_port()
-        server = start_gunicorn(backend, port, args.web_workers)
-        url = f"http://127.0.0.1:{port}/as2/as2in"
-        bare_one, hub_way = Bare(certs), Bare(certs, hub_way=True)
-        checks = Checks()
+class Peer:
+    """A server the bench posts to: its URL, its gunicorn master, and what its posts
+    took. ``lenient``: a failed post is counted (the run then ends with an error and no
+    figure for it) instead of ending the bench at once."""
+
+    def __init__(self, name: str, url: str, master: int, workers: int,
+                 lenient: bool = False):
+        self.name, self.url, self.lenient = name, url, lenient
+        self.workers = worker_pids(master, workers)
+        self.checks = Checks()
+        self.failures: list[str] = []
+        self.seq: list[tuple[float, float]] = []
+        self.seq_busy = 0.0
+        self.many: list[float] = []
+        self.many_wall = 0.0
+        self.cpu = 0.0
+
+    def post(self, message, checks: Checks | None = None) -> tuple[float, float]:
+        if not self.lenient:
+            return timed_post(self.url, message, checks)
         try:
-            workers = worker_pids(server.pid, args.web_workers)
-            for size in args.sizes:
-                count = args.count if size < 500_000 else max(4, args.count // 4)
-                for message in build(certs, size, 2 * args.web_workers):  # warm up
-                    post(url, message)
-                    bare_one(message)
-                    hub_way(message)
-                seq = build(certs, size, count)
-                conc = build(certs, size, count)
-                bare, hub, own = [], [], []
-                spy = start_py_spy(args.py_spy, workers[:1])
-                worker_cpu = sum(map(process_cpu, workers))
-                seq_busy = 0.0  # the sequential posts' wall time (bare runs between them)
-                for i, message in enumerate(seq):  # alternating, the same messages
-                    if i % 2:
-                        bare.append(bare_one(message))
-                        own.append(hub_way(message))
-                    posted = time.perf_counter()
-                    hub.append(timed_post(url, message, checks))
-                    seq_busy += time.perf_counter() - posted
-                    if not i % 2:
-                        bare.append(bare_one(message))
-                        own.append(hub_way(message))
-                time.sleep(0.2)  # the work after the last response is the hub's too
-                worker_cpu = sum(map(process_cpu, workers)) - worker_cpu
-                stop_py_spy(spy)
-                start = time.perf_counter()
-                with ThreadPoolExecutor(4) as pool:
-                    many = list(pool.map(lambda m: post(url, m, checks), conc))
-                wall = time.perf_counter() - start
-                b, h, c, o = (statistics.median(x) * 1000 for x in (
-                    [t for t, _cpu in bare], [t for t, _cpu in hub], many,
-                    [t for t, _cpu in own]))
-                bare_cpu, client_cpu = (statistics.mean(c for _t, c in x) * 1000
-                                        for x in (bare, hub))
-                rows.append([f"{size // 1024} KB", count, f"{b:.1f}", f"{h:.1f}",
-                             f"{h / b:.2f}x", f"{o:.1f}", f"{h - o:.1f}", f"{bare_cpu:.1f}",
-                             f"{worker_cpu / count * 1000:.1f}", f"{client_cpu:.1f}",
-                             f"{1000 / h:.1f}", f"{count / seq_busy:.1f}", f"{c:.1f}",
-                             f"{count / wall:.1f}", f"{seq_busy / wall:.2f}x"])
-        finally:
-            server.terminate()
-            server.wait(30)
-        verified = checks.verify(backend)
+            return timed_post(self.url, message, checks)
+        except (AssertionError, OSError, http.client.HTTPException) as exc:
+            self.failures.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+            return float("nan"), 0.0
+
+    def sequential(self, message) -> None:
+        posted = time.perf_counter()
+        self.seq.append(self.post(message, self.checks))
+        self.seq_busy += time.perf_counter() - posted
+
+    def concurrent(self, messages) -> None:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            self.many += list(pool.map(lambda m: self.post(m, self.checks)[0], messages))
+        self.many_wall += time.perf_counter() - start
+
+    def reset(self) -> None:
+        self.seq, self.seq_busy, self.many, self.many_wall = [], 0.0, [], 0.0
+
+
+def verify_django_pyas2(peer: Peer, server: DjangoPyas2, posts: int) -> int:
+    """django-pyas2's answers and what it kept: every post answered with a signed MDN
+    that pyas2lib verifies (signature, MIC, ``processed``), and every message stored by
+    django-pyas2 with status success and exactly the document sent. Ends the bench
+    loudly on any failure: a column of failures is not a figure."""
+    if peer.failures:
+        raise SystemExit(f"django-pyas2: {len(peer.failures)} of {posts} posts failed, "
+                         f"no figure for it; the first: {peer.failures[0]}")
+    verified = peer.checks.verify_mdns()
+    stored = server.stored()
+    for sent, _headers, _content in peer.checks.mdns:
+        status, digest = stored.get(sent.message.message_id, (None, None))
+        if status != "S" or digest != hashlib.sha256(sent.data).hexdigest():
+            raise SystemExit(f"django-pyas2 kept {sent.message.message_id} as {status} "
+                             f"{digest}, expected S {hashlib.sha256(sent.data).hexdigest()}")
+    return verified
+
+
+def run_latency(args, certs) -> None:
+    rows, versus = [], []
+    django = None
+    if args.django_pyas2:
+        python = ensure_venv(Path(args.django_pyas2_venv))
+        print(f"django-pyas2 virtualenv: {versions(python)} (the hub: pyas2lib "
+              f"{importlib.metadata.version('pyas2lib')})")
+        django = DjangoPyas2(python, args.backend, certs, args.web_workers)
+    try:
+        with fresh_backend(args.backend) as backend:
+            configure(backend, certs)
+            port = free_port()
+            server = start_gunicorn(backend, port, args.web_workers)
+            peers = []
+            try:
+                hub = Peer("hub", f"http://127.0.0.1:{port}/as2/as2in", server.pid,
+                           args.web_workers)
+                peers.append(hub)
+                if django is not None:
+                    master = django.start(free_port())
+                    peers.append(Peer("django-pyas2", django.url, master.pid,
+                                      args.web_workers, lenient=True))
+                wait_booted([pid for peer in peers for pid in peer.workers])
+                _run_sizes(args, certs, peers, rows, versus)
+            finally:
+                server.terminate()
+                server.wait(30)
+                if django is not None:
+                    django.stop()
+            verified = hub.checks.verify(backend)
+        if django is not None:
+            posts = sum(len(p.checks.mdns) + len(p.failures) for p in peers[1:])
+            django_verified = verify_django_pyas2(peers[1], django, posts)
+    finally:
+        if django is not None:
+            django.remove()
     print(f"verified after the run: {verified} MDNs (signature, MIC, disposition) and the "
           "stored bytes and delivery of every message they acknowledged")
     print_table(f"AS2 receive, signed + encrypted, signed sync MDN (median latency), "
@@ -331,6 +394,81 @@ def run_latency(args, certs) -> None:
                  "hub - hub-way ms", "bare CPU ms",
                  "hub CPU ms", "client CPU ms", "1000/median", "seq msg/s", "4 clients ms",
                  "4 clients msg/s", "4 clients / seq"], rows)
+    if django is not None:
+        print(f"django-pyas2 verified after the run: {django_verified} MDNs (signature, MIC, "
+              "disposition) and the stored document of every message")
+        print_table(f"The same messages to django-pyas2 (gunicorn, {args.web_workers} sync "
+                    "workers), in the same run, alternating with the hub and bare",
+                    ["size", "messages", "bare ms", "hub ms", "django-pyas2 ms",
+                     "bare msg/s", "hub seq msg/s", "django-pyas2 seq msg/s",
+                     "hub/django-pyas2 seq", "hub 4 clients msg/s",
+                     "django-pyas2 4 clients msg/s", "hub/django-pyas2 4 clients",
+                     "hub CPU ms", "django-pyas2 CPU ms"], versus)
+
+
+def _run_sizes(args, certs, peers: list[Peer], rows: list, versus: list) -> None:
+    """Per size: warm-up, then the sequential posts, each message to every peer and to
+    bare pyas2lib in turn (who goes first rotates message by message), then the
+    4-client posts in rounds, the peers alternating round by round."""
+    hub = peers[0]
+    bare_one, hub_way = Bare(certs), Bare(certs, hub_way=True)
+    workers = hub.workers
+    for size in args.sizes:
+        count = args.count if size < 500_000 else max(4, args.count // 4)
+        for message in build(certs, size, 2 * args.web_workers):  # warm up
+            for peer in peers:
+                peer.post(message)
+            bare_one(message)
+            hub_way(message)
+        seq = build(certs, size, count)
+        conc = build(certs, size, count)
+        for peer in peers:
+            peer.reset()
+        bare, own = [], []
+
+        def bare_turn(message, bare=bare, own=own):
+            bare.append(bare_one(message))
+            own.append(hub_way(message))
+
+        turns = [*(peer.sequential for peer in peers), bare_turn]
+        spy = start_py_spy(args.py_spy, workers[:1])
+        for peer in peers:
+            peer.cpu = sum(map(process_cpu, peer.workers))
+        for i, message in enumerate(seq):  # alternating, the same messages
+            shift = i % len(turns)
+            for turn in turns[shift:] + turns[:shift]:
+                turn(message)
+        time.sleep(0.2)  # the work after the last response is the servers' too
+        for peer in peers:
+            peer.cpu = sum(map(process_cpu, peer.workers)) - peer.cpu
+        stop_py_spy(spy)
+        rounds = max(1, min(4, count // 4))
+        for r in range(rounds):  # the same messages to each peer, in alternating rounds
+            part = conc[r * count // rounds:(r + 1) * count // rounds]
+            order = peers if r % 2 == 0 else peers[::-1]
+            for peer in order:
+                peer.concurrent(part)
+        b, h, c, o = (statistics.median(x) * 1000 for x in (
+            [t for t, _cpu in bare], [t for t, _cpu in hub.seq], hub.many,
+            [t for t, _cpu in own]))
+        bare_cpu, client_cpu = (statistics.mean(c for _t, c in x) * 1000
+                                for x in (bare, hub.seq))
+        rows.append([f"{size // 1024} KB", count, f"{b:.1f}", f"{h:.1f}",
+                     f"{h / b:.2f}x", f"{o:.1f}", f"{h - o:.1f}", f"{bare_cpu:.1f}",
+                     f"{hub.cpu / count * 1000:.1f}", f"{client_cpu:.1f}",
+                     f"{1000 / h:.1f}", f"{count / hub.seq_busy:.1f}", f"{c:.1f}",
+                     f"{count / hub.many_wall:.1f}", f"{hub.seq_busy / hub.many_wall:.2f}x"])
+        for other in peers[1:]:
+            d = statistics.median(t for t, _cpu in other.seq) * 1000
+            hub_seq, other_seq = count / hub.seq_busy, count / other.seq_busy
+            hub_many, other_many = count / hub.many_wall, count / other.many_wall
+            versus.append([f"{size // 1024} KB", count, f"{b:.1f}", f"{h:.1f}", f"{d:.1f}",
+                           f"{count / sum(t for t, _cpu in bare):.1f}",
+                           f"{hub_seq:.1f}", f"{other_seq:.1f}",
+                           f"{hub_seq / other_seq:.2f}x", f"{hub_many:.1f}",
+                           f"{other_many:.1f}", f"{hub_many / other_many:.2f}x",
+                           f"{hub.cpu / count * 1000:.1f}",
+                           f"{other.cpu / count * 1000:.1f}"])
 
 
 class Sink(BaseHTTPRequestHandler):
@@ -435,6 +573,13 @@ def main() -> None:
     parser.add_argument("--py-spy", metavar="FILE", default=None,
                         help="profile the first web worker during the sequential posts "
                              "with py-spy (pip install py-spy) into FILE, collapsed stacks")
+    parser.add_argument("--django-pyas2", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="also post every message to django-pyas2 1.2.3 under gunicorn "
+                             "(default; --no-django-pyas2: the hub and bare only)")
+    parser.add_argument("--django-pyas2-venv", metavar="PATH", default=str(DEFAULT_VENV),
+                        help="the virtualenv django-pyas2 runs in, made there when missing "
+                             "(default: %(default)s)")
     parser.add_argument("--rss-mb", type=int, default=0,
                         help="measure peak RSS with a message this large instead")
     args = parser.parse_args()

@@ -67,9 +67,11 @@ def arguments(description: str, extra: Callable[[argparse.ArgumentParser], None]
 
 @contextmanager
 def fresh_bench(backend: str, keep: bool = False, writer_concurrency: int = 4,
-                take_by_link: bool = False, target: dict | None = None) -> Iterator[Bench]:
+                take_by_link: bool = False, target: dict | None = None,
+                scan_shards: int = 1) -> Iterator[Bench]:
     """A migrated backend with mycompany, acme, poller -> writer (its Max Concurrent
-    Deliveries ``writer_concurrency``) and a route; the poller's ``take_by_link``.
+    Deliveries ``writer_concurrency``) and a route; the poller's ``take_by_link`` and
+    ``scan_shards``.
     ``target``: another instance in the writer's place (the API's shape, its name
     ``writer``), e.g. an http_poster."""
     tmp = Path(tempfile.mkdtemp(prefix="b2bhub-fbench-"))
@@ -78,7 +80,7 @@ def fresh_bench(backend: str, keep: bool = False, writer_concurrency: int = 4,
     drop_db = None
     try:
         bench.urls, drop_db = _create_backend(backend, tmp)
-        _migrate_and_configure(bench, writer_concurrency, take_by_link, target)
+        _migrate_and_configure(bench, writer_concurrency, take_by_link, target, scan_shards)
         yield bench
     finally:
         if bench.procs is not None:
@@ -115,7 +117,8 @@ def _create_backend(backend: str, tmp: Path) -> tuple[dict[str, str], Callable |
 
 
 def _migrate_and_configure(bench: Bench, writer_concurrency: int,
-                           take_by_link: bool = False, target: dict | None = None) -> None:
+                           take_by_link: bool = False, target: dict | None = None,
+                           scan_shards: int = 1) -> None:
     from flask_migrate import upgrade
 
     from b2bhub import create_app
@@ -136,7 +139,8 @@ def _migrate_and_configure(bench: Bench, writer_concurrency: int,
         svc.save_instance(session, registry, {
             "name": POLLER, "type": "file_poller",
             "config": {"base_directory": str(bench.inbox), "path_pattern": "{to}/{filename}",
-                       "polling_interval": 1, "take_by_link": take_by_link}})
+                       "polling_interval": 1, "take_by_link": take_by_link,
+                       "scan_shards": scan_shards}})
         svc.save_instance(session, registry, {
             "max_concurrent_deliveries": writer_concurrency, **(target or {
                 "type": "file_writer",

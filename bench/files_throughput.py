@@ -3,6 +3,9 @@ worker and beat processes (issue 3, Benchmarks).
 
     python bench/files_throughput.py --backend postgres --files 10000 --size 2048 --workers 2
 
+``--shards N`` sets the poller's ``scan_shards``: its scan split into N shards, each
+under a lease of its own, so that up to N workers pick files up at once (issue 43).
+
 Drops ``--files`` files of ``--size`` bytes (each different) under the poller's
 directory as fast as it can, each written outside the scanned tree and renamed in, and
 times from the first file dropped to the last file the writer put in place; then waits
@@ -47,6 +50,8 @@ def _options(parser) -> None:
     parser.add_argument("--writer-concurrency", type=int, metavar="N",
                         help="the writer's Max Concurrent Deliveries (default 16 x "
                              "workers, so that every worker can claim a batch)")
+    parser.add_argument("--shards", type=int, default=1, metavar="N",
+                        help="the poller's scan_shards (default 1: one worker scans)")
     parser.add_argument("--take-by-link", action="store_true",
                         help="the poller's take_by_link: files go into the payload store "
                              "by a hard link instead of a copy")
@@ -96,7 +101,7 @@ def main() -> None:
     concurrency = args.writer_concurrency or 16 * args.workers
     floors = []
     with fresh_bench(args.backend, keep=args.keep, writer_concurrency=concurrency,
-                     take_by_link=args.take_by_link) as bench:
+                     take_by_link=args.take_by_link, scan_shards=args.shards) as bench:
         if not args.no_floor:
             floors.append(floor_run(bench, args.files, args.size, args.workers, 1))
         procs = start_processes(bench, args.workers)
@@ -124,7 +129,8 @@ def main() -> None:
         print(f"load average after: {' '.join(f'{x:.2f}' for x in _load())}")
         print(f"files: {args.files} x {args.size} bytes; writer's Max Concurrent "
               f"Deliveries {concurrency}; the poller takes files by "
-              f"{'hard link' if args.take_by_link else 'copy'}")
+              f"{'hard link' if args.take_by_link else 'copy'}; its scan in "
+              f"{args.shards} shard(s)")
         print(f"dropped in: {dropped - first:.2f} s")
         print(f"first dropped -> last written: {seconds:.2f} s")
         print(f"first dropped -> all Delivered in the database: {settled - first:.2f} s")

@@ -23,13 +23,16 @@ import os
 import re
 import stat
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
 from time import monotonic
 from typing import IO, Any
 
 from b2bhub.plugin import (
+    MOST_SHARDS,
+    N_,
+    WHOLE,
     FileChanged,
     Plugin,
     PluginStartError,
@@ -58,21 +61,22 @@ def _pattern_problem(value: str) -> str | None:
     try:
         path_pattern.parse_shape(value)
     except PatternError as exc:
-        return str(exc)
+        return exc.args[0]  # the Text: shown in the reader's language
     return None
 
 
 def _file_pattern_problem(value: str) -> str | None:
-    return "is matched on the file name alone; it may not hold /" if "/" in value else None
+    return N_("is matched on the file name alone; it may not hold /") if "/" in value \
+        else None
 
 
 def _correlation_problem(value: str) -> str | None:
     try:
         compiled = re.compile(value)
     except re.error as exc:
-        return f"is not a regular expression: {exc}"
+        return N_("is not a regular expression: %(why)s", why=str(exc))
     if not compiled.groups:
-        return "needs a group, e.g. (?P<correlation_id>PO-[0-9]+), capturing the id"
+        return N_("needs a group, e.g. (?P<correlation_id>PO-[0-9]+), capturing the id")
     return None
 
 
@@ -135,6 +139,13 @@ class FilePoller(Plugin):
                    "another file system, and into an s3:// payload store). A file "
                    "rewritten in place between its pickup and its removal would change "
                    "the stored message"),
+        Field("scan_shards", "integer", label="Scan shards", default=1, min=1,
+              max=MOST_SHARDS,
+              help="1: one process scans the directory at a time. More: the scan is "
+                   "split into that many shards by a hash of each file's path, each "
+                   "scanned under a lease of its own, so that many worker processes "
+                   "take files at once (each lists the whole tree and takes its own "
+                   "files)"),
     ]
 
     @classmethod
@@ -142,14 +153,14 @@ class FilePoller(Plugin):
         try:
             _parse(config)
         except PatternError as exc:
-            return {"path_pattern": str(exc)}
+            return {"path_pattern": exc.args[0]}
         archive, base = config.get("archive_directory"), config.get("base_directory")
         if archive and base:
             archive_path, base_path = Path(os.path.abspath(archive)), Path(
                 os.path.abspath(base))
             if archive_path == base_path or base_path in archive_path.parents:
-                return {"archive_directory": "must be outside base_directory (its files "
-                                             "would be picked up again)"}
+                return {"archive_directory": N_("must be outside base_directory (its "
+                                                "files would be picked up again)")}
         return {}
 
     def __init__(self, instance_name: str, config: dict[str, Any]):
@@ -162,7 +173,8 @@ class FilePoller(Plugin):
                             if config.get("correlation_pattern") else None)
         self.archive = Path(config["archive_directory"]) if config.get(
             "archive_directory") else None
-        self._previous: dict[Parts, tuple[int, int]] = {}
+        #: what the last scan of each shard saw in this process: shard index -> listing
+        self._previous: dict[int, dict[Parts, tuple[int, int]]] = {}
         self._logged = LogOnce()
 
     def start(self) -> None:
@@ -202,23 +214,29 @@ class FilePoller(Plugin):
                 return
 
     def _scan(self, context: SourceContext) -> int:
-        """One scan; how many files it saw that are not complete yet."""
+        """One scan of the context's shard (its files alone: those whose recorded path
+        it owns); how many files it saw that are not complete yet."""
+        shard = getattr(context, "shard", WHOLE)
         current: dict[Parts, tuple[int, int]] = {}
+        previous = self._previous.get(shard.index, {})
         waiting = 0
-        for parts, seen in self._candidates():
+        for parts, seen in self._candidates(shard.owns if shard.count > 1 else None):
             current[parts] = seen
-            if self._previous.get(parts) == seen:
+            if previous.get(parts) == seen:
                 self._pick_up(context, parts, seen)
             else:
                 waiting += 1
-        self._previous = current
+        self._previous[shard.index] = current
         context.flush()
         return waiting
 
-    def _candidates(self) -> Iterator[tuple[Parts, tuple[int, int]]]:
-        """Files at described places whose name matches the file pattern."""
+    def _candidates(self, owns: Callable[[str], bool] | None = None
+                    ) -> Iterator[tuple[Parts, tuple[int, int]]]:
+        """Files at described places whose name matches the file pattern (and whose
+        recorded path ``owns`` takes, when given)."""
         for parts, entry in self._walk(()):
-            if not fnmatchcase(parts[-1], self.file_pattern):
+            if not fnmatchcase(parts[-1], self.file_pattern) or (
+                    owns is not None and not owns(record_text(parts))):
                 continue
             try:
                 st = entry.stat(follow_symlinks=False)
@@ -358,6 +376,8 @@ def record_text(parts: Parts) -> str:
 
 
 def _escape(name: str) -> str:
+    if "\\" not in name and (name.isascii() or _encodable(name)):
+        return name  # nothing to escape: the common case, listed at every scan
     out = []
     for char in name:
         if char == "\\":
@@ -367,6 +387,15 @@ def _escape(name: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def _encodable(name: str) -> bool:
+    """No undecodable byte (surrogateescape) in the name."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parts_of(text: str) -> Parts:

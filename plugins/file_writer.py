@@ -49,6 +49,7 @@ from typing import Any
 
 from b2bhub.plugin import (
     FILE_WRITER_DEFAULT,
+    N_,
     DeliveryInfo,
     Outcome,
     OutcomeKind,
@@ -79,16 +80,8 @@ STALE_TEMP_SECONDS = 3600.0
 STALE_TEMP_CHECK_SECONDS = 3600.0
 
 
-def _pattern_problem(value: str) -> str | None:
-    try:
-        parse(value)
-    except PatternError as exc:
-        return str(exc)
-    return None
-
-
 def _absolute_problem(value: str) -> str | None:
-    return None if os.path.isabs(value) else "must be an absolute path"
+    return None if os.path.isabs(value) else N_("must be an absolute path")
 
 
 class OutsideBase(Exception):
@@ -122,7 +115,7 @@ class FileWriter(Plugin):
               required=True, validate=_absolute_problem,
               help="absolute directory below which files are written; created if missing"),
         Field("filename_pattern", "string", label="File name pattern", default=DEFAULT_PATTERN,
-              validate=_pattern_problem,
+              validate=filename_pattern.problem,
               help="file name below the base directory, e.g. {to}/{original_filename}; "
                    "{a|b} takes the first with a value; / makes subdirectories"),
         Field("overwrite", "boolean", label="Overwrite an existing file", default=False,
