@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 
 from flask import Flask
-from werkzeug.routing import IntegerConverter
+from werkzeug.routing import IntegerConverter, Rule
 
 from b2bhub.config import environment as configuration
-from b2bhub.config.extensions import csrf, db, migrate
+from b2bhub.config import extensions
+from b2bhub.config.extensions import db
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_ID = 2**63 - 1
@@ -23,6 +24,27 @@ class DatabaseId(IntegerConverter):
     def __init__(self, map, *args, **kwargs):
         kwargs.setdefault("max", MAX_ID)
         super().__init__(map, *args, **kwargs)
+
+
+class BuiltWhenUsed(Rule):
+    """werkzeug's ``Rule``, each of its two URL builders compiled at its first use.
+
+    werkzeug compiles both builders of every rule (Python source, ``compile()``) when
+    the rule is added, 130 rules per app: half of ``create_app``'s CPU once the API's
+    document was deferred (72-75 ms with them, 24-42 ms without, 20 apps each, three
+    rounds alternated, load average 6.9 on 2 cores), paid by each web process at its
+    start and by each of the suite's 2,000 apps, while a process builds URLs for a few
+    of its rules. The builder compiled is werkzeug's own: the URLs are the same."""
+
+    def _compile_builder(self, append_unknown: bool = True):
+        compiled = None
+
+        def build(rule, *args, **kwargs):
+            nonlocal compiled
+            if compiled is None:  # two threads at once compile it twice: the same code
+                compiled = Rule._compile_builder(rule, append_unknown)
+            return compiled(rule, *args, **kwargs)
+        return build
 
 
 def _version_locations(config):
@@ -50,8 +72,10 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
     ``serve_http=False`` (the Celery worker and beat, ``b2bhub.runtime.worker``) leaves out the
     API, the UI and the receiving endpoints: a process that serves no request need not
     build them (the API's schemas and OpenAPI document alone cost a worker about 30 MB
-    of its resident memory)."""
+    of its resident memory), nor migrations and CSRF protection (Alembic, Flask-WTF:
+    :mod:`b2bhub.config.extensions`)."""
     app = Flask(__name__, template_folder=str(ROOT / "templates"))
+    app.url_rule_class = BuiltWhenUsed
     app.url_map.converters["int"] = DatabaseId
     app.config.update(configuration.load(test_config))
     data_dir = Path(app.config["DATA_DIR"])
@@ -61,16 +85,15 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
         app.config["SECRET_KEY"] = configuration.secret_key(app.config["DATA_DIR"])
     logging.basicConfig(level=app.config["LOG_LEVEL"],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Alembic, imported at the first use of ``migrate`` (after this), says at INFO which
+    # of its own plugins it set up: noise on every command, not news of a migration.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     from b2bhub.plugin.registry import get_inspectors
     get_inspectors()  # B2BHUB_INSPECTORS naming no installed inspector stops the start
 
     from b2bhub.config import database
     database.install()
     db.init_app(app)
-    migrate.init_app(app, db, directory=str(ROOT / "migrations"))
-    if _version_locations not in migrate.configure_callbacks:
-        migrate.configure(_version_locations)
-    csrf.init_app(app)
 
     from b2bhub.runtime.celery_app import celery_init_app
     celery_init_app(app)
@@ -81,6 +104,11 @@ def create_app(test_config: dict | None = None, serve_http: bool = True) -> Flas
     if not serve_http:
         tracing.instrument_celery()  # off unless OTEL_TRACES_EXPORTER names an exporter
         return app
+    migrate, csrf = extensions.migrate, extensions.csrf
+    migrate.init_app(app, db, directory=str(ROOT / "migrations"))
+    if _version_locations not in migrate.configure_callbacks:
+        migrate.configure(_version_locations)
+    csrf.init_app(app)
     tracing.instrument_flask(app)
     _name_gunicorn()
     app.after_request(_name_the_server)

@@ -37,7 +37,13 @@ from urllib.parse import unquote, urlsplit
 
 import requests
 
-from b2bhub.plugin import Plugin, PluginStartError, SourceContext, validate_name
+from b2bhub.plugin import (
+    RECORD_AT_ONCE,
+    Plugin,
+    PluginStartError,
+    SourceContext,
+    validate_name,
+)
 from b2bhub.plugin.schema import Field
 from plugins.http_poster import (
     AUTH_FIELDS,
@@ -56,9 +62,10 @@ CHUNK = 1 << 20
 class CollectionFailed(Exception):
     """A fetch that got no document: why, and the start of the answer if there was one."""
 
-    def __init__(self, reason: str, answer_start: str = ""):
+    def __init__(self, reason: str, answer_start: str = "", error_class: str = "connection"):
         super().__init__(f"{reason}: {answer_start}" if answer_start else reason)
         self.reason, self.answer_start = reason, answer_start
+        self.error_class = error_class  # the retry policy's rules: timeout, http_503...
 
 
 class _Body:
@@ -90,6 +97,9 @@ class HttpCollector(Plugin):
 
     type_name = "http_collector"
     roles = frozenset({"source"})
+    #: SPEC 9: a failed fetch is a Collection error at once; an instance's retry policy
+    #: may try again first (error classes connection, timeout, http_<status>)
+    collection_retry_policy = RECORD_AT_ONCE
     description = "GETs a URL on a schedule and makes a message of each new answer."
     config_schema = [
         Field("url", "string", label="URL", required=True, validate=url_problem,
@@ -142,7 +152,7 @@ class HttpCollector(Plugin):
             log.warning("%s: %s", self.instance_name, exc)
             context.record_collection_error(exc.reason, self.config["from"],
                                             self.config["to"], answer_start=exc.answer_start,
-                                            filename=self.filename)
+                                            filename=self.filename, error_class=exc.error_class)
             return
         context.collection_succeeded()
         if seen is not None:
@@ -160,8 +170,8 @@ class HttpCollector(Plugin):
             response = self.session.get(self.url, headers=headers, stream=True,
                                         timeout=self.timeout, allow_redirects=False)
         except requests.Timeout as exc:
-            raise CollectionFailed(f"no answer from {self.url} within {self.timeout:g} s") \
-                from exc
+            raise CollectionFailed(f"no answer from {self.url} within {self.timeout:g} s",
+                                   error_class="timeout") from exc
         except requests.RequestException as exc:
             raise CollectionFailed(connection_problem(exc, self.url)) from exc
         with response:
@@ -170,7 +180,7 @@ class HttpCollector(Plugin):
             if not 200 <= response.status_code < 300:
                 raise CollectionFailed(
                     f"GET {self.url} answered {response.status_code} {response.reason}",
-                    body_start_text(_start_of(response)))
+                    body_start_text(_start_of(response)), f"http_{response.status_code}")
             seen = {"etag": response.headers.get("ETag") or "",
                     "last_modified": response.headers.get("Last-Modified") or ""}
             try:

@@ -59,6 +59,7 @@ from requests.adapters import HTTPAdapter
 
 from b2bhub.plugin import (
     ANSWER_BODY_LIMIT,
+    N_,
     Answer,
     DeliveryInfo,
     Outcome,
@@ -81,7 +82,7 @@ SECRET_PREFIX = "whsec_"
 def url_problem(value: str) -> str | None:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        return "must be an http:// or https:// URL"
+        return N_("must be an http:// or https:// URL")
     return None
 
 
@@ -91,12 +92,13 @@ def _optional_url_problem(value: str) -> str | None:
 
 def headers_problem(value: Any) -> str | None:
     if not isinstance(value, dict):
-        return 'must be a JSON object of header names and values, e.g. {"X-Api": "1"}'
+        return N_('must be a JSON object of header names and values, e.g. {"X-Api": "1"}')
     for name, text in value.items():
         if not name or not isinstance(text, str) or any(c in name for c in " :\r\n"):
-            return f"header {name!r}: a name without spaces or colons and a text value"
+            return N_("header %(name)r: a name without spaces or colons and a text value",
+                      name=name)
         if "\r" in text or "\n" in text:
-            return f"header {name!r}: the value must be one line"
+            return N_("header %(name)r: the value must be one line", name=name)
     return None
 
 
@@ -111,8 +113,9 @@ def _secret_problem(value: str) -> str | None:
     try:
         key = _signing_key(value)
     except (binascii.Error, ValueError):
-        return "must be whsec_ followed by base64 (a Standard Webhooks secret)"
-    return None if len(key) >= 16 else "must hold at least 16 bytes (24 base64 characters)"
+        return N_("must be whsec_ followed by base64 (a Standard Webhooks secret)")
+    return None if len(key) >= 16 else N_("must hold at least 16 bytes (24 base64 "
+                                          "characters)")
 
 
 #: how the hub authenticates to an HTTP peer and verifies it; shared by the HTTP plugins
@@ -136,11 +139,11 @@ def auth_problems(config: dict[str, Any]) -> dict[str, str]:
     """What is missing from the :data:`AUTH_FIELDS` of a configuration."""
     problems = {}
     if config["auth"] == "basic" and not config["username"]:
-        problems["username"] = "basic authentication needs a username"
+        problems["username"] = N_("basic authentication needs a username")
     if config["auth"] == "bearer" and not config["token"]:
-        problems["token"] = "bearer authentication needs a token"
+        problems["token"] = N_("bearer authentication needs a token")
     if config["client_key"] and not config["client_cert"]:
-        problems["client_cert"] = "a client key needs its client certificate"
+        problems["client_cert"] = N_("a client key needs its client certificate")
     return problems
 
 

@@ -77,6 +77,7 @@ from sqlalchemy.orm import Mapped, mapped_column, scoped_session
 
 from b2bhub.plugin import (
     INTAKE_KEYS,
+    N_,
     PARTIES_FROM_ENVELOPE,
     PREREAD,
     Base,
@@ -164,7 +165,7 @@ def _hash(token: str) -> str:
 
 def _receiver(session, instance: str) -> None:
     if instance_type(session, instance) != TYPE:
-        raise NotFound(f"no {TYPE} instance named '{instance}'")
+        raise NotFound(N_("no %(type)s instance named '%(name)s'", type=TYPE, name=instance))
 
 
 def create_token(session, instance: str, name: str, actor: str) -> str:
@@ -172,10 +173,12 @@ def create_token(session, instance: str, name: str, actor: str) -> str:
     commits. A history line names the operator."""
     _receiver(session, instance)
     if not name or len(name) > 64:
-        raise ServiceError("a token needs a name of 1 to 64 characters", {"name": "invalid"})
+        raise ServiceError(N_("a token needs a name of 1 to 64 characters"),
+                           {"name": "invalid"})
     if session.scalar(select(IntakeToken.id).where(IntakeToken.instance == instance,
                                                    IntakeToken.name == name)):
-        raise Conflict(f"{instance} has a token named '{name}' already; revoke it first")
+        raise Conflict(N_("%(instance)s has a token named '%(name)s' already; revoke it first",
+                          instance=instance, name=name))
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     session.add(IntakeToken(instance=instance, name=name, token_sha256=_hash(token),
                             created_by=actor, created_at=utcnow()))
@@ -190,7 +193,8 @@ def revoke_token(session, instance: str, name: str, actor: str) -> None:
     gone = session.execute(delete(IntakeToken).where(IntakeToken.instance == instance,
                                                      IntakeToken.name == name)).rowcount
     if not gone:
-        raise NotFound(f"{instance} has no token named '{name}'")
+        raise NotFound(N_("%(instance)s has no token named '%(name)s'", instance=instance,
+                          name=name))
     add_line(session, None, "config_changed", f"{actor} revoked intake token '{name}' "
              f"of {instance}", actor=actor)
 
@@ -600,7 +604,7 @@ def _sync_answer(session, message_id: int, target: str, result, made: int) -> En
 
 def _sync_problems(config: dict) -> dict[str, str]:
     if config.get("mode") == "sync" and not config.get("target"):
-        return {"target": "sync mode delivers to exactly one target: name it"}
+        return {"target": N_("sync mode delivers to exactly one target: name it")}
     return {}
 
 

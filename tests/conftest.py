@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -149,11 +148,27 @@ def app(backend, registry, wakeups, tmp_path):
 
 
 def _empty_tables(app) -> None:
+    """Every table empty and every id counting from 1 again, as in a new database.
+
+    On PostgreSQL only the tables a test used are truncated: those with a row, or whose
+    id sequence was read since its last restart (a row added and deleted again). A
+    TRUNCATE of all of them made new files for each table at every test: after a test
+    that used two tables, 188 ms for all against 42 ms for the used ones (medians of
+    15, load average 2.5 on 2 cores), most of a short test's setup."""
     engine = app.extensions["sqlalchemy"].engines[None]
     tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
-            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
+            used = set(conn.scalars(text(" UNION ALL ".join(
+                f"SELECT '{name}' WHERE EXISTS (SELECT 1 FROM {name})" for name in tables)
+                + " UNION ALL SELECT t.relname FROM pg_class t JOIN pg_depend d ON "
+                "d.refobjid = t.oid AND d.deptype IN ('a', 'i') JOIN pg_sequences s ON "
+                "s.sequencename = (SELECT relname FROM pg_class WHERE oid = d.objid) "
+                "WHERE s.last_value IS NOT NULL AND s.schemaname = current_schema()")))
+            used &= set(tables)
+            if used:
+                conn.execute(text(f"TRUNCATE {', '.join(sorted(used))} "
+                                  "RESTART IDENTITY CASCADE"))
         else:
             for table in tables:
                 conn.execute(text(f"DELETE FROM {table}"))
@@ -197,9 +212,10 @@ def record_dir(tmp_path):
 def served(app):
     """The app served on loopback by a real HTTP server; its base URL."""
     from werkzeug.serving import make_server
+
+    from tests.loopback import serve_in_thread
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     server.server_close()
@@ -223,6 +239,24 @@ def s3_server():
     server = S3Server()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def openpgp_keys(tmp_path_factory):
+    """The OpenPGP key pairs of the run (``tests/openpgp_kit.py``), generated once; a
+    module's ``keys`` fixture imports them into gpg homes of its own."""
+    from tests.openpgp_kit import generated_once
+    return generated_once(tmp_path_factory.mktemp("openpgp-keys"))
+
+
+@pytest.fixture(scope="session")
+def as2_certs():
+    """Self-signed certificates and keys (RSA 2048) of the AS2 tests' hub, partner and
+    intruder, made once per run: a dozen modules use them (through ``test_as2.certs``)
+    and made them each anew; they are PEM strings, which no test can change."""
+    from tests.as2kit import make_pair
+    return {"hub": make_pair("hub.example"), "acme": make_pair("acme.example"),
+            "other": make_pair("intruder.example")}
 
 
 @pytest.fixture
@@ -260,3 +294,22 @@ def browser():
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+
+
+# --- the SFTP tests' server (tests/sshd_server.py) -------------------------------------
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """Debian's sshd on a loopback port of its own, one per test module."""
+    from tests.sshd_server import SshServer
+    server = SshServer(tmp_path_factory.mktemp("sshd"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def remote(sshd, request):
+    """A directory of this test's own on the server (as the server's file system)."""
+    import re
+    import time
+    return sshd.directory(re.sub(r"\W", "_", request.node.name)[:60] + f"-{time.time_ns()}")

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from b2bhub.plugin import DeliveryInfo
+from tests.loopback import serve_in_thread
 
 KEEP = 64 * 1024
 
@@ -104,8 +105,7 @@ class Peer:
             self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
         self.scheme = "https" if tls is not None else "http"
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.thread = serve_in_thread(self.server)
 
     def url(self, path: str = "/in") -> str:
         host = "localhost" if self.scheme == "https" else "127.0.0.1"

@@ -89,8 +89,39 @@ def make_keys(root: Path) -> Keys:
                 (partner.home, org.home, stranger.home, old.home))
 
 
-def keys_in(root: Path):
-    """A module's keys, their agents stopped at its end (a pytest fixture's body)."""
+def imported(keys: Keys, root: Path) -> Keys:
+    """The same key pairs in gpg homes of their own under ``root``: each party's key pair
+    imported, and the public key each party trusts, as :func:`make_keys` left them."""
+    def copy(party: Party, name: str) -> Party:
+        home = root / name
+        home.mkdir(mode=0o700, parents=True)
+        copied = Party(home, party.fingerprint, party.public, party.private,
+                       party.passphrase)
+        copied.gpg("--import", data=party.private.encode())
+        return copied
+
+    partner = copy(keys.partner, "partner")
+    org = copy(keys.org, "org")
+    stranger = copy(keys.stranger, "stranger")
+    partner.trust(org)
+    org.trust(partner)
+    return Keys(partner, org, stranger, keys.expired_public,
+                (partner.home, org.home, stranger.home))
+
+
+def generated_once(root: Path) -> Keys:
+    """The key pairs of a test run (a session fixture's body): generated once, since
+    generating them (RSA above all) takes seconds; their agents stopped at once, as
+    only the armored keys are used (a module imports them with :func:`keys_in`)."""
     keys = make_keys(root)
+    keys.close()
+    return keys
+
+
+def keys_in(root: Path, generated: Keys):
+    """A module's keys: the run's key pairs imported into gpg homes of the module's own
+    (what a module's gpg does to its homes stays its own), their agents stopped at its
+    end (a pytest fixture's body)."""
+    keys = imported(generated, root)
     yield keys
     keys.close()

@@ -33,6 +33,8 @@ class Proc:
     """One child process and its log file."""
 
     url: str = ""  # the web process's base URL
+    #: how to tell it is ready: (check, timeout, what), for :meth:`wait_ready`
+    readiness: tuple[Callable[[], bool], float, str] | None = None
 
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path,
                  cwd: Path = ROOT):
@@ -61,6 +63,13 @@ class Proc:
             time.sleep(0.1)
         raise TimeoutError(f"{self.name} not {what} within {timeout} s:\n"
                            f"{self.output()[-4000:]}")
+
+    def wait_ready(self) -> None:
+        """Wait until it is ready as its kind says: a worker or beat logging that it
+        started, a web process serving its health check."""
+        if self.readiness is not None:
+            self.wait_for(*self.readiness)
+            self.readiness = None
 
     def wait_in_log(self, text: str, timeout: float = 30.0) -> None:
         self.wait_for(lambda: text in self.output(), timeout, f"logging {text!r}")
@@ -138,23 +147,30 @@ class Processes:
         if include:
             cmd += ["--include", include]
         proc = self.start(f"worker{n}", cmd, extra_env)
+        _ready_when_logged(proc, " ready.")
         if wait:
-            proc.wait_in_log(" ready.", timeout=60)
+            proc.wait_ready()
         return proc
 
-    def beat(self, extra_env: dict[str, str] | None = None) -> Proc:
-        """``celery beat`` with a schedule file of its own; the sweep runs every 5 s."""
+    def beat(self, extra_env: dict[str, str] | None = None, wait: bool = True) -> Proc:
+        """``celery beat`` with a schedule file of its own; the sweep runs every 5 s.
+        ``wait=False``: started, not waited for (:meth:`Proc.wait_ready` does)."""
         cmd = CELERY + ["beat", "--loglevel", "INFO", "-s", str(self.tmp / "beat-schedule")]
         proc = self.start("beat", cmd, extra_env)
-        proc.wait_in_log("beat: Starting...", timeout=60)
+        _ready_when_logged(proc, "beat: Starting...")
+        if wait:
+            proc.wait_ready()
         return proc
 
     def web(self, threads: int = 16, extra_env: dict[str, str] | None = None,
-            workers: int = 1) -> Proc:
+            workers: int = 1, wait: bool = True) -> Proc:
         """gunicorn serving ``wsgi:app`` on a free loopback port (``proc.url``) with the
         Procfile's settings module, so a stop ends the open event streams first as in
         production (without it each stop with a live page open waited the whole graceful
-        timeout); ``threads - 4`` event streams at once per worker process."""
+        timeout); ``threads - 4`` event streams at once per worker process.
+        ``wait=False``: started, not waited for (:meth:`Proc.wait_ready` does), so that
+        the processes a test needs spend their seconds of start-up (imports above all)
+        at the same time."""
         port = free_port()
         cmd = [str(BIN / "gunicorn"), "-c", "python:b2bhub.runtime.gunicorn_conf",
                "--worker-class", "gthread", "--workers", str(workers),
@@ -162,7 +178,9 @@ class Processes:
                "--graceful-timeout", "5", "wsgi:app"]
         proc = self.start("web", cmd, {"B2BHUB_WEB_THREADS": str(threads), **(extra_env or {})})
         proc.url = f"http://127.0.0.1:{port}"
-        proc.wait_for(lambda: _healthy(proc.url), 60, "serving /api/v1/health")
+        proc.readiness = (lambda: _healthy(proc.url), 60, "serving /api/v1/health")
+        if wait:
+            proc.wait_ready()
         return proc
 
     def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -201,6 +219,10 @@ def wait_until(check: Callable[[], object], timeout: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"not {what} within {timeout} s (last: {value!r})")
         time.sleep(every)
+
+
+def _ready_when_logged(proc: Proc, text: str, timeout: float = 60) -> None:
+    proc.readiness = (lambda: text in proc.output(), timeout, f"logging {text!r}")
 
 
 def free_port() -> int:

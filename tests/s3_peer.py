@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
+from tests.loopback import serve_in_thread
+
 ALGORITHM = "AWS4-HMAC-SHA256"
 
 
@@ -52,8 +54,7 @@ class S3Peer:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._thread = serve_in_thread(self._server)
         host, port = self._server.server_address[:2]
         self.endpoint_url = f"http://{host}:{port}"
 

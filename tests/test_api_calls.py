@@ -76,6 +76,11 @@ def test_the_openapi_document_is_valid_and_lists_every_api_route(app, spec):
                                       f"/profiles/{kind}/actions/{action}")
                          for kind, found in kinds.items()
                          for action in getattr(found, "actions", ())]
+            # and the presets of the kinds that have them, a path per such kind
+            if path.endswith("/profile-kinds/{}/presets"):
+                paths = [path.replace("/profile-kinds/{}/", f"/profile-kinds/{kind}/")
+                         for kind, found in kinds.items()
+                         if getattr(found, "has_presets", False)]
             if path.endswith("/plugins/configs/{}/actions/{}"):
                 types = app.extensions["b2bhub.plugin.registry"].types().values()
                 paths = [path.replace("/actions/{}", f"/actions/{action}") for cls in types

@@ -81,6 +81,13 @@ def fresh(stmt):
         return s.execute(stmt).all()
 
 
+def wait_live(page) -> None:
+    """Wait until the page's live updates are on. A selector, not a script: right after a
+    click on a link the new document may be half parsed, and a script reading
+    ``#live-state`` then finds nothing and fails at once (a CI failure, stop 47)."""
+    page.wait_for_selector("#live-state.on", state="attached")
+
+
 def row_status(page, message_id: int) -> str:
     return page.inner_text(f'#messages tr[data-id="{message_id}"] td.st')
 
@@ -154,7 +161,7 @@ def test_an_admin_sets_up_the_hub_and_mends_a_failed_delivery(browser, hub_url, 
     shot(page, "05-routes")
 
     page.click("nav >> text=Messages")
-    page.wait_for_function("document.getElementById('live-state').classList.contains('on')")
+    wait_live(page)
     page.evaluate("window.notReloaded = true")
     drop(inbox, "order-1.edi", b"UNB+UNOA:2+ACME'")
     first = wait_for_message("order-1.edi")
@@ -326,8 +333,7 @@ def test_an_admin_sets_up_an_http_poster_and_a_message_is_posted(browser, hub_ur
         svc.create_route(session, registry, "poller", "*", "acme", "erp", actor="tests")
         session.commit()
         page.goto("/ui/messages")  # the list, live: the new row reaches Delivered
-        page.wait_for_function(
-            "document.getElementById('live-state').classList.contains('on')")
+        wait_live(page)
         drop(inbox, "order-9.xml", b"<order n='9'/>")
         message_id = wait_for_message("order-9.xml")
         page.wait_for_selector(f'#messages tr[data-id="{message_id}"] .s-delivered',

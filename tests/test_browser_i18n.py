@@ -135,13 +135,15 @@ def test_the_pages_in_brazilian_portuguese(browser, hub_url, files):
     # names (what a script posts) untouched
     page.goto("/ui/plugins/new/file_writer")
     assert "Diretório base (obrigatório)" in page.inner_text("form.stacked")
-    page.fill("#name", "writer2")
+    page.fill("#name", "Writer 2")  # the service's refusal, written once in English
     page.fill("#config-base_directory", str(out / "two"))
     page.fill("#max_concurrent_deliveries", "muitas")
     page.fill("#probe_interval", "sempre")
     page.click("button:has-text('Salvar')")
     errors = page.locator(".field.has-error .error").all_inner_texts()
-    assert errors == ["deve ser um número inteiro", "deve ser um número inteiro"]
+    assert errors == ["deve ter de 1 a 64 caracteres entre a-z, 0-9, '_' e '-'",
+                      "deve ser um número inteiro", "deve ser um número inteiro"]
+    assert page.locator(".field.has-error #name").count() == 1
     assert page.locator(".field.has-error #max_concurrent_deliveries").count() == 1
     assert page.input_value("#max_concurrent_deliveries") == "muitas"
     shot(page, "i18n-05-form-errors-pt_BR")

@@ -25,8 +25,10 @@ from b2bhub.engine.machine import claiming, settlement
 from b2bhub.engine.scans import SourceRunner
 from b2bhub.models import Alert, Delivery, HistoryLine, Message, Payload, utcnow
 from b2bhub.runtime.hub import new_session
+from b2bhub.services.config import get_instance, save_instance
 from b2bhub.services.users import create_user
 from plugins.http_collector import HttpCollector
+from tests.loopback import serve_in_thread
 from tests.procs import free_port
 from tests.test_ui import PASSWORD
 
@@ -84,7 +86,7 @@ def serve(doc: Document):
     """Serve ``doc`` on a loopback port of its own and set its ``url``; the server (to
     shut down)."""
     server = make_server("127.0.0.1", 0, doc, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     doc.url = f"http://127.0.0.1:{server.server_port}/outbound/orders.xml"
     return server
 
@@ -342,6 +344,40 @@ def test_a_server_that_stays_down_makes_one_message_until_a_fetch_succeeds(
     scan(runner, clock)
     assert bodies(session, hub) == [b"<orders n='1'/>", b"<orders n='2'/>"]
     assert open_alerts(session) == []
+
+
+def test_an_instance_retry_policy_retries_a_503_and_records_a_404_at_once(
+        collector, document, registry, hub, clock, session):
+    """Its rules see the error class: a down server is tried twice more, sooner than
+    the 10 s schedule; a missing document is recorded at the first fetch."""
+    collector()
+    save_instance(session, registry, {"retry_policy": {
+        "max_attempts": 3, "strategy": "fixed", "base_delay": 4,
+        "rules": [{"match": "http_4xx", "action": "fail"}]}},
+        existing=get_instance(session, "collect"), actor="tests")
+    session.commit()
+    runner = runner_of(registry, hub, clock)
+    document.status = 503
+    for _ in range(2):
+        report = runner.scan("collect")
+        assert report.retry_at == clock.now + timedelta(seconds=4)
+        clock.advance(4)
+    assert collection_errors(session) == [] and open_alerts(session) == []
+    runner.scan("collect")
+    [message] = collection_errors(session)
+    assert "(3 failed fetches since" in message.status_text
+    document.status = 200
+    clock.advance(10)
+    runner.scan("collect")  # the episode ends; the alert is resolved
+    assert open_alerts(session) == []
+
+    document.status = 404
+    clock.advance(10)
+    report = runner.scan("collect")
+    assert report.retry_at is None
+    assert len(collection_errors(session)) == 2
+    assert "answered 404" in collection_errors(session)[-1].status_text
+    assert open_alerts(session) == [("message_failed", collection_errors(session)[-1].id)]
 
 
 def test_the_episode_survives_a_restart(collector, document, registry, hub, clock, session):

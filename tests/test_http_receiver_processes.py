@@ -41,10 +41,11 @@ def hubprocs(procs, hub, session, registry, destination):
     registry.register(HttpReceiver)
     registry.register(HttpPoster)
     tokens = set_up_receivers(hub, session, destination.url("/in"), timeout=2, base_delay=3)
-    web = procs.web()
-    procs.worker()
-    procs.beat()
-    return web.url, tokens
+    # started together, then each waited for: their start-ups overlap
+    started = [procs.web(wait=False), procs.worker(wait=False), procs.beat(wait=False)]
+    for proc in started:
+        proc.wait_ready()
+    return started[0].url, tokens
 
 
 def auth(token: str, **headers) -> dict:

@@ -7,7 +7,6 @@ delivery ends in an inbox."""
 from __future__ import annotations
 
 import json
-import threading
 from datetime import timedelta
 from email import message_from_bytes
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +21,7 @@ from b2bhub.engine import notifications
 from b2bhub.engine.history import raise_alert, resolve_alert
 from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Alert, HistoryLine, Notification, utcnow
+from tests.loopback import serve_in_thread
 from tests.procs import free_port, wait_until
 from tests.test_api import error_of, token_client
 
@@ -74,7 +74,7 @@ class Webhook:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_thread(self.server)
         self.url = f"json://127.0.0.1:{self.server.server_port}/b2bhub"
 
 

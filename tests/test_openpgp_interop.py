@@ -45,8 +45,8 @@ class Clock:
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    yield from keys_in(tmp_path_factory.mktemp("gpg"))
+def keys(tmp_path_factory, openpgp_keys):
+    yield from keys_in(tmp_path_factory.mktemp("gpg"), openpgp_keys)
 
 
 @pytest.fixture
@@ -407,3 +407,99 @@ def test_a_partner_key_that_expired_since_it_was_saved_fails_the_delivery_once(
                "was saved?)" in text and "update the profile, then redeliver" in text
                for text in said), said
     assert not out.exists() or list(out.rglob("*")) == []
+
+
+def test_several_targets_each_send_their_own_sealed_copy_and_keep_it_on_redelivery(
+        registry, hub, clock, session, parties, keys, tmp_path):
+    """One message, three targets: two encrypt (each its own copy: its own session
+    key), one sends the plain document. The message's ``sent`` stage is the last one
+    made; each target's copy stays its own, so a redelivery of the first sends the
+    bytes it sent before, not the other target's."""
+    base, out, out2, plain = (tmp_path / n for n in ("in", "out", "out2", "plain"))
+    outbound(hub, base, out, openpgp_encrypt=True, openpgp_sign=True)
+    for name, where, openpgp in (("writer2", out2, {"openpgp_encrypt": True}),
+                                 ("plainwriter", plain, {})):
+        hub.instance(name, "file_writer", config={
+            "base_directory": str(where), "filename_pattern": "{original_filename}.pgp",
+            "overwrite": True, **openpgp})
+        hub.route("poller", "*", "*", name)
+    message = send(registry, hub, clock, base, X12)
+    for name in ("writer2", "plainwriter"):
+        TargetRunner(new_session, registry, hub.store, "w", clock=clock).drain(name,
+                                                                              budget=30)
+    session.expire_all()
+    deliveries = {d.target: d for d in session.scalars(select(Delivery).where(
+        Delivery.message_id == message.id))}
+    assert {t: d.state for t, d in deliveries.items()} == {
+        t: DeliveryState.DELIVERED for t in ("writer", "writer2", "plainwriter")}
+
+    first, second = (out / "po.edi.pgp").read_bytes(), (out2 / "po.edi.pgp").read_bytes()
+    assert first != second and X12[:20] not in first + second
+    assert keys.partner.gpg("--decrypt", data=first).stdout == X12
+    assert keys.partner.gpg("--decrypt", data=second).stdout == X12
+    assert (plain / "po.edi.pgp").read_bytes() == X12
+    made = lines(session, message.id, "openpgp")
+    assert sorted(line.split(":")[0] for line in made) == ["OpenPGP for writer",
+                                                           "OpenPGP for writer2"]
+    assert stages(session, message.id)["sent"] in (sha(first), sha(second))
+
+    # redeliver the first target after the second pointed the sent stage at its copy
+    operator.send_again(session, deliveries["writer"].id, "olivia", clock())
+    session.commit()
+    (out / "po.edi.pgp").unlink()
+    TargetRunner(new_session, registry, hub.store, "w", clock=clock).drain("writer",
+                                                                          budget=30)
+    session.expire_all()
+    assert session.get(Delivery, deliveries["writer"].id).state == DeliveryState.DELIVERED
+    assert (out / "po.edi.pgp").read_bytes() == first
+    assert len(lines(session, message.id, "openpgp")) == 2  # nothing sealed again
+
+
+# --- an HTTP collector decrypting what it fetched ---------------------------------------
+
+def test_an_http_collector_decrypts_and_verifies_what_it_fetches(
+        registry, hub, clock, session, parties, keys, record_dir):
+    """The partner publishes its document encrypted and signed; the collector's
+    messages hold it plain in the unpacked stage; a document signed by someone else is
+    refused with the reason, and kept as it was fetched."""
+    from plugins.http_collector import HttpCollector
+    from tests.test_http_collector import Document, serve
+
+    registry.register(HttpCollector)
+    doc = Document()
+    server = serve(doc)
+    try:
+        doc.change(keys.partner.gpg("--encrypt", "--sign", "--recipient",
+                                    keys.org.fingerprint, "--local-user",
+                                    keys.partner.fingerprint, data=X12).stdout)
+        hub.instance("collect", "http_collector", config={
+            "url": doc.url, "from": "acme", "to": "mycompany", "polling_interval": 10,
+            "openpgp_decrypt": True, "openpgp_verify": True})
+        hub.instance("rec", "recorder", config={"record_dir": str(record_dir)})
+        hub.route("collect", "*", "*", "rec")
+        runner = SourceRunner(new_session, registry, hub.store, "proc-a", clock=clock)
+        runner.scan("collect")
+        clock.advance(10)
+        session.expire_all()
+        message = session.scalars(select(Message).order_by(Message.id.desc())).first()
+        assert message.status != MessageStatus.REFUSED, message.status_text
+        found = stages(session, message.id)
+        assert found["raw"] == sha(doc.body) and found["unpacked"] == sha(X12)
+        assert lines(session, message.id, "openpgp") == [
+            "OpenPGP: decrypted and signature of acme verified"]
+
+        keys.stranger.trust(keys.org)
+        forged = keys.stranger.gpg("--encrypt", "--sign", "--recipient",
+                                   keys.org.fingerprint, "--local-user",
+                                   keys.stranger.fingerprint, data=X12).stdout
+        doc.change(forged)
+        runner.scan("collect")
+        session.expire_all()
+        refused = session.scalars(select(Message).order_by(Message.id.desc())).first()
+        assert refused.id != message.id and refused.status == MessageStatus.REFUSED
+        assert refused.status_text.startswith("OpenPGP: signed by key "), \
+            refused.status_text
+        assert "which is not the sender's key" in refused.status_text
+        assert stages(session, refused.id) == {"raw": sha(forged)}
+    finally:
+        server.shutdown()

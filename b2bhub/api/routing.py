@@ -8,6 +8,9 @@ import b2bhub.api.schemas as s
 from b2bhub.api.auth import requires
 from b2bhub.api.blueprint import bp
 from b2bhub.config.extensions import db
+from b2bhub.domain import routing
+from b2bhub.engine.history import add_line
+from b2bhub.models import Route
 from b2bhub.runtime.hub import registry
 from b2bhub.services import config as svc
 
@@ -32,6 +35,7 @@ def create_route(body: dict):
     route = svc.create_route(db.session, registry(), body["source"], body["from_party"],
                              body["to_party"], body["target"], actor=g.actor,
                              document_type=body["document_type"])
+    _record(f"created {_route(route).describe()}")
     db.session.commit()
     return route
 
@@ -39,8 +43,21 @@ def create_route(body: dict):
 @bp.delete(f"/routes/<{s.SMALL_ID}:route_id>")
 @bp.response(204)
 def delete_route(route_id: int):
+    route = db.session.get(Route, route_id)
     svc.delete_route(db.session, route_id)
+    _record(f"deleted {_route(route).describe()}")
     db.session.commit()
+
+
+def _route(row: Route) -> routing.Route:
+    return routing.Route(row.id, row.source, row.from_party, row.to_party, row.target,
+                         row.document_type)
+
+
+def _record(text: str) -> None:
+    """A route changed through the API, recorded as the UI's changes are: a
+    ``config_changed`` line naming the caller (the audit export shows it)."""
+    add_line(db.session, None, "config_changed", f"{g.actor}: {text}", actor=g.actor)
 
 
 @bp.post("/routes/test", summary="Test which targets a message would reach")

@@ -39,6 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from b2bhub.domain.i18n import N_, joined
 from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome
 
 log = logging.getLogger(__name__)
@@ -57,11 +58,13 @@ _NOT_JSON = object()
 
 class RulesError(ValueError):
     """The rules are not valid; ``errors`` maps each bad rule's position (from 1) and
-    name, e.g. ``"rule 2 (rejected)"``, to the reason."""
+    name, e.g. ``"rule 2 (rejected)"``, to the reason: texts of ours (:func:`N_`), in
+    English as the API answers them and in the reader's language on a page."""
 
     def __init__(self, errors: dict[str, str]):
         self.errors = errors
-        super().__init__("; ".join(f"{where}: {why}" for where, why in errors.items()))
+        super().__init__(joined(N_("%(where)s: %(why)s", where=where, why=why)
+                                for where, why in errors.items()))
 
 
 @dataclass(frozen=True)
@@ -105,20 +108,21 @@ def parse_rules(data: Any) -> list[Rule]:
     if data is None:
         return []
     if not isinstance(data, list):
-        raise RulesError({"business_rules": "must be a list of rule objects"})
+        raise RulesError({"business_rules": N_("must be a list of rule objects")})
     errors: dict[str, str] = {}
     rules: list[Rule] = []
     seen: set[str] = set()
     for n, item in enumerate(data, 1):
         name = item.get("name") if isinstance(item, dict) else None
-        where = f"rule {n}" + (f" ({name})" if isinstance(name, str) and name else "")
+        where = (N_("rule %(n)s (%(name)s)", n=n, name=name)
+                 if isinstance(name, str) and name else N_("rule %(n)s", n=n))
         try:
             rule = _parse_rule(item)
         except ValueError as exc:
-            errors[where] = str(exc)
+            errors[where] = exc.args[0] if exc.args else str(exc)  # a Text, as a rule
             continue
         if rule.name in seen:
-            errors[where] = f"the name {rule.name!r} is used by an earlier rule"
+            errors[where] = N_("the name %(name)r is used by an earlier rule", name=rule.name)
             continue
         seen.add(rule.name)
         rules.append(rule)
@@ -129,23 +133,24 @@ def parse_rules(data: Any) -> list[Rule]:
 
 def _parse_rule(item: Any) -> Rule:
     if not isinstance(item, dict):
-        raise ValueError("must be an object with a name and at least one condition")
+        raise ValueError(N_("must be an object with a name and at least one condition"))
     unknown = set(item) - set(FIELDS)
     if unknown:
-        raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))} "
-                         f"(known: {', '.join(FIELDS)})")
+        raise ValueError(N_("unknown field(s) %(unknown)s (known: %(known)s)",
+                            unknown=", ".join(sorted(unknown)), known=", ".join(FIELDS)))
     name = item.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 100:
-        raise ValueError("name is required: text of at most 100 characters")
+        raise ValueError(N_("name is required: text of at most 100 characters"))
     if not any(item.get(key) not in (None, "") for key in CONDITIONS):
-        raise ValueError("give at least one condition: status, body_regex or json_path")
+        raise ValueError(N_("give at least one condition: status, body_regex or json_path"))
     if "json_value" in item and item.get("json_path") in (None, ""):
-        raise ValueError("json_value needs a json_path")
+        raise ValueError(N_("json_value needs a json_path"))
     block = item.get("block")
     if block in (None, ""):  # left out (a form's empty choice): the default
         block = "none"
     if block not in BLOCKS:
-        raise ValueError(f"block must be one of {', '.join(BLOCKS)}, not {block!r}")
+        raise ValueError(N_("block must be one of %(blocks)s, not %(block)r",
+                            blocks=", ".join(BLOCKS), block=block))
     return Rule(name=name.strip(), status=_status(item.get("status")),
                 body_regex=_regex(item.get("body_regex")),
                 json_path=_json_path(item.get("json_path")),
@@ -162,8 +167,8 @@ def _status(value: Any) -> int | str | None:
         return _status(int(value.strip()))
     if isinstance(value, str) and _STATUS_CLASS.match(value.strip()):
         return value.strip().lower()
-    raise ValueError(f"status must be an HTTP status (100-599) or a class such as "
-                     f"'2xx', not {value!r}")
+    raise ValueError(N_("status must be an HTTP status (100-599) or a class such as "
+                        "'2xx', not %(value)r", value=value))
 
 
 def _regex(value: Any):
@@ -172,11 +177,12 @@ def _regex(value: Any):
     if value in (None, ""):
         return None
     if not isinstance(value, str):
-        raise ValueError("body_regex must be text")
+        raise ValueError(N_("body_regex must be text"))
     try:
         return regex.compile(value)
     except regex.error as exc:
-        raise ValueError(f"body_regex is not a valid regular expression: {exc}") from None
+        raise ValueError(N_("body_regex is not a valid regular expression: %(why)s",
+                            why=str(exc))) from None
 
 
 def _json_path(value: Any):
@@ -184,12 +190,13 @@ def _json_path(value: Any):
     if value in (None, ""):
         return None
     if not isinstance(value, str):
-        raise ValueError("json_path must be text")
+        raise ValueError(N_("json_path must be text"))
     try:
         return jsonpath.compile(value)
     except jsonpath.JSONPathError as exc:
         reason = str(exc).splitlines()[0]
-        raise ValueError(f"json_path is not a valid JSONPath: {reason}") from None
+        raise ValueError(N_("json_path is not a valid JSONPath: %(why)s",
+                            why=reason)) from None
 
 
 def normalize(data: Any) -> list[dict] | None:

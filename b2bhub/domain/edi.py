@@ -10,24 +10,28 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from b2bhub.domain.i18n import N_
+
 #: the qualifier: 1-4 letters or digits
 QUALIFIER_RE = re.compile(r"[A-Za-z0-9]{1,4}")
 #: the id: 1-35 characters, none a separator an envelope uses or a control character
 ID_RE = re.compile(r"[^*~'+:\x00-\x1f\x7f]{1,35}")
 
 #: the rule as a form's help says it
-IDENTITY_RULE = ("qualifier:id, the qualifier 1-4 letters or digits, the id 1-35 "
-                 "characters without * ~ ' + or :")
+IDENTITY_RULE = N_("qualifier:id, the qualifier 1-4 letters or digits, the id 1-35 "
+                   "characters without * ~ ' + or :")
 
 
 def parse_identity(text: object) -> tuple[str, str]:
     """``(qualifier, id)`` of ``qualifier:id``; ValueError saying why it is no identity."""
     if not isinstance(text, str):
-        raise ValueError(f"EDI identity {text!r} must be text: {IDENTITY_RULE}")
+        raise ValueError(N_("EDI identity %(text)r must be text: %(rule)s", text=text,
+                            rule=IDENTITY_RULE))
     qualifier, colon, ident = text.strip().partition(":")
     if not (colon and QUALIFIER_RE.fullmatch(qualifier) and ID_RE.fullmatch(ident)
             and ident == ident.strip()):
-        raise ValueError(f"EDI identity {text!r} must be {IDENTITY_RULE}")
+        raise ValueError(N_("EDI identity %(text)r must be %(rule)s", text=text,
+                            rule=IDENTITY_RULE))
     return qualifier, ident
 
 
@@ -52,8 +56,10 @@ def check_ack_settings(functional_acks: object, ack_hours: object) -> dict[str, 
     """The errors of a partner's acknowledgment settings, by field (empty: none)."""
     errors = {}
     if functional_acks not in FUNCTIONAL_ACKS:
-        errors["functional_acks"] = f"must be one of {', '.join(FUNCTIONAL_ACKS)}"
+        errors["functional_acks"] = N_("must be one of %(choices)s",
+                                       choices=", ".join(FUNCTIONAL_ACKS))
     if ack_hours is not None and (isinstance(ack_hours, bool) or not isinstance(
             ack_hours, int) or not 1 <= ack_hours <= MOST_ACK_HOURS):
-        errors["ack_hours"] = f"must be empty or a whole number of hours, 1-{MOST_ACK_HOURS}"
+        errors["ack_hours"] = N_("must be empty or a whole number of hours, 1-%(most)s",
+                                 most=MOST_ACK_HOURS)
     return errors

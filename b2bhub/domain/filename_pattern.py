@@ -51,6 +51,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from b2bhub.domain.i18n import N_
+
 __all__ = ["PLACEHOLDERS", "FilenamePattern", "PatternError", "parse", "placeholder_values",
            "safe_value", "split_filename"]
 
@@ -102,28 +104,40 @@ class FilenamePattern:
 def parse(pattern: str) -> FilenamePattern:
     """Parse and check a pattern; :class:`PatternError` says what is wrong with it."""
     if not isinstance(pattern, str) or not pattern:
-        raise PatternError("the filename pattern is empty")
+        raise PatternError(N_("the filename pattern is empty"))
     if pattern.startswith("/"):
-        raise PatternError(f"the filename pattern {pattern!r} is absolute; it must be "
-                           "relative to the base directory")
+        raise PatternError(N_("the filename pattern %(pattern)r is absolute; it must be "
+                              "relative to the base directory", pattern=pattern))
     elements = tuple(_parse_element(text, pattern) for text in pattern.split("/"))
     return FilenamePattern(pattern, elements)
+
+
+def problem(value: str) -> str | None:
+    """What is wrong with a pattern (a configuration field's check), or None."""
+    try:
+        parse(value)
+    except PatternError as exc:
+        return exc.args[0]  # the Text: shown in the reader's language
+    return None
 
 
 def _parse_element(text: str, pattern: str) -> tuple[Part, ...]:
     """One element between slashes: literal runs and ``{a|b}`` placeholders."""
     if text == "":
-        raise PatternError(f"the filename pattern {pattern!r} holds an empty element "
-                           "(two slashes together, or a slash at the end)")
+        raise PatternError(N_("the filename pattern %(pattern)r holds an empty element "
+                              "(two slashes together, or a slash at the end)",
+                              pattern=pattern))
     if text in (".", ".."):
-        raise PatternError(f"the filename pattern {pattern!r} holds a {text!r} element")
+        raise PatternError(N_("the filename pattern %(pattern)r holds a %(text)r element",
+                              pattern=pattern, text=text))
     parts: list[Part] = []
     for literal, group in re.findall(r"([^{}]*)(\{[^{}/]*\}|[{}]?)", text):
         if literal:
             parts.append(_check_literal(literal, pattern))
         if group in ("{", "}"):
-            raise PatternError(f"the filename pattern {pattern!r} has an unmatched "
-                               f"{group!r} in {text!r}")
+            raise PatternError(N_("the filename pattern %(pattern)r has an unmatched "
+                                  "%(group)r in %(text)r", pattern=pattern, group=group,
+                                  text=text))
         if group:
             parts.append(_parse_placeholder(group[1:-1], pattern))
     return tuple(parts)
@@ -132,24 +146,26 @@ def _parse_element(text: str, pattern: str) -> tuple[Part, ...]:
 def _check_literal(literal: str, pattern: str) -> str:
     bad = _LITERAL_UNSAFE.search(literal)
     if bad:
-        raise PatternError(f"the filename pattern {pattern!r} holds the character "
-                           f"{bad.group()!r}, which file systems reject or read as a "
-                           "separator (use / for subdirectories)")
+        raise PatternError(N_("the filename pattern %(pattern)r holds the character "
+                              "%(char)r, which file systems reject or read as a separator "
+                              "(use / for subdirectories)", pattern=pattern,
+                              char=bad.group()))
     if len(literal.encode("utf-8")) > MAX_ELEMENT_BYTES:
-        raise PatternError(f"the filename pattern {pattern!r} has an element longer "
-                           f"than {MAX_ELEMENT_BYTES} bytes")
+        raise PatternError(N_("the filename pattern %(pattern)r has an element longer "
+                              "than %(most)d bytes", pattern=pattern, most=MAX_ELEMENT_BYTES))
     return literal
 
 
 def _parse_placeholder(body: str, pattern: str) -> tuple[str, ...]:
     names = tuple(name.strip() for name in body.split("|"))
     if "" in names:
-        raise PatternError(f"the filename pattern {pattern!r} has an empty placeholder "
-                           f"{{{body}}}")
+        raise PatternError(N_("the filename pattern %(pattern)r has an empty placeholder "
+                              "{%(body)s}", pattern=pattern, body=body))
     for name in names:
         if name not in PLACEHOLDERS:
-            raise PatternError(f"unknown placeholder {{{name}}} in the filename pattern; "
-                               f"known: {', '.join(PLACEHOLDERS)}")
+            raise PatternError(N_("unknown placeholder {%(name)s} in the filename "
+                                  "pattern; known: %(known)s", name=name,
+                                  known=", ".join(PLACEHOLDERS)))
     return names
 
 

@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from b2bhub.domain.i18n import N_
+
 __all__ = ["MAX_ELEMENTS", "PLACEHOLDERS", "UNROUTABLE", "Match", "PathPattern",
            "PatternError", "parse", "parse_shape"]
 
@@ -90,17 +92,18 @@ def parse(text: str, fixed_from: bool = False, fixed_to: bool = False) -> PathPa
 def parse_shape(text: str) -> PathPattern:
     """Parse and check the pattern's own rules, leaving out how from and to are set."""
     if not isinstance(text, str) or text == "":
-        raise PatternError("the path pattern is empty; {filename} takes the files "
-                           "directly in the base directory")
+        raise PatternError(N_("the path pattern is empty; {filename} takes the files "
+                              "directly in the base directory"))
     if text.startswith("/"):
-        raise PatternError(f"{text!r} is absolute; give a path relative to the base "
-                           "directory")
+        raise PatternError(N_("%(text)r is absolute; give a path relative to the base "
+                              "directory", text=text))
     if "\\" in text:
-        raise PatternError(f"{text!r} holds a backslash; separate elements with /")
+        raise PatternError(N_("%(text)r holds a backslash; separate elements with /",
+                              text=text))
     elements = tuple(text.split("/"))
     if len(elements) > MAX_ELEMENTS:
-        raise PatternError(f"{text!r} has {len(elements)} elements; at most "
-                           f"{MAX_ELEMENTS} are allowed")
+        raise PatternError(N_("%(text)r has %(count)d elements; at most %(most)d are "
+                              "allowed", text=text, count=len(elements), most=MAX_ELEMENTS))
     placeholders = tuple(_element(text, e) for e in elements)
     pattern = PathPattern(text, elements, placeholders)
     _check_structure(pattern)
@@ -110,21 +113,23 @@ def parse_shape(text: str) -> PathPattern:
 def _element(text: str, element: str) -> str | None:
     """The placeholder name of one element, or None if it is literal text."""
     if element == "":
-        raise PatternError(f"{text!r} has an empty element (// or a / at an end)")
+        raise PatternError(N_("%(text)r has an empty element (// or a / at an end)",
+                              text=text))
     if element in (".", ".."):
-        raise PatternError(f"{text!r} holds {element!r}; elements . and .. are not allowed")
+        raise PatternError(N_("%(text)r holds %(element)r; elements . and .. are not "
+                              "allowed", text=text, element=element))
     if _CONTROL.search(element):
-        raise PatternError(f"{text!r} holds a control character")
+        raise PatternError(N_("%(text)r holds a control character", text=text))
     whole = _PLACEHOLDER.fullmatch(element)
     if whole:
         name = whole.group(1)
         if name not in PLACEHOLDERS:
-            raise PatternError(f"unknown placeholder {element!r}; use {{from}}, {{to}} "
-                               "or {filename}")
+            raise PatternError(N_("unknown placeholder %(element)r; use {from}, {to} or "
+                                  "{filename}", element=element))
         return name
     if "{" in element or "}" in element:
-        raise PatternError(f"{element!r}: a placeholder must be a whole path element "
-                           "(e.g. outbox/{to}/{filename})")
+        raise PatternError(N_("%(element)r: a placeholder must be a whole path element "
+                              "(e.g. outbox/{to}/{filename})", element=element))
     return None
 
 
@@ -132,21 +137,25 @@ def _check_structure(pattern: PathPattern) -> None:
     names = [p for p in pattern.placeholders if p]
     for name in PLACEHOLDERS:
         if names.count(name) > 1:
-            raise PatternError(f"{pattern.text!r}: {{{name}}} occurs more than once")
+            raise PatternError(N_("%(text)r: {%(name)s} occurs more than once",
+                                  text=pattern.text, name=name))
     if pattern.elements[0].lower() == UNROUTABLE and not pattern.placeholders[0]:
-        raise PatternError(f"{pattern.text!r} starts with {UNROUTABLE}, the folder "
-                           "unroutable files are moved to")
+        raise PatternError(N_("%(text)r starts with %(folder)s, the folder unroutable "
+                              "files are moved to", text=pattern.text, folder=UNROUTABLE))
     if "filename" in names and pattern.placeholders[-1] != "filename":
-        raise PatternError(f"{pattern.text!r}: {{filename}} must be the last element")
+        raise PatternError(N_("%(text)r: {filename} must be the last element",
+                              text=pattern.text))
     if pattern.placeholders[-1] in ("from", "to"):
-        raise PatternError(f"{pattern.text!r}: the last element names the file; end the "
-                           "pattern with {filename} or a literal file name")
+        raise PatternError(N_("%(text)r: the last element names the file; end the "
+                              "pattern with {filename} or a literal file name",
+                              text=pattern.text))
 
 
 def _check_parties(pattern: PathPattern, fixed_from: bool, fixed_to: bool) -> None:
     if fixed_to and pattern.captures("to"):
-        raise PatternError("to is set on the poller and captured by {to}; keep one")
+        raise PatternError(N_("to is set on the poller and captured by {to}; keep one"))
     if not fixed_to and not pattern.captures("to"):
-        raise PatternError("to is neither set on the poller nor captured by {to}")
+        raise PatternError(N_("to is neither set on the poller nor captured by {to}"))
     if fixed_from and pattern.captures("from"):
-        raise PatternError("from is set on the poller and captured by {from}; keep one")
+        raise PatternError(N_("from is set on the poller and captured by {from}; keep "
+                              "one"))

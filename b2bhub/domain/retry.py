@@ -18,6 +18,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from b2bhub.domain.i18n import N_
+
 Rand = Callable[[], float]
 
 #: What a rule may say about an error class.
@@ -51,9 +53,11 @@ class RetryRule:
     def __post_init__(self) -> None:
         """Refuse rules that could never apply or whose action means nothing."""
         if not isinstance(self.match, str) or not self.match:
-            raise ValueError(f"rule match must be a non-empty error class, got {self.match!r}")
+            raise ValueError(N_("rule match must be a non-empty error class, got %(got)r",
+                                got=self.match))
         if self.action not in ACTIONS:
-            raise ValueError(f"rule action must be 'retry' or 'fail', got {self.action!r}")
+            raise ValueError(N_("rule action must be 'retry' or 'fail', got %(got)r",
+                                got=self.action))
 
     def applies_to(self, error_class: str | None) -> bool:
         """True when this rule decides about ``error_class``."""
@@ -105,7 +109,7 @@ class RetryPolicy:
         _check_attempts(self.max_attempts)
         _check_jitter(self.jitter)
         if self.strategy is Strategy.SCHEDULE and not self.schedule:
-            raise ValueError("the schedule strategy needs at least one delay in schedule")
+            raise ValueError(N_("the schedule strategy needs at least one delay in schedule"))
 
     @property
     def attempts_allowed(self) -> int:
@@ -167,10 +171,11 @@ class RetryPolicy:
         if d is None:
             return base
         if not isinstance(d, dict):
-            raise ValueError(f"a retry policy must be an object, got {type(d).__name__}")
+            raise ValueError(N_("a retry policy must be an object, got %(got)s",
+                                got=type(d).__name__))
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
-            raise ValueError(f"unknown retry policy key(s): {', '.join(unknown)}")
+            raise ValueError(N_("unknown retry policy key(s): %(keys)s", keys=", ".join(unknown)))
         changes = dict(d)
         if "rules" in changes:
             changes["rules"] = _rules_from_json(changes["rules"])
@@ -204,18 +209,19 @@ def _is_seconds(value: object) -> bool:
 
 def _check_seconds(name: str, value: object) -> None:
     if not _is_seconds(value):
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
+        raise ValueError(N_("%(name)s must be a number of seconds >= 0, got %(got)r", name=name,
+                            got=value))
 
 
 def _check_attempts(value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"max_attempts must be a whole number >= 1, got {value!r}")
+        raise ValueError(N_("max_attempts must be a whole number >= 1, got %(got)r", got=value))
 
 
 def _check_jitter(value: object) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1
     if not ok:
-        raise ValueError(f"jitter must be a fraction between 0 and 1, got {value!r}")
+        raise ValueError(N_("jitter must be a fraction between 0 and 1, got %(got)r", got=value))
 
 
 def _strategy(value: object) -> Strategy:
@@ -224,13 +230,15 @@ def _strategy(value: object) -> Strategy:
         return Strategy(value)
     except ValueError:
         choices = ", ".join(s.value for s in Strategy)
-        raise ValueError(f"unknown retry strategy {value!r}; use one of {choices}") from None
+        raise ValueError(N_("unknown retry strategy %(got)r; use one of %(choices)s", got=value,
+                            choices=choices)) from None
 
 
 def _schedule(value: object) -> tuple[float, ...]:
     """A list or tuple of delays, each a number of seconds >= 0."""
     if not isinstance(value, list | tuple):
-        raise ValueError(f"schedule must be a list of delays in seconds, got {value!r}")
+        raise ValueError(N_("schedule must be a list of delays in seconds, got %(got)r",
+                            got=value))
     for seconds in value:
         _check_seconds("each schedule delay", seconds)
     return tuple(value)
@@ -246,12 +254,17 @@ def _rules(value: object) -> tuple[RetryRule, ...]:
 def _rules_from_json(value: object) -> tuple[RetryRule, ...]:
     """Rules as stored: a list of ``{"match": ..., "action": ...}`` objects."""
     if not isinstance(value, list | tuple):
-        raise ValueError(f"rules must be a list, got {value!r}")
+        raise ValueError(N_("rules must be a list, got %(got)r", got=value))
     for n, item in enumerate(value, 1):
         if not isinstance(item, dict) or set(item) != {"match", "action"}:
-            raise ValueError(f"rule {n} must be an object with 'match' and 'action' only")
+            raise ValueError(N_("rule %(n)d must be an object with 'match' and 'action' only",
+                                n=n))
     return tuple(RetryRule(item["match"], item["action"]) for item in value)
 
 
 #: The file writer's default: retried after 30 s, 2 min and 10 min, then failed.
 FILE_WRITER_DEFAULT = RetryPolicy(strategy=Strategy.SCHEDULE, schedule=(30, 120, 600))
+
+#: No retry: one attempt. A scheduled source's default for its failed fetches (the first
+#: is recorded as a Collection error, b2bhub.engine.collection).
+RECORD_AT_ONCE = RetryPolicy(max_attempts=1)

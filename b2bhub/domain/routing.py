@@ -13,6 +13,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from b2bhub.domain.i18n import N_, joined
+
 #: The wildcard a route uses for "any party".
 ANY = "*"
 
@@ -21,7 +23,7 @@ NAME_RE = re.compile(r"[a-z0-9_-]{1,64}")
 
 
 #: the name rule as a form's help says it
-NAME_RULE = "1-64 characters of a-z, 0-9, '_' and '-'"
+NAME_RULE = N_("1-64 characters of a-z, 0-9, '_' and '-'")
 
 
 def validate_name(name: str) -> str | None:
@@ -32,7 +34,7 @@ def validate_name(name: str) -> str | None:
     """
     if isinstance(name, str) and NAME_RE.fullmatch(name):
         return None
-    return f"name {name!r} must be {NAME_RULE}"
+    return N_("name %(name)r must be %(rule)s", name=name, rule=NAME_RULE)
 
 
 #: A route's document type: an X12 transaction set (``850``) or an EDIFACT message type
@@ -40,14 +42,15 @@ def validate_name(name: str) -> str | None:
 DOCUMENT_TYPE_RE = re.compile(r"[A-Z0-9]{1,35}")
 
 #: the document type rule as a form's help says it
-DOCUMENT_TYPE_RULE = "'*', or 1-35 of A-Z and 0-9 (850, ORDERS)"
+DOCUMENT_TYPE_RULE = N_("'*', or 1-35 of A-Z and 0-9 (850, ORDERS)")
 
 
 def validate_document_type(value: str) -> str | None:
     """Return an error message when ``value`` is no route document type, else None."""
     if value == ANY or (isinstance(value, str) and DOCUMENT_TYPE_RE.fullmatch(value)):
         return None
-    return f"document type {value!r} must be {DOCUMENT_TYPE_RULE}"
+    return N_("document type %(value)r must be %(rule)s", value=value,
+              rule=DOCUMENT_TYPE_RULE)
 
 
 def type_names(document_types: Iterable[str] | None) -> frozenset[str]:
@@ -94,29 +97,44 @@ class Route:
 
     def describe(self) -> str:
         """A one-line description for messages, e.g. ``route 3: inbox, * -> acme, out``
-        (``route 4: inbox, * -> acme, 850, erp`` for a route naming a document type)."""
-        label = f"route {self.id}" if self.id is not None else "new route"
-        kind = f", {self.document_type}" if self.document_type != ANY else ""
-        return (f"{label}: {self.source}, {self.from_party} -> {self.to_party}{kind}, "
-                f"{self.target}")
+        (``route 4: inbox, * -> acme, 850, erp`` for a route naming a document type): a
+        text of ours (:func:`N_`), so a sentence naming the route shows it in the
+        reader's language."""
+        ends = {"source": self.source, "from_party": self.from_party,
+                "to_party": self.to_party, "target": self.target}
+        if self.document_type != ANY:
+            ends["document_type"] = self.document_type
+            if self.id is None:
+                return N_("new route: %(source)s, %(from_party)s -> %(to_party)s, "
+                          "%(document_type)s, %(target)s", **ends)
+            return N_("route %(id)s: %(source)s, %(from_party)s -> %(to_party)s, "
+                      "%(document_type)s, %(target)s", id=self.id, **ends)
+        if self.id is None:
+            return N_("new route: %(source)s, %(from_party)s -> %(to_party)s, %(target)s",
+                      **ends)
+        return N_("route %(id)s: %(source)s, %(from_party)s -> %(to_party)s, %(target)s",
+                  id=self.id, **ends)
 
     def mismatches(self, source: str, from_party: str, to_party: str,
                    document_types: Iterable[str] | None = None) -> list[str]:
-        """Say which fields do not match, so the route tester can explain a miss."""
+        """Say which fields do not match, so the route tester can explain a miss (texts
+        of ours, :func:`N_`: the tester's page shows them in the reader's language)."""
         fields = (("source", source, self.source, False),
                   ("from", from_party, self.from_party, True),
                   ("to", to_party, self.to_party, True))
-        misses = [f"{field} {given!r} does not match {wanted!r}"
+        misses = [N_("%(field)s %(given)r does not match %(wanted)r", field=field,
+                     given=given, wanted=wanted)
                   for field, given, wanted, wildcard in fields
                   if given != wanted and not (wildcard and wanted == ANY)]
         if self.document_type != ANY:
             names = type_names(document_types)
             if not names:
-                misses.append(f"document type {self.document_type!r} wanted, and the "
-                              "message has no envelope")
+                misses.append(N_("document type %(wanted)r wanted, and the message has "
+                                 "no envelope", wanted=self.document_type))
             elif self.document_type not in names:
-                misses.append(f"document type {self.document_type!r} is not among the "
-                              f"message's types ({_types_text(names)})")
+                misses.append(N_("document type %(wanted)r is not among the message's "
+                                 "types (%(types)s)", wanted=self.document_type,
+                                 types=_types_text(names)))
         return misses
 
 
@@ -164,7 +182,7 @@ def _explanation(route: Route, source: str, from_party: str, to_party: str,
     misses = route.mismatches(source, from_party, to_party, types)
     return {"route": route.id, "target": route.target,
             "document_type": route.document_type, "matched": not misses,
-            "reason": "; ".join(misses) or "matches"}
+            "reason": joined(misses) if misses else N_("matches")}
 
 
 def redundant_with(new: Route, existing: Iterable[Route]) -> Route | None:

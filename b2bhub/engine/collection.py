@@ -11,6 +11,16 @@ of the first failure; a ``collection_failed`` history line is added when the rea
 changes (a refused connection becomes a 500) and otherwise at most once per
 :data:`REPEAT_LINE_EVERY`, so the history of a server down for a month stays readable.
 
+Before an episode is recorded, the source's collection retry policy (the instance's
+``retry_policy`` over the plugin type's ``collection_retry_policy``; by default none:
+the first failure is recorded) may try the fetch again: while
+:meth:`~b2bhub.domain.retry.RetryPolicy.decide` says retry, the failures are only
+counted in the episode (``message_id`` None) with the time of the next try
+(``retry_at``), which the scheduler takes when it comes before the next scan. When the
+policy gives up (attempts used up, or a ``fail`` rule for the error class), the message
+and the alert are made, naming the failed fetches so far. A fetch that succeeds while
+retrying ends the episode with nothing recorded (the probe shows the outage).
+
 The episode ends at the first fetch that succeeds again (any answer that is no
 failure: a new document, a 304, a 204): a ``collection_recovered`` line with the count
 goes onto the message, and its alert is resolved (channels that ask hear of it). The
@@ -29,6 +39,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.retry import RECORD_AT_ONCE, RetryPolicy
 from b2bhub.domain.states import MessageStatus
 from b2bhub.engine.dispatch import STATUS_TEXT_MAX, NewMessage, store_collection_error
 from b2bhub.engine.history import add_line, resolve_alert
@@ -44,14 +55,26 @@ def failure_text(reason: str, answer_start: str = "") -> str:
 
 
 def failed(session: Session, episode: dict | None, new: NewMessage, reason: str,
-           answer_start: str, now: datetime) -> dict:
-    """Record one failed fetch: a new message for the first of an episode, else counted
-    on the episode's message. Returns the episode as it stands now (to keep)."""
+           answer_start: str, now: datetime, policy: RetryPolicy = RECORD_AT_ONCE,
+           error_class: str | None = None) -> dict:
+    """Record one failed fetch: counted while the policy retries, then a new message
+    for the episode, then counted on the episode's message. Returns the episode as it
+    stands now (to keep)."""
     text = failure_text(reason, answer_start)
     data = {"reason": reason, "answer_start": answer_start}
-    if episode is None or not _still_recorded(session, episode["message_id"]):
+    retrying = episode is not None and episode["message_id"] is None
+    if episode is None or retrying or not _still_recorded(session, episode["message_id"]):
+        failures = episode["failures"] + 1 if retrying else 1
+        since = episode["since"] if retrying else now.isoformat()
+        decision = policy.decide(error_class, failures, now)
+        if decision.retry:
+            return {"message_id": None, "failures": failures, "since": since,
+                    "reason": reason, "retry_at": decision.at.isoformat()}
+        if failures > 1:
+            text = (f"{text} ({failures} failed fetches since "
+                    f"{_shown(datetime.fromisoformat(since))}; {decision.reason})")
         message_id = store_collection_error(session, new, text, now, data)
-        return {"message_id": message_id, "failures": 1, "since": now.isoformat(),
+        return {"message_id": message_id, "failures": failures, "since": since,
                 "reason": reason, "line_at": now.isoformat()}
     message_id, failures = episode["message_id"], episode["failures"] + 1
     since = datetime.fromisoformat(episode["since"])
@@ -68,9 +91,18 @@ def failed(session: Session, episode: dict | None, new: NewMessage, reason: str,
             "line_at": line_at.isoformat()}
 
 
+def retry_at(episode: dict) -> datetime | None:
+    """When the policy tries again; None once the episode is recorded."""
+    at = episode.get("retry_at") if episode["message_id"] is None else None
+    return datetime.fromisoformat(at) if at else None
+
+
 def succeeded(session: Session, episode: dict, source: str, now: datetime) -> None:
-    """End the episode: a line on its message and its alert resolved."""
+    """End the episode: a line on its message and its alert resolved (nothing when
+    the policy was still retrying: nothing was recorded)."""
     message_id, failures = episode["message_id"], episode["failures"]
+    if message_id is None:
+        return
     since = datetime.fromisoformat(episode["since"])
     fetches = "fetch" if failures == 1 else "fetches"
     add_line(session, message_id, "collection_recovered",

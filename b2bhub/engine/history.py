@@ -28,7 +28,7 @@ LOGGED_TYPES = frozenset({
     "config_changed", "alert_acknowledged", "instance_started", "instance_stopped",
     "instance_blocked", "instance_released", "user_created", "user_changed",
     "user_deleted", "token_created", "token_revoked", "refused", "mdn_failed",
-    "mdn_retrying", "mdn_refused", "receipt_refused"})
+    "mdn_retrying", "mdn_refused", "receipt_refused", "audit_exported"})
 #: the delivery states a ``delivery_changed`` line is logged for: failures and retries
 LOGGED_STATES = frozenset({"failed", "retrying", "stalled"})
 

@@ -12,6 +12,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.engine.history import add_line, raise_alert, resolve_alert
 from b2bhub.engine.machine.wake import wake_target
 from b2bhub.engine.operator import ActionRefused, UnknownObject
@@ -79,10 +80,10 @@ def start_instance(session: Session, name: str, actor: str, now: datetime) -> st
 def _instance_for_action(session: Session, name: str) -> PluginInstance:
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == name))
     if row is None:
-        raise UnknownObject(f"no plugin instance named '{name}'")
+        raise UnknownObject(N_("no plugin instance named '%(name)s'", name=name))
     if not row.enabled:
-        raise ActionRefused(f"{name} is disabled; enable it first (PUT with "
-                            '"enabled": true)')
+        raise ActionRefused(N_('%(name)s is disabled; enable it first (PUT with "enabled": '
+                               'true)', name=name))
     return row
 
 

@@ -7,34 +7,36 @@ sha256). Files are removed only after that commit (while the next batch is read)
 their rows deleted after the removals are durable. A process that dies in between
 leaves rows behind: the next scan removes each file that still matches its row instead
 of storing it again. The scan is therefore safe to kill at any point: a file is stored
-once and never lost.
+once and never lost. A file the source keeps in place (``keep``) keeps its row as the
+memory that it was taken, until it is gone or changed (:meth:`SourceIntake.taken`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from time import monotonic
 from typing import IO, Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.retry import RECORD_AT_ONCE, RetryPolicy
 from b2bhub.engine import collection
 from b2bhub.engine.dispatch import NewMessage
 from b2bhub.engine.envelope_checks import SOURCE, IntakeChecks, store_checked_many
 from b2bhub.engine.history import connection
 from b2bhub.engine.inspection import inspect_bytes, message_rows
 from b2bhub.engine.openpgp_stages import Unpacked, Unpacker
+from b2bhub.engine.pickups import removals_durable, removed, same_file
 from b2bhub.engine.rows import insert_rows
 from b2bhub.engine.staging import StagingRead
+from b2bhub.engine.stale_temp import remove_stale_temp
 from b2bhub.models import Party, PollerPickup, Setting, utcnow
 from b2bhub.payloads.store import PayloadBatch, PayloadStore, StoredPayload
-from b2bhub.plugin import PickedFile
+from b2bhub.plugin import WHOLE, PickedFile, Shard
 
 log = logging.getLogger(__name__)
 BATCH_SIZE = 100
@@ -84,8 +86,12 @@ class SourceIntake:
                  fence: Fence | None = None, clock: Callable[[], datetime] = utcnow,
                  should_stop: Callable[[], bool] = lambda: False,
                  batch_size: int = BATCH_SIZE, parties_from: str = SOURCE,
-                 checks: IntakeChecks | None = None, config: dict | None = None):
+                 checks: IntakeChecks | None = None, config: dict | None = None,
+                 retry_policy: RetryPolicy = RECORD_AT_ONCE, shard: Shard = WHOLE):
         self.session, self.store, self.instance_name = session, store, instance_name
+        self.shard = shard  # the part of the source this scan takes (SourceContext)
+        #: how failed fetches are retried (b2bhub.engine.collection); the next try's time
+        self.retry_policy, self.retry_at = retry_policy, None
         self.fence, self.clock, self.should_stop = fence or Fence(), clock, should_stop
         self.unpack = Unpacker(session, store, config, keep_alive=self.fence.keep_alive)
         self.batch_size, self.checks = batch_size, checks or IntakeChecks(parties_from)
@@ -160,20 +166,18 @@ class SourceIntake:
 
     # collection errors (b2bhub.engine.collection) ------------------------------
     def record_collection_error(self, reason: str, from_party: str, to_party: str, *,
-                                answer_start: str = "", filename: str | None = None
-                                ) -> int:
-        """A fetch failed: a Collection error message for the first failure of an
-        episode, counted on that message for the next ones; its id."""
+                                answer_start: str = "", filename: str | None = None,
+                                error_class: str | None = None) -> int | None:
+        """A fetch failed: counted while the retry policy retries, then a Collection
+        error message for the episode, counted on it for the next ones; its id."""
         stored = self._stored_state()
         new = NewMessage(source=self.instance_name, from_party=from_party,
                          to_party=to_party, stages={}, original_filename=filename)
-
-        def record(now: datetime) -> dict:
-            return {**stored, EPISODE_KEY: collection.failed(
-                self.session, stored.get(EPISODE_KEY), new, reason, answer_start, now)}
-
-        self._write_state(record)
+        self._write_state(lambda now: {**stored, EPISODE_KEY: collection.failed(
+            self.session, stored.get(EPISODE_KEY), new, reason, answer_start, now,
+            self.retry_policy, error_class)})
         self.failure = collection.failure_text(reason, answer_start)
+        self.retry_at = collection.retry_at(self._state[EPISODE_KEY])
         return self._state[EPISODE_KEY]["message_id"]
 
     def collection_succeeded(self) -> None:
@@ -364,8 +368,8 @@ class SourceIntake:
         """After the commit: remove each file and make the removals durable; the
         pickups of those gone for good (to forget). Touches no database."""
         done = [(staged.file, row_id) for staged, row_id in zip(batch, pickups, strict=True)
-                if _removed(staged.file, self.instance_name)]
-        durable = _removals_durable([file for file, _row_id in done], self.instance_name)
+                if removed(staged.file, self.instance_name)]
+        durable = removals_durable([file for file, _row_id in done], self.instance_name)
         return [row_id for file, row_id in done if file in durable]
 
     def _forget(self, ids: list[int]) -> None:
@@ -377,98 +381,44 @@ class SourceIntake:
         if ids:
             self.session.execute(delete(PollerPickup).where(PollerPickup.id.in_(ids)))
 
+    def taken(self) -> set[tuple[str, int, int]]:
+        """(path, size, mtime_ns) of this instance's files stored and not yet removed
+        (a kept file's until :meth:`recover_files` finds it gone or changed)."""
+        rows = self.session.execute(select(PollerPickup.path, PollerPickup.size,
+                                           PollerPickup.mtime_ns).where(
+            PollerPickup.instance == self.instance_name)).all()
+        self.session.commit()
+        return {tuple(r) for r in rows if self.shard.owns(r.path)}
+
     # after a crash -----------------------------------------------------------
     def recover_files(self, find: Callable[[str], PickedFile | None]) -> int:
         """Remove the files a dead process stored but did not remove; forget the rows.
         Once an hour per process, also the payload store's temp files a dead process
-        left (copies and links of batches never put in place)."""
-        _remove_stale_temp(self.store, self.instance_name)
+        left (copies and links of batches never put in place). Only the rows of this
+        scan's shard: another shard's are its own holder's (alive, or proved dead by
+        the lease of its next holder)."""
+        remove_stale_temp(self.store, self.instance_name, _TEMP_CHECKED)
         rows = self.session.scalars(select(PollerPickup).where(
             PollerPickup.instance == self.instance_name).order_by(PollerPickup.id)).all()
         self.session.commit()
-        removed, done = [], []
-        for row in rows:
+        gone, done = [], []
+        for row in (r for r in rows if self.shard.owns(r.path)):
             file = find(row.path)
-            if file is not None and _same_file(file, row):
-                if not _removed(file, self.instance_name):
+            if file is not None and same_file(file, row):
+                if not removed(file, self.instance_name):
                     continue
-                removed.append(file)
+                gone.append(file)
                 log.info("%s: %s was stored as message %s before a restart; removed",
                          self.instance_name, row.path, row.message_id)
             done.append(row.id)
-        if len(_removals_durable(removed, self.instance_name)) < len(removed):
-            return len(removed)  # the rows stay; the next scan finds the files gone
+        if len(removals_durable(gone, self.instance_name)) < len(gone):
+            return len(gone)  # the rows stay; the next scan finds the files gone
         self._forget(done)
-        return len(removed)
+        return len(gone)
 
 
 _TEMP_CHECKED: dict[str, float] = {}  # payload store root -> monotonic time of the check
-TEMP_CHECK_INTERVAL = 3600.0
-
-
-def _remove_stale_temp(store: PayloadStore, instance: str) -> None:
-    # the filesystem store's root, or an object store's URL
-    root = str(getattr(store, "root", None) or getattr(store, "url", id(store)))
-    last = _TEMP_CHECKED.get(root)
-    if last is not None and monotonic() - last < TEMP_CHECK_INTERVAL:
-        return
-    _TEMP_CHECKED[root] = monotonic()
-    try:
-        removed = store.remove_stale_temp()
-    except Exception as exc:  # a disk's OSError, an object store's client error: next time
-        log.warning("%s: the payload store's temp files could not be cleaned: %s",
-                    instance, exc)
-        return
-    if removed:
-        log.info("%s: removed %d temp files of the payload store left by a process "
-                 "that stopped", instance, removed)
-
-
-def _removals_durable(files: list[PickedFile], instance: str) -> list[PickedFile]:
-    """Make removals durable before their pickup rows may go (a removal lost in a crash
-    would bring back a file the hub no longer knows it stored): the files' own
-    ``sync_removal``, called once per ``directory`` they name. Returns the files whose
-    removal is durable."""
-    done: dict[object, bool] = {}
-    for file in files:
-        sync = getattr(file, "sync_removal", None)
-        key = getattr(file, "directory", id(file))
-        if sync is None or key in done:
-            continue
-        try:
-            sync()
-            done[key] = True
-        except OSError as exc:
-            log.warning("%s: the removal of %s could not be made durable: %s; its "
-                        "pickup is kept", instance, file.relative, exc)
-            done[key] = False
-    return [f for f in files if done.get(getattr(f, "directory", id(f)), True)]
 
 
 def _key(file: PickedFile, digest: str) -> tuple:
     return (file.relative, file.size, file.mtime_ns, digest)
-
-
-def _same_file(file: PickedFile, row: PollerPickup) -> bool:
-    """The file still is the one recorded: same size, mtime and content."""
-    if (file.size, file.mtime_ns) != (row.size, row.mtime_ns):
-        return False
-    try:
-        with file.open() as stream:
-            return hashlib.file_digest(stream, "sha256").hexdigest() == row.sha256
-    except OSError:
-        return False
-
-
-def _removed(file: PickedFile, instance: str) -> bool:
-    """Remove a stored file; True once it is gone or replaced, False if it must stay
-    recorded (the removal failed, so the next scan tries again rather than store it)."""
-    try:
-        if not file.remove():
-            log.info("%s: %s changed after it was stored; left for the next scan",
-                     instance, file.relative)
-        return True
-    except OSError as exc:
-        log.warning("%s: %s was stored but could not be removed: %s", instance,
-                    file.relative, exc)
-        return False

@@ -98,7 +98,7 @@ def plan(session: Session, now: datetime, batch: int = BATCH, most: int = MOST) 
             alerts += marked
             if len(marked) < batch:
                 break
-        statuses = _statuses(session, alerts) if channels else {}
+        statuses = message_statuses(session, alerts) if channels else {}
         for channel in channels:
             if event == "resolved" and not channel.on_resolve:
                 continue
@@ -121,8 +121,9 @@ def _mark(session: Session, column, since, gathered: datetime, now: datetime,
         .execution_options(synchronize_session=False)).all()
 
 
-def _statuses(session: Session, alerts: list) -> dict[int, str]:
-    """The current status of each message the alerts are about, in one read."""
+def message_statuses(session: Session, alerts: list) -> dict[int, str]:
+    """The current status of each message the alerts are about, in one read (the
+    notifications' texts and the API's alerts both show it)."""
     ids = {a.message_id for a in alerts if a.message_id is not None}
     return dict(session.execute(select(Message.id, Message.status).where(
         Message.id.in_(ids))).all()) if ids else {}

@@ -30,6 +30,8 @@ from typing import IO
 
 import gnupg
 
+from b2bhub.domain.i18n import N_
+
 log = logging.getLogger(__name__)
 
 #: the ``gpg`` program, found on the PATH (Debian's package ``gnupg``)
@@ -108,23 +110,25 @@ def inspect_key(armored: str, *, secret: bool, passphrase: str = "",
     key and its passphrase). :class:`KeyProblem` says what is wrong with it."""
     now = now or datetime.now(UTC)
     if not isinstance(armored, str) or not armored.strip():
-        raise KeyProblem("no key given")
+        raise KeyProblem(N_("no key given"))
     if PRIVATE_BEGIN in armored and not secret:
-        raise KeyProblem("this is a private key; give the partner's public key here (a "
-                         "private key is never handed to anyone)")
+        raise KeyProblem(N_("this is a private key; give the partner's public key here (a "
+                            "private key is never handed to anyone)"))
     if secret and PRIVATE_BEGIN not in armored:
-        raise KeyProblem("not an armored private key (-----BEGIN PGP PRIVATE KEY "
-                         "BLOCK-----); our key pair needs the private key"
-                         + (" (this is a public key)" if PUBLIC_BEGIN in armored else ""))
+        raise KeyProblem(N_("not an armored private key (-----BEGIN PGP PRIVATE KEY "
+                            "BLOCK-----); our key pair needs the private key (this is a "
+                            "public key)") if PUBLIC_BEGIN in armored else
+                         N_("not an armored private key (-----BEGIN PGP PRIVATE KEY "
+                            "BLOCK-----); our key pair needs the private key"))
     if not secret and PUBLIC_BEGIN not in armored:
-        raise KeyProblem("not an armored OpenPGP public key (-----BEGIN PGP PUBLIC KEY "
-                         "BLOCK-----)")
+        raise KeyProblem(N_("not an armored OpenPGP public key (-----BEGIN PGP PUBLIC KEY "
+                            "BLOCK-----)"))
     with keyring(armored) as gpg:
         keys = gpg.list_keys(secret=secret)
         if not keys:
-            raise KeyProblem("gpg read no key from it: not an OpenPGP key, or damaged")
+            raise KeyProblem(N_("gpg read no key from it: not an OpenPGP key, or damaged"))
         if len(keys) > 1:
-            raise KeyProblem(f"it holds {len(keys)} keys; give exactly one")
+            raise KeyProblem(N_("it holds %(count)d keys; give exactly one", count=len(keys)))
         key = keys[0]
         public = gpg.list_keys()[0]
         info = KeyInfo(
@@ -135,22 +139,23 @@ def inspect_key(armored: str, *, secret: bool, passphrase: str = "",
             can_encrypt="E" in public.get("cap", ""), can_sign="S" in public.get("cap", ""),
             secret=secret)
         if info.expires is not None and info.expires <= now:
-            raise KeyProblem(f"the key {info.fingerprint} expired on "
-                             f"{info.expires:%Y-%m-%d %H:%M} UTC")
+            raise KeyProblem(N_("the key %(key)s expired on %(when)s UTC",
+                                key=info.fingerprint, when=f"{info.expires:%Y-%m-%d %H:%M}"))
         if public.get("trust") in ("r", "e") or not (info.can_encrypt or info.can_sign):
-            raise KeyProblem(f"the key {info.fingerprint} is revoked or expired, or has no "
-                             "usable subkey")
+            raise KeyProblem(N_("the key %(key)s is revoked or expired, or has no usable "
+                                "subkey", key=info.fingerprint))
         if not info.can_encrypt:
-            raise KeyProblem(f"the key {info.fingerprint} has no usable encryption key")
+            raise KeyProblem(N_("the key %(key)s has no usable encryption key",
+                                key=info.fingerprint))
         if secret:
             signed = gpg.sign("b2bhub passphrase check", keyid=info.fingerprint,
                               passphrase=passphrase or "", detach=True)
             if not signed.data:
                 why = "bad passphrase" in signed.stderr.lower() or "No passphrase" in \
                     signed.stderr
-                raise KeyProblem("the passphrase does not unlock the private key" if why
-                                 else f"the private key could not sign"
-                                      f"{_problem(signed.stderr)}")
+                raise KeyProblem(N_("the passphrase does not unlock the private key") if why
+                                 else N_("the private key could not sign%(gpg_said)s",
+                                         gpg_said=_problem(signed.stderr)))
         return info
 
 

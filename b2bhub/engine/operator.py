@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_, STATUS_LABELS, joined
 from b2bhub.domain.states import LABELS, DeliveryState, MessageStatus
 from b2bhub.engine import blocking
 from b2bhub.engine.dispatch import TEST_SOURCE, create_deliveries, route_cache
@@ -74,7 +75,7 @@ CANCELLABLE = {S.QUEUED, S.RETRYING, S.STALLED, S.DEFERRED, S.AWAITING_RECEIPT,
 def redeliver(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
     """Send a failed, stalled or retrying delivery again from the start."""
     return _requeue(session, delivery_id, actor, now, REDELIVERABLE, "redeliver_requested",
-                    "redeliver")
+                    N_("redeliver"))
 
 
 @dataclass
@@ -115,15 +116,15 @@ def redeliver_many(session: Session, selection: Select, max_count: int, actor: s
 def resubmit(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
     """A new attempt for the failed delivery that blocks its sequence; the deliveries
     parked behind it queue again and wait their turn behind it."""
-    _blocking(session, delivery_id, "resubmit")
+    _blocking(session, delivery_id, N_("resubmit"))
     return _requeue(session, delivery_id, actor, now, {S.FAILED}, "resubmit_requested",
-                    "resubmit")
+                    N_("resubmit"))
 
 
 def skip(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
     """End the failed delivery that blocks its sequence as Skipped and release the
     deliveries parked behind it, in order."""
-    delivery = _blocking(session, delivery_id, "skip")
+    delivery = _blocking(session, delivery_id, N_("skip"))
     add_line(session, delivery.message_id, "skip_requested",
              f"{actor} skipped the delivery to {delivery.target}", actor=actor,
              delivery_id=delivery_id, now=now)
@@ -151,9 +152,9 @@ def record_receipt(session: Session, delivery_id: int, completed: bool, text: st
     said = f"{actor} reported the receipt: {result}" + (f": {text}" if text else "")
     if not receipts.settle_receipt(session, delivery_id, delivery.receipt_ref, completed,
                                    said, now, actor, kind="receipt"):
-        raise ReceiptRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: only a "
-                             "delivery awaiting its receipt takes one (the refusal is in "
-                             "its history)")
+        raise ReceiptRefused(N_("delivery %(id)s is %(state)s: only a delivery awaiting "
+                                "its receipt takes one (the refusal is in its history)",
+                                id=delivery_id, state=_label(delivery.state)))
     return ActionResult(True, f"receipt {result}", [delivery_id])
 
 
@@ -161,9 +162,10 @@ def _blocking(session: Session, delivery_id: int, verb: str) -> Delivery:
     delivery = _delivery(session, delivery_id)
     if is_blocker(session, delivery):
         return delivery
-    raise ActionRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: {verb} takes "
-                        "a failed delivery that blocks its sequence or its instance (use "
-                        "redeliver otherwise)")
+    raise ActionRefused(N_("delivery %(id)s is %(state)s: %(verb)s takes a failed delivery "
+                           "that blocks its sequence or its instance (use redeliver "
+                           "otherwise)", id=delivery_id, state=_label(delivery.state),
+                           verb=verb))
 
 
 def is_blocker(session: Session, delivery: Delivery) -> bool:
@@ -175,15 +177,16 @@ def is_blocker(session: Session, delivery: Delivery) -> bool:
 def send_again(session: Session, delivery_id: int, actor: str, now: datetime) -> ActionResult:
     """Send a delivered delivery again (a lost downstream copy)."""
     return _requeue(session, delivery_id, actor, now, {S.DELIVERED}, "send_again_requested",
-                    "send again")
+                    N_("send again"))
 
 
 def cancel_delivery(session: Session, delivery_id: int, actor: str,
                     now: datetime) -> ActionResult:
     delivery = _delivery(session, delivery_id)
     if delivery.state not in CANCELLABLE:
-        raise ActionRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: "
-                            "only a delivery that is not final can be cancelled")
+        raise ActionRefused(N_("delivery %(id)s is %(state)s: only a delivery that is not "
+                               "final can be cancelled", id=delivery_id,
+                               state=_label(delivery.state)))
     add_line(session, delivery.message_id, "cancel_requested",
              f"{actor} cancelled the delivery to {delivery.target}", actor=actor,
              delivery_id=delivery_id, now=now)
@@ -199,8 +202,8 @@ def cancel_message(session: Session, message_id: int, actor: str,
     message = _message(session, message_id)
     open_ids = [d.id for d in message.deliveries if d.state in CANCELLABLE]
     if not open_ids and message.status != MessageStatus.NOT_ROUTED:
-        raise ActionRefused(f"message {message_id} is {LABELS[message.status]}: "
-                            "nothing left to cancel")
+        raise ActionRefused(N_("message %(id)s is %(status)s: nothing left to cancel",
+                               id=message_id, status=_label(message.status)))
     add_line(session, message_id, "cancel_requested", f"{actor} cancelled the message",
              actor=actor, now=now)
     for delivery_id in open_ids:
@@ -220,11 +223,11 @@ def redispatch(session: Session, message_id: int, actor: str, now: datetime) -> 
     message = _message(session, message_id)
     if message.status in (MessageStatus.REFUSED, MessageStatus.COLLECTION_ERROR,
                           MessageStatus.CANCELLED) and not message.deliveries:
-        raise ActionRefused(f"message {message_id} is {LABELS[message.status]}: "
-                            "it cannot be dispatched")
+        raise ActionRefused(N_("message %(id)s is %(status)s: it cannot be dispatched",
+                               id=message_id, status=_label(message.status)))
     if message.source == TEST_SOURCE:
-        raise ActionRefused(f"message {message_id} is a connection test: it is never "
-                            "routed")
+        raise ActionRefused(N_("message %(id)s is a connection test: it is never routed",
+                               id=message_id))
     existing = list(message.deliveries)
     types = session.scalars(select(MessageAttribute.value).where(
         MessageAttribute.message_id == message_id,
@@ -259,9 +262,10 @@ def _requeue(session: Session, delivery_id: int, actor: str, now: datetime,
              allowed: set[str], line_type: str, verb: str) -> ActionResult:
     delivery = _delivery(session, delivery_id)
     if delivery.state not in allowed:
-        names = ", ".join(LABELS[s] for s in sorted(allowed))
-        raise ActionRefused(f"delivery {delivery_id} is {LABELS[delivery.state]}: "
-                            f"{verb} takes a delivery that is {names}")
+        raise ActionRefused(N_("delivery %(id)s is %(state)s: %(verb)s takes a delivery "
+                               "that is %(states)s", id=delivery_id,
+                               state=_label(delivery.state), verb=verb,
+                               states=joined((_label(s) for s in sorted(allowed)), ", ")))
     add_line(session, delivery.message_id, line_type,
              f"{actor} asked to {verb} the delivery to {delivery.target}", actor=actor,
              delivery_id=delivery_id, now=now)
@@ -306,7 +310,8 @@ def _move(session: Session, delivery: Delivery, to: str, now: datetime, actor: s
           text: str, **values) -> None:
     """One guarded transition through the state machine; refused if the row changed."""
     if not sequence.move(session, delivery, to, now, actor, text, **values):
-        raise ActionRefused(f"delivery {delivery.id} changed meanwhile; try again")
+        raise ActionRefused(N_("delivery %(id)s changed meanwhile; try again",
+                               id=delivery.id))
 
 
 def _set_message_status(session: Session, message: Message, status: str, now: datetime,
@@ -318,17 +323,22 @@ def _set_message_status(session: Session, message: Message, status: str, now: da
     resolve_alert(session, "message_not_routed", f"message:{message.id}", now)
 
 
+def _label(status: str) -> str:
+    """A status's or state's label, a text a page shows in the reader's language."""
+    return STATUS_LABELS.get(status) or LABELS[status]
+
+
 def _delivery(session: Session, delivery_id: int) -> Delivery:
     delivery = session.get(Delivery, delivery_id)
     if delivery is None:
-        raise UnknownObject(f"no delivery {delivery_id}")
+        raise UnknownObject(N_("no delivery %(id)s", id=delivery_id))
     return delivery
 
 
 def _message(session: Session, message_id: int) -> Message:
     message = session.scalar(select(Message).where(Message.id == message_id))
     if message is None:
-        raise UnknownObject(f"no message {message_id}")
+        raise UnknownObject(N_("no message %(id)s", id=message_id))
     return message
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import IO, Any, NamedTuple
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
@@ -34,10 +34,11 @@ from b2bhub.domain.retry import RetryPolicy, Strategy, merge
 from b2bhub.engine import faults, openpgp_stages
 from b2bhub.engine.machine import claiming, lanes, settlement
 from b2bhub.engine.machine.claiming import Claim
+from b2bhub.engine.message_reads import read_messages
 from b2bhub.engine.settings import DeliverySettings, load_settings
 from b2bhub.engine.stopping import AttemptCancelled, StopControl, stop_control
 from b2bhub.engine.writelock import serialized_writes
-from b2bhub.models import Delivery, Message, Payload, PluginInstance, utcnow
+from b2bhub.models import Delivery, PluginInstance, utcnow
 from b2bhub.observability import tracing
 from b2bhub.payloads.store import PayloadStore, VerifiedReader
 from b2bhub.plugin import DeliveryInfo
@@ -537,25 +538,6 @@ def _blocks_instance(outcome: Outcome) -> bool:
     return outcome.kind is OutcomeKind.BUSINESS_ERROR and outcome.block == "instance"
 
 
-_m, _p = Message.__table__, Payload.__table__
-_READ_INFOS = (select(_m.c.id, _m.c.source, _m.c.from_party, _m.c.to_party, _m.c.direction,
-                      _m.c.original_filename, _m.c.external_id, _m.c.correlation_id,
-                      _m.c.sequence_key, _m.c.created_at, _m.c.trace_parent, _p.c.stage,
-                      _p.c.digest, _p.c.size)
-               .select_from(_m.outerjoin(_p, _p.c.message_id == _m.c.id))
-               .where(_m.c.id.in_(bindparam("ids", expanding=True))))
-# PostgreSQL: each message's payload rows looked up by its id (OFFSET 0 keeps the
-# subquery a lookup per message), whatever the planner knows: the join above made it
-# scan the whole payloads table while it had no statistics.
-_READ_INFOS_PG = text("""SELECT m.id, m.source, m.from_party, m.to_party, m.direction,
-       m.original_filename, m.external_id, m.correlation_id, m.sequence_key, m.created_at,
-       m.trace_parent, p.stage, p.digest, p.size
-  FROM messages m
-  LEFT JOIN LATERAL (SELECT p.stage, p.digest, p.size FROM payloads p
-                      WHERE p.message_id = m.id OFFSET 0) AS p ON true
- WHERE m.id = ANY(CAST(:ids AS bigint[]))""")
-
-
 def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
                     ) -> dict[int, tuple[DeliveryInfo, StoredPayloads]]:
     """What the batch's attempts need: as the claim returned it (PostgreSQL), else read
@@ -567,14 +549,7 @@ def _delivery_infos(session: Session, claims: list[Claim], store: PayloadStore
             messages[message[0]] = message
             stages[message[0]] = {stage: (digest, size) for stage, digest, size in found or ()}
     else:
-        conn = session.connection()
-        statement = _READ_INFOS_PG if conn.dialect.name == "postgresql" else _READ_INFOS
-        for *message, stage, digest, size in conn.execute(
-                statement, {"ids": [c.message_id for c in claims]}).all():
-            messages[message[0]] = message
-            found = stages.setdefault(message[0], {})
-            if stage is not None:
-                found[stage] = (digest, size)
+        messages, stages = read_messages(session, [c.message_id for c in claims])
         session.commit()
     # on a store where an open is a round trip, the attempts of a batch of more than one
     # read their payloads through one ReadAhead; elsewhere each opens its own

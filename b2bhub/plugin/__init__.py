@@ -15,7 +15,9 @@ are generated), and implements:
   ``record_collection_error`` (a message in status Collection error, SPEC 9). A file
   source hands its files to the context as :class:`PickedFile` s (``take_file``): the
   core stores them in batches and removes each file only after the transaction that
-  recorded it committed.
+  recorded it committed. A file source may take ``scan_shards`` (1 to
+  :data:`MOST_SHARDS`) to have its scan split across processes by the hash of each
+  file's path (``SourceContext.shard``).
 
 Any plugin may implement ``start()`` (called once per process before anything else;
 raising :class:`PluginStartError` puts the instance in state Error) and the class method
@@ -121,14 +123,17 @@ from datetime import datetime
 from typing import IO, Any, ClassVar, Protocol
 
 from b2bhub.domain.outcome import ANSWER_BODY_LIMIT, Answer, Outcome, OutcomeKind
-from b2bhub.domain.retry import FILE_WRITER_DEFAULT, RetryPolicy
+from b2bhub.domain.retry import FILE_WRITER_DEFAULT, RECORD_AT_ONCE, RetryPolicy
+from b2bhub.domain.shards import MOST_SHARDS, WHOLE, Shard
 
-__all__ = ["ANSWER_BODY_LIMIT", "FILE_WRITER_DEFAULT", "OutcomeKind", "PREREAD", "Answer",
+__all__ = ["ANSWER_BODY_LIMIT", "FILE_WRITER_DEFAULT", "RECORD_AT_ONCE", "OutcomeKind",
+           "PREREAD", "Answer",
            "ConnectionTest", "DeliveryInfo", "EndpointReply", "EndpointRequest",
            "FileChanged", "Outcome", "PayloadReader", "PeriodicJob",
            "PickedFile", "Plugin", "PluginStartError", "ProfileKind", "SourceContext",
            "TargetContext", "TestStep", "Envelope", "Inspector", "INSPECTOR_GROUP",
-           "AckRequest", "Acknowledgment", "InstanceActionResult"]
+           "AckRequest", "Acknowledgment", "InstanceActionResult", "Shard", "WHOLE",
+           "MOST_SHARDS"]
 
 #: bodies up to this size (by Content-Length) are read before any database work
 PREREAD = 256 * 1024
@@ -221,6 +226,9 @@ class PickedFile(Protocol):
     # optional: ``path``, the file's name for the payload store to take it by a hard
     #     link instead of a copy (the store checks that the name still is the file
     #     open() gave and copies when it is not, or when it has another name).
+    # optional: ``keep = True``: the file stays in place after its commit; its pickup
+    #     is kept as the memory that it was taken (:meth:`SourceContext.taken`) until
+    #     ``recover_files``' ``find`` says it is gone or changed (then forgotten).
 
 
 class SourceContext(Protocol):
@@ -228,6 +236,14 @@ class SourceContext(Protocol):
     and ``"partner"``."""
 
     instance_name: str
+    #: the part of the source this scan is for (:class:`Shard`): a scheduled source
+    #: whose configuration sets ``scan_shards`` to ``n > 1`` is scanned as ``n``
+    #: shards, each under a lease of its own, possibly in ``n`` processes at once.
+    #: A file source takes only the files whose recorded relative path the shard
+    #: ``owns``, and keeps what it remembers between scans per shard; the core's
+    #: ``recover_files`` and ``taken`` see only the shard's pickups. ``WHOLE`` (the
+    #: default) owns every file.
+    shard: Shard
 
     def store_and_dispatch(self, payload: IO[bytes] | bytes, from_party: str, to_party: str,
                            filename: str | None = None, *, correlation_id: str | None = None,
@@ -257,6 +273,10 @@ class SourceContext(Protocol):
         """Finish what a process that died after a commit left: remove each file stored
         but not removed (``find`` looks one up by its relative path). Returns how many."""
 
+    def taken(self) -> set[tuple[str, int, int]]:
+        """(relative path, size, mtime_ns) of the files stored and not yet removed:
+        kept files (``keep``) among them, which a source must not take again."""
+
     def load_state(self) -> dict:
         """The JSON object this instance saved last with :meth:`save_state`, or {}."""
 
@@ -265,13 +285,16 @@ class SourceContext(Protocol):
         key ``_collection_error`` is the core's: neither loaded nor saved)."""
 
     def record_collection_error(self, reason: str, from_party: str, to_party: str, *,
-                                answer_start: str = "", filename: str | None = None
-                                ) -> int:
+                                answer_start: str = "", filename: str | None = None,
+                                error_class: str | None = None) -> int | None:
         """A scheduled source could not fetch (no connection, no answer in time, an
         error answer): the core records a message in status Collection error, with no
         payload and no deliveries, ``reason`` and ``answer_start`` (the start of the
         answer, as text) in its status text and history, and raises ``message_failed``.
-        The first failure of an episode makes the message; the next ones, until
+        The instance's retry policy (over :attr:`Plugin.collection_retry_policy`) may
+        first try again: ``error_class`` picks its rule (``connection``, ``auth``...),
+        and while it retries nothing is recorded and None is returned. The first
+        recorded failure of an episode makes the message; the next ones, until
         :meth:`collection_succeeded`, are counted on it (``b2bhub.engine.collection``).
         Keep ``reason`` free of what changes at every poll: a changed reason is a
         history line. Returns the message's id."""
@@ -384,6 +407,9 @@ class ProfileKind:
     #: (label, key) of what the page drawn from the schema shows of a stored profile
     #: before its fields (values :meth:`get` answers that no form takes: a fingerprint)
     shown: tuple = ()
+    #: what a certificate the kind stores is called in the ``certificate_expiring``
+    #: alert ("the AS2 certificate of acme ..."); empty: "<label> certificate"
+    certificate_name: str = ""
 
     def fields(self) -> tuple[str, ...]:
         """The names a PUT may carry (default: the schema's)."""
@@ -435,6 +461,18 @@ class ProfileKind:
         :class:`ServiceError`, :class:`NotFound`; the core commits."""
         raise NotImplementedError
 
+    #: named starting points of a profile (vendor presets): the core serves
+    #: :meth:`presets` at ``GET /profile-kinds/<kind>/presets`` (viewer) when set
+    has_presets: bool = False
+
+    def presets(self) -> list[dict]:
+        """The kind's presets as JSON, each a dict with at least ``name``."""
+        return []
+
+    def preset_schema(self) -> dict:
+        """One preset of :meth:`presets` as JSON Schema, for the OpenAPI document."""
+        return {"type": "object", "required": ["name"]}
+
     #: whether :meth:`test_connection` is offered (for partners' profiles)
     can_test: bool = False
 
@@ -485,6 +523,10 @@ class Plugin:
     config_schema: ClassVar[list] = []
     #: the retry schedule used when neither the instance nor a rule says otherwise
     default_retry_policy: ClassVar[RetryPolicy] = RetryPolicy()
+    #: a scheduled source's: how a failed fetch is tried again before the core records
+    #: a Collection error (b2bhub.engine.collection); the instance's ``retry_policy``
+    #: overrides it. By default no retry: the first failed fetch is recorded.
+    collection_retry_policy: ClassVar[RetryPolicy] = RECORD_AT_ONCE
     #: how many due deliveries one worker claims at once; a target whose attempts wait
     #: on the network keeps 1 so that several worker processes share the work
     claim_batch: ClassVar[int] = 1
@@ -701,10 +743,17 @@ _PROTOCOL_API = {
     "PARTNER": "b2bhub.models:PARTNER",
     # how soon a certificate's end is flagged (Parties page, dashboard, the alert)
     "CERTIFICATE_WARNING": "b2bhub.services.profiles:CERTIFICATE_WARNING",
+    # raise (or resolve) certificate_expiring for a certificate just saved
+    "certificate_alert": "b2bhub.services.profiles:certificate_alert",
     # refusals (the API's and the UI's error shape)
     "ServiceError": "b2bhub.services.errors:ServiceError",
     "Conflict": "b2bhub.services.errors:Conflict",
     "NotFound": "b2bhub.services.errors:NotFound",
+    # that a party has no profile of a protocol, as a whole sentence (a refusal's text)
+    "no_profile": "b2bhub.services.config:no_profile",
+    # a text of ours, shown in the reader's language (docs/i18n.md): N_("... %(x)s", x=1)
+    "N_": "b2bhub.domain.i18n:N_",
+    "joined": "b2bhub.domain.i18n:joined",
     # the patterns of file sources and targets (modules): a poller's path pattern,
     # a writer's file name pattern; the name rule of parties and instances
     "path_pattern": "b2bhub.domain.path_pattern:",

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from b2bhub.domain.i18n import N_, joined
+
 __all__ = [
     "FIELD_TYPES",
     "ConfigError",
@@ -81,7 +83,11 @@ class ConfigError(ValueError):
 
     def __init__(self, errors: dict[str, str]):
         self.errors = dict(errors)
-        super().__init__("; ".join(f"{name}: {text}" for name, text in self.errors.items()))
+        #: the same, each field's text (a :class:`~b2bhub.domain.i18n.Text` when ours)
+        #: kept, so a page can show it in the reader's language
+        self.text = joined(N_("%(name)s: %(problem)s", name=name, problem=text)
+                           for name, text in self.errors.items())
+        super().__init__(str(self.text))
 
 
 def validate_config(fields: Sequence[Field], config: dict[str, Any], *,
@@ -100,13 +106,13 @@ def validate_config(fields: Sequence[Field], config: dict[str, Any], *,
     only for the text fields (string, path, secret) and json ones.
     """
     known = {field.name for field in fields}
-    errors = {key: "unknown field" for key in config if key not in known}
+    errors = {key: N_("unknown field") for key in config if key not in known}
     result: dict[str, Any] = {}
     for field in fields:
         try:
             result[field.name] = _field_value(field, config.get(field.name), strict)
         except ValueError as exc:
-            errors[field.name] = str(exc)
+            errors[field.name] = exc.args[0] if exc.args else str(exc)
     if errors:
         raise ConfigError(errors)
     return result
@@ -116,7 +122,7 @@ def _field_value(field: Field, raw: Any, strict: bool = False) -> Any:
     """The normalised value of one field; ValueError carries the message for the user."""
     if raw is None or (raw == "" and (not strict or field.type in EMPTY_IS_NOT_GIVEN)):
         if field.required:
-            raise ValueError("required")
+            raise ValueError(N_("required"))
         return copy.deepcopy(field.default)
     value = (STRICT if strict else COERCE)[field.type](field, raw)
     _check_bounds(field, value)
@@ -129,15 +135,15 @@ def _field_value(field: Field, raw: Any, strict: bool = False) -> Any:
 
 def _as_string(field: Field, raw: Any) -> str:
     if not isinstance(raw, str):
-        raise ValueError("must be a string")
+        raise ValueError(N_("must be a string"))
     if field.type == "path" and "\0" in raw:
-        raise ValueError("must not contain a NUL character")
+        raise ValueError(N_("must not contain a NUL character"))
     return raw
 
 
 def _as_integer(field: Field, raw: Any) -> int:
     if isinstance(raw, bool):
-        raise ValueError("must be an integer")
+        raise ValueError(N_("must be an integer"))
     if isinstance(raw, int):
         return raw
     if isinstance(raw, float) and raw.is_integer():
@@ -147,20 +153,20 @@ def _as_integer(field: Field, raw: Any) -> int:
             return int(raw.strip())
         except ValueError:
             pass
-    raise ValueError("must be an integer")
+    raise ValueError(N_("must be an integer"))
 
 
 def _as_number(field: Field, raw: Any) -> float:
     if isinstance(raw, bool) or not isinstance(raw, int | float | str):
-        raise ValueError("must be a number")
+        raise ValueError(N_("must be a number"))
     try:
         value = float(raw.strip() if isinstance(raw, str) else raw)
     except ValueError:
-        raise ValueError("must be a number") from None
+        raise ValueError(N_("must be a number")) from None
     except OverflowError:  # an integer of hundreds of digits
-        raise ValueError("must be a finite number") from None
+        raise ValueError(N_("must be a finite number")) from None
     if not math.isfinite(value):
-        raise ValueError("must be a finite number")
+        raise ValueError(N_("must be a finite number"))
     return value
 
 
@@ -172,7 +178,7 @@ def _as_boolean(field: Field, raw: Any) -> bool:
         return True
     if word in FALSE_WORDS:
         return False
-    raise ValueError("must be true or false")
+    raise ValueError(N_("must be true or false"))
 
 
 def _as_choice(field: Field, raw: Any) -> Any:
@@ -180,7 +186,8 @@ def _as_choice(field: Field, raw: Any) -> Any:
         # A form sends every choice as text, so '2' selects the choice 2.
         if raw == choice or (isinstance(raw, str) and raw == str(choice)):
             return choice
-    raise ValueError("must be one of: " + ", ".join(str(choice) for choice in field.choices))
+    raise ValueError(N_("must be one of: %(choices)s",
+                        choices=", ".join(str(choice) for choice in field.choices)))
 
 
 def _as_json(field: Field, raw: Any) -> Any:
@@ -188,13 +195,12 @@ def _as_json(field: Field, raw: Any) -> Any:
         try:
             return json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-            ) from None
+            raise ValueError(N_("invalid JSON: %(why)s at line %(line)s column %(column)s",
+                                why=exc.msg, line=exc.lineno, column=exc.colno)) from None
     try:
         json.dumps(raw)
     except (TypeError, ValueError):
-        raise ValueError("must be a JSON value") from None
+        raise ValueError(N_("must be a JSON value")) from None
     return raw
 
 
@@ -213,26 +219,27 @@ COERCE: dict[str, Callable[[Field, Any], Any]] = {
 def _strict_integer(field: Field, raw: Any) -> int:
     if isinstance(raw, int) and not isinstance(raw, bool):
         return raw
-    raise ValueError("must be an integer")
+    raise ValueError(N_("must be an integer"))
 
 
 def _strict_number(field: Field, raw: Any) -> float:
     if isinstance(raw, int | float) and not isinstance(raw, bool):
         return _as_number(field, raw)
-    raise ValueError("must be a number")
+    raise ValueError(N_("must be a number"))
 
 
 def _strict_boolean(field: Field, raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
-    raise ValueError("must be true or false")
+    raise ValueError(N_("must be true or false"))
 
 
 def _strict_choice(field: Field, raw: Any) -> Any:
     for choice in field.choices:
         if raw == choice and type(raw) is type(choice):  # 1 is not True, "2" not 2
             return choice
-    raise ValueError("must be one of: " + ", ".join(str(choice) for choice in field.choices))
+    raise ValueError(N_("must be one of: %(choices)s",
+                        choices=", ".join(str(choice) for choice in field.choices)))
 
 
 def _strict_json(field: Field, raw: Any) -> Any:
@@ -257,9 +264,9 @@ def _check_bounds(field: Field, value: Any) -> None:
     if field.type not in ("integer", "number"):
         return
     if field.min is not None and value < field.min:
-        raise ValueError(f"must be at least {_plain(field.min)}")
+        raise ValueError(N_("must be at least %(least)s", least=_plain(field.min)))
     if field.max is not None and value > field.max:
-        raise ValueError(f"must be at most {_plain(field.max)}")
+        raise ValueError(N_("must be at most %(most)s", most=_plain(field.max)))
 
 
 def _plain(bound: float) -> str:

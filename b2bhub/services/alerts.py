@@ -8,8 +8,10 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.engine.history import add_line
-from b2bhub.models import Alert, Message
+from b2bhub.engine.notifications import message_statuses
+from b2bhub.models import Alert
 from b2bhub.models.pages import Page, keyset_page
 from b2bhub.services.errors import Conflict, NotFound
 
@@ -37,9 +39,7 @@ def list_alerts(session: Session, state: str, kind: str | None, limit: int,
 def attach_message_status(session: Session, alerts: list[Alert]) -> list[Alert]:
     """Give each alert ``message_status``: the current status of the message it is
     about (None for an alert about no message, or one whose message is gone); one read."""
-    ids = {a.message_id for a in alerts if a.message_id is not None}
-    statuses = dict(session.execute(select(Message.id, Message.status).where(
-        Message.id.in_(ids))).all()) if ids else {}
+    statuses = message_statuses(session, alerts)
     for alert in alerts:
         alert.message_status = statuses.get(alert.message_id)
     return alerts
@@ -55,10 +55,11 @@ def acknowledge(session: Session, alert_id: int, actor: str, now: datetime) -> A
     """Mark an alert seen by ``actor``. It stays open until its condition is gone."""
     alert = session.get(Alert, alert_id)
     if alert is None:
-        raise NotFound(f"no alert {alert_id}")
+        raise NotFound(N_("no alert %(id)s", id=alert_id))
     if alert.acknowledged_at is not None:
-        raise Conflict(f"alert {alert_id} was acknowledged by {alert.acknowledged_by} "
-                       f"at {alert.acknowledged_at:%Y-%m-%d %H:%M:%S} UTC",
+        raise Conflict(N_("alert %(id)s was acknowledged by %(actor)s at %(when)s UTC",
+                          id=alert_id, actor=alert.acknowledged_by,
+                          when=f"{alert.acknowledged_at:%Y-%m-%d %H:%M:%S}"),
                        code="already_acknowledged")
     alert.acknowledged_at, alert.acknowledged_by = now, actor
     add_line(session, alert.message_id, "alert_acknowledged",

@@ -8,6 +8,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain import business_rules, routing
+from b2bhub.domain.i18n import N_, joined
 from b2bhub.domain.retention import KEEP_FOREVER
 from b2bhub.domain.retry import RetryPolicy
 from b2bhub.engine.dispatch import bump_routes_version, route_cache
@@ -33,8 +34,9 @@ MIN_PROBE_INTERVAL = 5
 MAX_CONCURRENT_DELIVERIES = 10_000
 MAX_PROBE_INTERVAL = 7 * 86_400  # a week, in seconds
 MAX_RETENTION_DAYS = 36_500  # a hundred years
-PROBE_INTERVAL_RULE = (f"probe_interval must be 0 (the System > Settings probe interval) "
-                       f"or from {MIN_PROBE_INTERVAL} to {MAX_PROBE_INTERVAL} seconds")
+PROBE_INTERVAL_RULE = N_("probe_interval must be 0 (the System > Settings probe interval) "
+                         "or from %(least)s to %(most)s seconds", least=MIN_PROBE_INTERVAL,
+                         most=MAX_PROBE_INTERVAL)
 
 INSTANCE_FIELDS = {"name", "type", "enabled", "config", "max_concurrent_deliveries",
                    "retry_policy", "ordered", "queue", "probe_interval", "retention_days",
@@ -45,11 +47,15 @@ CHECK_FIELDS = ("edi_errors", "duplicates", "duplicate_days")
 
 
 def _check_name(name: Any, what: str) -> str:
-    error = routing.validate_name(name) if isinstance(name, str) else "must be a string"
+    error = routing.validate_name(name) if isinstance(name, str) else N_("must be a string")
     if error:
+        said = {ORGANIZATION: N_("organization name %(name)r: %(error)s"),
+                PARTNER: N_("partner name %(name)r: %(error)s"),
+                "instance": N_("instance name %(name)r: %(error)s")}[what]
         # beside the field, where the name is shown: the rule alone
-        raise ServiceError(f"{what} name {name!r}: {error}",
-                           {"name": error.removeprefix(f"name {name!r} ")})
+        raise ServiceError(N_(said, name=name, error=error),
+                           {"name": N_("must be %(rule)s", rule=routing.NAME_RULE)
+                            if isinstance(name, str) else error})
     return name
 
 
@@ -63,11 +69,12 @@ def create_party(session: Session, kind: str, name: str, display_name: str = "",
                  edi_identities: list[str] | None = None, actor: str = "",
                  acks: dict | None = None) -> Party:
     if kind not in (ORGANIZATION, PARTNER):
-        raise ServiceError(f"party kind must be {ORGANIZATION} or {PARTNER}")
+        raise ServiceError(N_("party kind must be %(organization)s or %(partner)s",
+                              organization=ORGANIZATION, partner=PARTNER))
     _check_name(name, kind)
     _check_display_name(display_name)
     if _name_taken(session, Party, name):
-        raise Conflict(f"a party named '{name}' exists already")
+        raise Conflict(N_("a party named '%(name)s' exists already", name=name))
     party = Party(name=name, kind=kind, display_name=display_name or name)
     session.add(party)
     session.flush()
@@ -78,15 +85,33 @@ def create_party(session: Session, kind: str, name: str, display_name: str = "",
 
 def _check_display_name(display_name: object) -> None:
     if not isinstance(display_name, str) or len(display_name) > 200:
-        raise ServiceError("display_name must be text of at most 200 characters",
+        raise ServiceError(N_("display_name must be text of at most 200 characters"),
                            {"display_name": "not text or too long"})
 
 
 def get_party(session: Session, kind: str, name: str) -> Party:
     party = session.scalar(select(Party).where(Party.name == name, Party.kind == kind))
     if party is None:
-        raise NotFound(f"no {kind} named '{name}'")
+        raise NotFound(no_party(kind, name))
     return party
+
+
+def no_party(kind: str, name: str) -> str:
+    """That no organization (or partner) has that name, as a whole sentence."""
+    if kind == ORGANIZATION:
+        return N_("no organization named '%(name)s'", name=name)
+    if kind == PARTNER:
+        return N_("no partner named '%(name)s'", name=name)
+    return N_("no %(kind)s named '%(name)s'", kind=kind, name=name)
+
+
+def no_profile(kind: str, name: str, protocol: str) -> str:
+    """That the party has no profile of that protocol, as a whole sentence."""
+    if kind == ORGANIZATION:
+        return N_("organization '%(name)s' has no %(protocol)s profile", name=name,
+                  protocol=protocol)
+    return N_("partner '%(name)s' has no %(protocol)s profile", name=name,
+              protocol=protocol)
 
 
 def list_parties(session: Session, kind: str, limit: int, after: str | None = None) -> Page:
@@ -114,17 +139,21 @@ def delete_party(session: Session, kind: str, name: str) -> None:
     """Delete a party, refused while a route names it (the route would never match)."""
     party = get_party(session, kind, name)
     _refuse_while_routed(session, or_(Route.from_party == name, Route.to_party == name),
-                         f"{kind} '{name}' is named by")
+                         N_("organization '%(name)s' is named by %(route)s")
+                         if kind == ORGANIZATION else
+                         N_("partner '%(name)s' is named by %(route)s"), name=name)
     session.delete(party)
     bump_version(session, PROFILES_VERSION_KEY)  # its profiles go with it
     session.flush()
 
 
-def _refuse_while_routed(session: Session, condition, what: str) -> None:
-    """Refuse a delete while a route depends on the thing, naming the first such route."""
+def _refuse_while_routed(session: Session, condition, what: str, **params) -> None:
+    """Refuse a delete while a route depends on the thing, naming the first such route
+    (``what``: the sentence, its ``%(route)s`` the route)."""
     route = session.scalar(select(Route).where(condition).order_by(Route.id).limit(1))
     if route is not None:
-        raise Conflict(f"{what} {_describe(route)}", {"route": route.id}, code="in_use")
+        raise Conflict(N_(what, route=_describe(route), **params),
+                       {"route": route.id}, code="in_use")
 
 
 def _describe(row: Route) -> str:
@@ -144,7 +173,8 @@ def save_instance(session: Session, registry, data: dict,
     file send it. Updating without ``config`` keeps the stored one."""
     unknown = set(data) - INSTANCE_FIELDS
     if unknown:
-        raise ServiceError(f"unknown field(s): {', '.join(sorted(unknown))}")
+        raise ServiceError(N_("unknown field(s): %(fields)s",
+                              fields=", ".join(sorted(unknown))))
     refusals: list[ServiceError] = []  # every mistake at once, so a form shows them all
     name = data.get("name", existing.name if existing else None)
     try:
@@ -152,25 +182,29 @@ def save_instance(session: Session, registry, data: dict,
     except ServiceError as exc:
         refusals.append(exc)
     if existing is not None and name != existing.name:
-        raise ServiceError(f"instance '{existing.name}' cannot be renamed to '{name}': "
-                           "routes and messages refer to it by name", {"name": "renamed"})
+        raise ServiceError(N_("instance '%(old)s' cannot be renamed to '%(new)s': routes "
+                              "and messages refer to it by name", old=existing.name,
+                              new=name), {"name": "renamed"})
     type_name = data.get("type", existing.type if existing else None)
     if existing is not None and type_name != existing.type:
         # the stored config, deliveries and running plugin all belong to the old type
-        raise ServiceError(f"instance '{name}' is a {existing.type}; its type cannot "
-                           "change (create a new instance instead)", {"type": "changed"})
+        raise ServiceError(N_("instance '%(name)s' is a %(type)s; its type cannot change "
+                              "(create a new instance instead)", name=name,
+                              type=existing.type), {"type": "changed"})
     if not isinstance(type_name, str) or type_name not in registry:
         known = ", ".join(sorted(registry.types()))
-        raise ServiceError(f"unknown plugin type {type_name!r} (known: {known})",
+        raise ServiceError(N_("unknown plugin type %(type)r (known: %(known)s)",
+                              type=type_name, known=known),
                            {"type": "unknown"})
     plugin_cls = registry.get(type_name)
     if not refusals and existing is None and _name_taken(session, PluginInstance, name):
-        refusals.append(Conflict(f"an instance named '{name}' exists already",
-                                 {"name": "taken by another instance"}))
+        refusals.append(Conflict(N_("an instance named '%(name)s' exists already",
+                                    name=name),
+                                 {"name": N_("taken by another instance")}))
     kept = existing is not None and "config" not in data
     given = dict(existing.config or {}) if kept else data.get("config") or {}
     if not isinstance(given, dict):
-        raise ServiceError("config must be an object", {"config": "not an object"})
+        raise ServiceError(N_("config must be an object"), {"config": "not an object"})
     if existing is not None:
         given = _keep_secrets(plugin_cls.config_schema, given, existing.config or {})
     rules = _rules_checked(data, plugin_cls)
@@ -181,7 +215,8 @@ def save_instance(session: Session, registry, data: dict,
         if problems:
             raise ConfigError(problems)
     except ConfigError as exc:
-        refusals.append(ServiceError(f"invalid configuration: {exc}", {"config": exc.errors}))
+        refusals.append(ServiceError(N_("invalid configuration: %(problems)s",
+                                        problems=exc.text), {"config": exc.errors}))
     if isinstance(rules, ServiceError):
         refusals.append(rules)
     refusals += _delivery_field_problems(data, plugin_cls, existing)
@@ -227,45 +262,49 @@ def _keep_secrets(schema, given: dict, stored: dict) -> dict:
 
 def _check_types(data: dict) -> None:
     """Refuse wrongly typed delivery fields before they reach a column."""
-    for key, kinds, words in (("enabled", (bool,), "true or false"),
-                              ("ordered", (bool,), "true or false"),
-                              ("probe_interval", (int,), "a whole number of seconds"),
-                              ("retention_days", (int, type(None)), "a whole number or null"),
-                              ("queue", (str, type(None)), "a queue name or null"),
+    for key, kinds, words in (("enabled", (bool,), N_("true or false")),
+                              ("ordered", (bool,), N_("true or false")),
+                              ("probe_interval", (int,), N_("a whole number of seconds")),
+                              ("retention_days", (int, type(None)),
+                               N_("a whole number or null")),
+                              ("queue", (str, type(None)), N_("a queue name or null")),
                               ("parties_from", (str,), "'source' or 'envelope'"),
                               ("edi_errors", (str,), "'accept' or 'refuse'"),
                               ("duplicates", (str,), "'alert' or 'refuse'"),
-                              ("duplicate_days", (int,), "a whole number of days")):
+                              ("duplicate_days", (int,), N_("a whole number of days"))):
         value = data.get(key)
         if key in data and (not isinstance(value, kinds) or
                             (isinstance(value, bool) and bool not in kinds)):
-            raise ServiceError(f"{key} must be {words}", {key: f"must be {words}"})
+            raise ServiceError(N_("%(key)s must be %(words)s", key=key, words=words),
+                               {key: N_("must be %(words)s", words=words)})
     retention = data.get("retention_days")
     if retention is not None and not KEEP_FOREVER <= retention <= MAX_RETENTION_DAYS:
-        raise ServiceError("retention_days must be a whole number of days up to "
-                           f"{MAX_RETENTION_DAYS}, 0 or null for the default, or -1 to keep "
-                           "forever",
-                           {"retention_days": f"must be from -1 (-1: keep forever) to "
-                                              f"{MAX_RETENTION_DAYS}"})
+        raise ServiceError(N_("retention_days must be a whole number of days up to "
+                              "%(most)s, 0 or null for the default, or -1 to keep forever",
+                              most=MAX_RETENTION_DAYS),
+                           {"retention_days": N_("must be from -1 (-1: keep forever) to "
+                                                 "%(most)s", most=MAX_RETENTION_DAYS)})
     if data.get("parties_from", SOURCE) not in PARTIES_FROM:
-        raise ServiceError("parties_from must be 'source' (the source's path or "
-                           "configuration) or 'envelope' (its EDI identities)",
+        raise ServiceError(N_("parties_from must be 'source' (the source's path or "
+                              "configuration) or 'envelope' (its EDI identities)"),
                            {"parties_from": "must be 'source' or 'envelope'"})
     if data.get("edi_errors", EDI_ERRORS[0]) not in EDI_ERRORS:
-        raise ServiceError("edi_errors must be 'accept' (delivered, the envelope errors "
-                           "in its history) or 'refuse' (stored Refused)",
+        raise ServiceError(N_("edi_errors must be 'accept' (delivered, the envelope "
+                              "errors in its history) or 'refuse' (stored Refused)"),
                            {"edi_errors": "must be 'accept' or 'refuse'"})
     if data.get("duplicates", DUPLICATES[0]) not in DUPLICATES:
-        raise ServiceError("duplicates must be 'alert' (delivered, with a "
-                           "duplicate_received line and alert) or 'refuse' (stored Refused)",
+        raise ServiceError(N_("duplicates must be 'alert' (delivered, with a "
+                              "duplicate_received line and alert) or 'refuse' (stored "
+                              "Refused)"),
                            {"duplicates": "must be 'alert' or 'refuse'"})
     if not 0 <= data.get("duplicate_days", 0) <= MAX_DUPLICATE_DAYS:
-        raise ServiceError(f"duplicate_days must be from 0 (no duplicate check) to "
-                           f"{MAX_DUPLICATE_DAYS} days",
-                           {"duplicate_days": f"must be from 0 (no check) to "
-                                              f"{MAX_DUPLICATE_DAYS}"})
+        raise ServiceError(N_("duplicate_days must be from 0 (no duplicate check) to "
+                              "%(most)s days", most=MAX_DUPLICATE_DAYS),
+                           {"duplicate_days": N_("must be from 0 (no check) to %(most)s",
+                                                 most=MAX_DUPLICATE_DAYS)})
     if data.get("queue") is not None and routing.validate_name(data["queue"]):
-        raise ServiceError(f"queue: {routing.validate_name(data['queue'])}",
+        raise ServiceError(N_("queue: %(problem)s",
+                              problem=routing.validate_name(data["queue"])),
                            {"queue": "invalid name"})
 
 
@@ -283,7 +322,7 @@ def together(refusals: list[ServiceError]) -> ServiceError:
     details: dict = {}
     for refusal in refusals:
         details.update(refusal.details or {})
-    return ServiceError("; ".join(r.message for r in refusals), details)
+    return ServiceError(joined(r.message for r in refusals), details)
 
 
 def _delivery_field_problems(data: dict, plugin_cls,
@@ -298,8 +337,9 @@ def _delivery_field_problems(data: dict, plugin_cls,
                    (existing.max_concurrent_deliveries if existing else None) or 4)
     if (not isinstance(mcd, int) or isinstance(mcd, bool)
             or not 1 <= mcd <= MAX_CONCURRENT_DELIVERIES):
-        rule = f"must be a whole number from 1 to {MAX_CONCURRENT_DELIVERIES}"
-        problems.append(ServiceError(f"max_concurrent_deliveries {rule}",
+        rule = N_("must be a whole number from 1 to %(most)s",
+                  most=MAX_CONCURRENT_DELIVERIES)
+        problems.append(ServiceError(N_("max_concurrent_deliveries %(rule)s", rule=rule),
                                      {"max_concurrent_deliveries": rule}))
     if "retry_policy" in data:
         try:
@@ -307,8 +347,9 @@ def _delivery_field_problems(data: dict, plugin_cls,
             RetryPolicy.from_dict(data["retry_policy"],
                                   getattr(plugin_cls, "default_retry_policy", None))
         except ValueError as exc:
-            problems.append(ServiceError(f"invalid retry_policy: {exc}",
-                                         {"retry_policy": str(exc)}))
+            problems.append(ServiceError(N_("invalid retry_policy: %(problem)s",
+                                            problem=exc.args[0]),
+                                         {"retry_policy": exc.args[0]}))
     interval = data.get("probe_interval", 0)
     if (isinstance(interval, int) and interval != 0
             and not MIN_PROBE_INTERVAL <= interval <= MAX_PROBE_INTERVAL):
@@ -337,20 +378,22 @@ def _rules_checked(data: dict, plugin_cls) -> list[dict] | None | ServiceError:
     why. Only a target has an answer to check."""
     given = data.get("business_rules")
     if given and "target" not in plugin_cls.roles:
-        return ServiceError("business_rules: only a target instance takes business rules",
-                            {"business_rules": "only a target instance takes them"})
+        return ServiceError(N_("business_rules: only a target instance takes business "
+                               "rules"),
+                            {"business_rules": N_("only a target instance takes them")})
     try:
         return business_rules.normalize(given)
     except business_rules.RulesError as exc:
         whole = exc.errors.get("business_rules")  # not a list at all
-        return ServiceError(f"invalid business_rules: {whole or exc}",
+        return ServiceError(N_("invalid business_rules: %(problem)s",
+                               problem=whole or exc.args[0]),
                             {"business_rules": whole or exc.errors})
 
 
 def get_instance(session: Session, name: str) -> PluginInstance:
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == name))
     if row is None:
-        raise NotFound(f"no plugin instance named '{name}'")
+        raise NotFound(N_("no plugin instance named '%(name)s'", name=name))
     return row
 
 
@@ -363,7 +406,7 @@ def delete_instance(session: Session, name: str) -> None:
     """Delete an instance, refused while a route starts or ends at it."""
     row = get_instance(session, name)
     _refuse_while_routed(session, or_(Route.source == name, Route.target == name),
-                         f"instance '{name}' is used by")
+                         N_("instance '%(name)s' is used by %(route)s"), name=name)
     session.delete(row)
     session.flush()
 
@@ -381,11 +424,12 @@ def create_route(session: Session, registry, source: str, from_party: str, to_pa
     _check_route_end(session, registry, target, "target")
     for field, name in (("from", from_party), ("to", to_party)):
         if name != routing.ANY and not _name_taken(session, Party, name):
-            raise ServiceError(f"{field}: no party named {name!r}", {field: "unknown party"})
+            raise ServiceError(N_("%(field)s: no party named %(name)r", field=field,
+                                  name=name), {field: "unknown party"})
     new = routing.Route(None, source, from_party, to_party, target, document_type)
     in_the_way = routing.redundant_with(new, route_cache.table(session).routes)
     if in_the_way is not None:
-        raise Conflict(f"redundant with {in_the_way.describe()}",
+        raise Conflict(N_("redundant with %(route)s", route=in_the_way.describe()),
                        {"route": in_the_way.id}, code="redundant_route")
     row = Route(source=source, from_party=from_party, to_party=to_party, target=target,
                 document_type=document_type, created_by=actor)
@@ -398,19 +442,25 @@ def create_route(session: Session, registry, source: str, from_party: str, to_pa
 def _check_route_fields(**values: object) -> None:
     for field, value in values.items():
         if not isinstance(value, str) or not value:
-            raise ServiceError(f"{field} must be a name or '*'", {field: "missing or not text"})
+            raise ServiceError(N_("%(field)s must be a name or '*'", field=field),
+                               {field: "missing or not text"})
 
 
 def _check_route_end(session: Session, registry, name: str, role: str) -> None:
     row = session.scalar(select(PluginInstance).where(PluginInstance.name == name))
     if row is None:
-        raise ServiceError(f"{role}: no plugin instance named {name!r}", {role: "unknown"})
+        raise ServiceError(N_("%(role)s: no plugin instance named %(name)r", role=role,
+                              name=name), {role: "unknown"})
     if not row.enabled:
-        raise ServiceError(f"{role}: instance {name!r} is disabled", {role: "disabled"})
+        raise ServiceError(N_("%(role)s: instance %(name)r is disabled", role=role,
+                              name=name), {role: "disabled"})
     able = row.type in registry and role in registry.get(row.type).roles
     if not able:
-        raise ServiceError(f"{role}: instance {name!r} ({row.type}) cannot "
-                           f"{'start' if role == 'source' else 'end'} a route",
+        wrong = (N_("%(role)s: instance %(name)r (%(type)s) cannot start a route",
+                    role=role, name=name, type=row.type) if role == "source" else
+                 N_("%(role)s: instance %(name)r (%(type)s) cannot end a route",
+                    role=role, name=name, type=row.type))
+        raise ServiceError(wrong,
                            {role: "wrong role"})
 
 
@@ -422,7 +472,7 @@ def list_routes(session: Session, limit: int, after: int | None = None) -> Page:
 def delete_route(session: Session, route_id: int) -> None:
     row = session.get(Route, route_id)
     if row is None:
-        raise NotFound(f"no route {route_id}")
+        raise NotFound(N_("no route %(id)s", id=route_id))
     session.delete(row)
     bump_routes_version(session)
 
@@ -459,8 +509,9 @@ def run_instance_action(session: Session, registry, name: str, action: str, body
     plugin_cls = registry.get(row.type) if row.type in registry else None
     offered = tuple(getattr(plugin_cls, "instance_actions", ()) or ())
     if action not in offered:
-        raise NotFound(f"instance '{name}' ({row.type}) has no action '{action}'; "
-                       f"offered: {', '.join(offered) or 'none'}")
+        raise NotFound(N_("instance '%(name)s' (%(type)s) has no action '%(action)s'; "
+                          "offered: %(offered)s", name=name, type=row.type, action=action,
+                          offered=", ".join(offered) or "none"))
     result = plugin_cls.run_instance_action(dict(row.config or {}), action, body)
     if result.changes:
         save_instance(session, registry, {"config": {**(row.config or {}),

@@ -12,6 +12,7 @@ from datetime import datetime
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.domain.states import DeliveryState, FailureKind, MessageStatus
 from b2bhub.engine import operator
 from b2bhub.models import Delivery, Message
@@ -50,8 +51,9 @@ def _query(f: ErrorFilter) -> Select:
     kinds = [KIND_CODES.get(kind, kind) for kind in f.kinds or ()]
     wrong = [kind for kind in kinds if kind not in KINDS]
     if wrong:
-        raise ServiceError(f"kind: unknown value(s) {', '.join(wrong)} "
-                           f"(known: {', '.join([*KINDS, *KIND_CODES])})",
+        raise ServiceError(N_("%(field)s: unknown value(s) %(wrong)s (known: %(known)s)",
+                              field="kind", wrong=", ".join(wrong),
+                              known=", ".join([*KINDS, *KIND_CODES])),
                            {"kind": "unknown value"})
     stmt = select(Delivery).join(Message, Message.id == Delivery.message_id).where(
         or_(*(KINDS[kind] for kind in kinds or KINDS)))

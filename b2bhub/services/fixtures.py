@@ -7,12 +7,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from b2bhub.models import ORGANIZATION, PARTNER
+from b2bhub.domain.i18n import N_
+from b2bhub.models import ORGANIZATION, PARTNER, utcnow
 from b2bhub.services import config as svc
+from b2bhub.services import expected
 from b2bhub.services.errors import ServiceError
 from b2bhub.services.identities import ACK_FIELDS
 
-SECTIONS = ("organizations", "partners", "profiles", "plugins", "routes")
+SECTIONS = ("organizations", "partners", "profiles", "plugins", "routes", "expected")
+#: sections reported only when the file has them (older files name four)
+OPTIONAL = ("profiles", "expected")
 
 
 def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
@@ -42,9 +46,11 @@ def load_fixtures(session: Session, data: dict, actor: str = "fixtures",
             svc.create_route(session, registry, source, route.get("from", "*"),
                              route.get("to", "*"), target, actor,
                              route.get("document_type", "*"))
-    # profiles are reported when the file has them (older files name four sections)
+    for n, rule in enumerate(sections["expected"], 1):
+        with _naming(f"expected {n} ({rule.get('name', 'no name')})"):
+            expected.create_rule(session, rule, actor, utcnow())
     return {key: len(sections[key]) for key in SECTIONS
-            if key != "profiles" or sections[key]}
+            if key not in OPTIONAL or sections[key]}
 
 
 def _load_profile(session: Session, item: dict, n: int, registry) -> None:
@@ -58,15 +64,17 @@ def _load_profile(session: Session, item: dict, n: int, registry) -> None:
     older = [kind for kind in kinds if kind != "openpgp"]
     protocol = item.get("protocol", older[0] if len(older) == 1 else None)
     if protocol not in kinds:
-        raise ServiceError(f"profile {n}: unknown protocol {item.get('protocol')!r}")
+        raise ServiceError(N_("profile %(n)s: unknown protocol %(protocol)r", n=n,
+                              protocol=item.get("protocol")))
     party = session.query(Party).filter_by(name=name).one_or_none()
     if party is None:
-        raise ServiceError(f"profile {n}: no party named {name!r}")
+        raise ServiceError(N_("profile %(n)s: no party named %(name)r", n=n, name=name))
     body = {k: v for k, v in item.items() if k not in ("party", "protocol")}
     try:
         kinds[protocol].save(session, party.kind, name, body)
     except ServiceError as exc:
-        raise ServiceError(f"profile {n} ({name}): {exc.message}", exc.details) from None
+        raise ServiceError(N_("profile %(n)s (%(name)s): %(problem)s", n=n, name=name,
+                              problem=exc.message), exc.details) from None
 
 
 @contextmanager
@@ -83,15 +91,16 @@ def _naming(entry: str):
 
 def _sections(data: Any) -> dict[str, list[dict]]:
     if not isinstance(data, dict):
-        raise ServiceError("a fixtures file holds one JSON object")
+        raise ServiceError(N_("a fixtures file holds one JSON object"))
     sections = {key: data.get(key) or [] for key in SECTIONS}
     for key, items in sections.items():
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-            raise ServiceError(f"{key} must be a list of objects")
+            raise ServiceError(N_("%(key)s must be a list of objects", key=key))
     return sections
 
 
 def _field(item: dict, key: str, section: str, n: int) -> Any:
     if key not in item:
-        raise ServiceError(f"{section[:-1]} {n}: missing '{key}'")
+        raise ServiceError(N_("%(item)s %(n)s: missing '%(key)s'", item=section[:-1], n=n,
+                              key=key))
     return item[key]

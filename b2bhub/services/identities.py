@@ -8,6 +8,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from b2bhub.domain import edi
+from b2bhub.domain.i18n import N_, joined
 from b2bhub.engine.history import add_line
 from b2bhub.models import Party, PartyIdentity
 from b2bhub.services.errors import Conflict, ServiceError
@@ -23,14 +24,16 @@ def set_identities(session: Session, party: Party, texts: object, actor: str = "
     if texts is None:
         return
     if not isinstance(texts, list | tuple):
-        raise ServiceError(f"{FIELD} must be a list of {edi.IDENTITY_RULE}",
+        raise ServiceError(N_("%(field)s must be a list of %(rule)s", field=FIELD,
+                              rule=edi.IDENTITY_RULE),
                            {FIELD: "not a list"})
     try:
         wanted = edi.parse_identities(texts)
     except ValueError as exc:
-        raise ServiceError(str(exc), {FIELD: str(exc)}) from None
+        raise ServiceError(exc.args[0], {FIELD: exc.args[0]}) from None
     if len(wanted) > MOST:
-        raise ServiceError(f"{FIELD}: at most {MOST} identities", {FIELD: "too many"})
+        raise ServiceError(N_("%(field)s: at most %(most)s identities", field=FIELD,
+                              most=MOST), {FIELD: "too many"})
     _refuse_taken(session, party, wanted)
     before = party.edi_identities
     if [edi.identity_text(*pair) for pair in wanted] == before:
@@ -60,8 +63,8 @@ def set_ack_settings(session: Session, party: Party, settings: dict, actor: str 
     after = {**before, **wanted}
     errors = edi.check_ack_settings(after["functional_acks"], after["ack_hours"])
     if errors:
-        raise ServiceError("; ".join(f"{key} {text}" for key, text in errors.items()),
-                           errors)
+        raise ServiceError(joined(N_("%(field)s %(problem)s", field=key, problem=text)
+                                  for key, text in errors.items()), errors)
     if after == before:
         return
     for key, value in after.items():
@@ -99,8 +102,13 @@ def _refuse_taken(session: Session, party: Party, wanted: list[tuple[str, str]])
         .order_by(PartyIdentity.id).limit(1)).first()
     if taken is not None:
         text = edi.identity_text(taken.qualifier, taken.identifier)
-        raise Conflict(f"EDI identity {text} is already {taken.kind} {taken.name}'s",
-                       {FIELD: f"{text} is {taken.kind} {taken.name}'s"},
+        said = ({"whole": N_("EDI identity %(text)s is already organization %(name)s's"),
+                 "part": N_("%(text)s is organization %(name)s's")}
+                if taken.kind == "organization" else
+                {"whole": N_("EDI identity %(text)s is already partner %(name)s's"),
+                 "part": N_("%(text)s is partner %(name)s's")})
+        raise Conflict(N_(said["whole"], text=text, name=taken.name),
+                       {FIELD: N_(said["part"], text=text, name=taken.name)},
                        code="identity_taken")
 
 

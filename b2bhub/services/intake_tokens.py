@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.services import config as svc
 from b2bhub.services.errors import Conflict
 
@@ -15,5 +16,6 @@ def token_keeper(session: Session, registry, instance: str) -> type:
     found = svc.get_instance(session, instance)
     cls = registry.types().get(found.type)
     if cls is None or not getattr(cls, "takes_tokens", False):
-        raise Conflict(f"instance '{instance}' ({found.type}) takes no intake tokens")
+        raise Conflict(N_("instance '%(name)s' (%(type)s) takes no intake tokens",
+                          name=instance, type=found.type))
     return cls

@@ -8,6 +8,7 @@ from datetime import datetime
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.domain.states import DeliveryState, MessageStatus
 from b2bhub.domain.status_codes import CODES, statuses_of
 from b2bhub.engine import ack_waits, operator
@@ -70,8 +71,9 @@ def _check_values(field: str, given: list[str] | None, allowed: type) -> None:
         list(CODES) if allowed is MessageStatus else [])
     wrong = [value for value in given or () if value not in known]
     if wrong:
-        raise ServiceError(f"{field}: unknown value(s) {', '.join(wrong)} "
-                           f"(known: {', '.join(known)})", {field: "unknown value"})
+        raise ServiceError(N_("%(field)s: unknown value(s) %(wrong)s (known: %(known)s)",
+                              field=field, wrong=", ".join(wrong), known=", ".join(known)),
+                           {field: "unknown value"})
 
 
 def _message_conditions(f: MessageFilter) -> list:
@@ -182,8 +184,10 @@ def list_messages(session: Session, filters: MessageFilter, limit: int,
     """Messages matching ``filters``, newest first, ``limit`` at a time after id ``after``."""
     _check_values("status", filters.status, MessageStatus)
     if filters.acknowledgment is not None and filters.acknowledgment not in ACKNOWLEDGMENTS:
-        raise ServiceError(f"acknowledgment: unknown value {filters.acknowledgment} (known: "
-                           f"{', '.join(ACKNOWLEDGMENTS)})", {"acknowledgment": "unknown value"})
+        raise ServiceError(N_("acknowledgment: unknown value %(wrong)s (known: %(known)s)",
+                              wrong=filters.acknowledgment,
+                              known=", ".join(ACKNOWLEDGMENTS)),
+                           {"acknowledgment": "unknown value"})
     return keyset_page(session, _message_query(filters), Message.id, limit, after,
                        descending=True)
 
@@ -191,7 +195,7 @@ def list_messages(session: Session, filters: MessageFilter, limit: int,
 def get_message(session: Session, message_id: int) -> Message:
     message = session.get(Message, message_id)
     if message is None:
-        raise NotFound(f"no message {message_id}")
+        raise NotFound(N_("no message %(id)s", id=message_id))
     return message
 
 

@@ -10,6 +10,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.engine import notifications as engine
 from b2bhub.engine.history import add_line
 from b2bhub.models import Notification, NotificationChannel
@@ -18,7 +19,7 @@ from b2bhub.services.errors import Conflict, NotFound, ServiceError
 #: the alert kinds a channel may ask for (SPEC 14)
 ALERT_KINDS = ("message_not_routed", "message_failed", "delivery_stalled", "plugin_failed",
                "target_offline", "certificate_expiring", "duplicate_received",
-               "ack_overdue")
+               "ack_overdue", "cem_unanswered", "expected_missing")
 NAME = re.compile(r"^[a-z0-9_-]{1,64}$")
 
 
@@ -40,24 +41,24 @@ def create_channel(session: Session, data: dict, actor: str, now: datetime
     problems = {}
     name = (data.get("name") or "").strip()
     if not NAME.fullmatch(name):
-        problems["name"] = "1-64 of a-z 0-9 _ -"
+        problems["name"] = N_("1-64 of a-z 0-9 _ -")
     elif session.scalar(select(NotificationChannel.id).where(NotificationChannel.name == name)):
-        raise Conflict(f"a channel named '{name}' exists", {"name": "taken"})
+        raise Conflict(N_("a channel named '%(name)s' exists", name=name), {"name": "taken"})
     url = (data.get("url") or "").strip()
     if not url:
-        problems["url"] = "an Apprise URL, e.g. mailto://user:pass@smtp.example.com"
+        problems["url"] = N_("an Apprise URL, e.g. mailto://user:pass@smtp.example.com")
     elif not _apprise_takes(url):
-        problems["url"] = "not a URL Apprise can send to (see the Apprise URL list)"
+        problems["url"] = N_("not a URL Apprise can send to (see the Apprise URL list)")
     kinds = data.get("kinds") or []
     if not isinstance(kinds, list) or not all(isinstance(k, str) for k in kinds):
-        problems["kinds"] = "a list of alert kinds"
+        problems["kinds"] = N_("a list of alert kinds")
     else:
         unknown = sorted(set(kinds) - set(ALERT_KINDS))
         if unknown:
-            problems["kinds"] = f"unknown alert kind(s) {', '.join(unknown)}; known: " \
-                                + ", ".join(ALERT_KINDS)
+            problems["kinds"] = N_("unknown alert kind(s) %(wrong)s; known: %(known)s",
+                                   wrong=", ".join(unknown), known=", ".join(ALERT_KINDS))
     if problems:
-        raise ServiceError("the channel was not saved", problems)
+        raise ServiceError(N_("the channel was not saved"), problems)
     channel = NotificationChannel(name=name, url=url, kinds=sorted(set(kinds)),
                                   on_resolve=bool(data.get("on_resolve")),
                                   enabled=data.get("enabled", True) is not False,
@@ -73,7 +74,7 @@ def create_channel(session: Session, data: dict, actor: str, now: datetime
 def get_channel(session: Session, name: str) -> NotificationChannel:
     channel = session.scalar(select(NotificationChannel).where(NotificationChannel.name == name))
     if channel is None:
-        raise NotFound(f"no notification channel named '{name}'")
+        raise NotFound(N_("no notification channel named '%(name)s'", name=name))
     return channel
 
 

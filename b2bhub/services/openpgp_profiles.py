@@ -17,13 +17,15 @@ import re
 
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.engine import openpgp
 from b2bhub.engine.openpgp_stages import PROTOCOL
-from b2bhub.models import ORGANIZATION, PARTNER
+from b2bhub.models import ORGANIZATION, PARTNER, utcnow
 from b2bhub.plugin import ProfileKind
 from b2bhub.plugin.schema import Field
-from b2bhub.services.config import SECRET_MASK
+from b2bhub.services.config import SECRET_MASK, no_profile
 from b2bhub.services.errors import NotFound, ServiceError
+from b2bhub.services.profiles import certificate_alert
 from b2bhub.services.protocol import (
     NewCertificate,
     delete_protocol_profile,
@@ -57,6 +59,7 @@ class OpenPGPProfiles(ProfileKind):
 
     kind = PROTOCOL
     label = "OpenPGP"
+    certificate_name = "OpenPGP key"
     shown = (("Fingerprint", "fingerprint"), ("User IDs", "user_ids"),
              ("Expires", "expires"), ("Key and subkeys", "fingerprints"))
     schema = [
@@ -72,7 +75,7 @@ class OpenPGPProfiles(ProfileKind):
     def get(self, session: Session, party_kind: str, name: str) -> dict:
         stored = get_protocol_profile(session, PROTOCOL, party_kind, name)
         if stored is None:
-            raise NotFound(f"{party_kind} '{name}' has no OpenPGP profile")
+            raise NotFound(no_profile(party_kind, name, "OpenPGP"))
         return _shown(party_kind, name, stored.settings)
 
     def save(self, session: Session, party_kind: str, name: str, body: dict) -> dict:
@@ -84,7 +87,7 @@ class OpenPGPProfiles(ProfileKind):
         settings.update(fingerprint=info.fingerprint, fingerprints=list(info.fingerprints),
                         user_ids=list(info.user_ids),
                         expires=info.expires.isoformat() if info.expires else None)
-        save_protocol_profile(
+        saved = save_protocol_profile(
             session, PROTOCOL, party_kind, name, info.fingerprint, settings,
             remove=[c.id for c in stored.certificates] if stored is not None else (),
             add=[NewCertificate("openpgp", settings["public_key"], None,
@@ -92,6 +95,9 @@ class OpenPGPProfiles(ProfileKind):
                                 info.fingerprint, None,
                                 info.expires.replace(tzinfo=None) if info.expires
                                 else None)])
+        session.flush()
+        for cert in saved.certificates:  # the one just saved: flagged at once
+            certificate_alert(session, name, self.certificate_name, cert, utcnow())
         return _shown(party_kind, name, settings)
 
     def delete(self, session: Session, party_kind: str, name: str) -> None:
@@ -122,34 +128,34 @@ class OpenPGPProfiles(ProfileKind):
 
 
 def _refuse(field: str, text: str):
-    raise ServiceError(f"{field}: {text}", {field: text})
+    raise ServiceError(N_("%(field)s: %(problem)s", field=field, problem=text), {field: text})
 
 
 def _partner_key(body: dict, before: dict) -> dict:
     if body.get("private_key") not in (None, "", SECRET_MASK) or body.get("passphrase"):
-        _refuse("private_key", "a partner's profile holds its public key only; our key "
-                               "pair belongs to an organization's profile")
+        _refuse("private_key", N_("a partner's profile holds its public key only; our key "
+                                  "pair belongs to an organization's profile"))
     given = body.get("public_key")
     if given is None and before:
         return {**before, "_info": _read("public_key", before["public_key"], False, "")}
     if not isinstance(given, str):
-        _refuse("public_key", "required: the partner's armored public key")
+        _refuse("public_key", N_("required: the partner's armored public key"))
     key = normalize_armor(given)
     return {"public_key": key, "_info": _read("public_key", key, False, "")}
 
 
 def _key_pair(body: dict, before: dict) -> dict:
     if body.get("public_key"):
-        _refuse("public_key", "an organization's public key is the one of its private "
-                              "key; give the private key")
+        _refuse("public_key", N_("an organization's public key is the one of its private "
+                                 "key; give the private key"))
     given, phrase = body.get("private_key"), body.get("passphrase")
     key = before.get("private_key") if given in (None, "", SECRET_MASK) else given
     if phrase in (None, SECRET_MASK):
         phrase = before.get("passphrase", "")
     if not isinstance(key, str) or not key:
-        _refuse("private_key", "required: our armored private key (and its passphrase)")
+        _refuse("private_key", N_("required: our armored private key (and its passphrase)"))
     if not isinstance(phrase, str):
-        _refuse("passphrase", "must be text")
+        _refuse("passphrase", N_("must be text"))
     key = normalize_armor(key)
     info = _read("private_key", key, True, phrase)
     with openpgp.keyring(key) as gpg:
@@ -161,9 +167,10 @@ def _read(field: str, key: str, secret: bool, passphrase: str) -> openpgp.KeyInf
     try:
         return openpgp.inspect_key(key, secret=secret, passphrase=passphrase)
     except openpgp.KeyProblem as exc:
-        if "passphrase" in str(exc):
-            _refuse("passphrase", str(exc))
-        _refuse(field, str(exc))
+        problem = exc.args[0]  # a Text: shown in the reader's language
+        if "passphrase" in problem:
+            _refuse("passphrase", problem)
+        _refuse(field, problem)
 
 
 def _shown(party_kind: str, name: str, settings: dict) -> dict:

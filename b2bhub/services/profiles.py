@@ -13,6 +13,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
+from b2bhub.engine.history import raise_alert, resolve_alert
 from b2bhub.models import Certificate, Party, ProtocolProfile
 from b2bhub.services.errors import NotFound
 
@@ -33,7 +35,8 @@ def profile_kind(registry, kind: str):
     """The kind named ``kind``; NotFound names the known ones."""
     kinds = profile_kinds(registry)
     if kind not in kinds:
-        raise NotFound(f"no profile kind '{kind}'; known: {', '.join(kinds) or 'none'}")
+        raise NotFound(N_("no profile kind '%(kind)s'; known: %(known)s", kind=kind,
+                          known=", ".join(kinds) or "none"))
     return kinds[kind]
 
 
@@ -41,7 +44,8 @@ def run_connection_test(session: Session, found, name: str, actor: str, options:
     """A partner's connection test by its profile kind ``found`` (it commits its own
     work); NotFound for a kind that has none."""
     if not getattr(found, "can_test", False):
-        raise NotFound(f"the {found.label or found.kind} profile has no connection test")
+        raise NotFound(N_("the %(kind)s profile has no connection test",
+                          kind=found.label or found.kind))
     return found.test_connection(session, name, actor, options)
 
 
@@ -51,8 +55,9 @@ def run_profile_action(session: Session, found, party_kind: str, name: str, acti
     (``ProfileKind.actions``); NotFound for an action the kind does not offer."""
     if action not in (getattr(found, "actions", ()) or ()):
         offered = ", ".join(getattr(found, "actions", ()) or ()) or "none"
-        raise NotFound(f"the {found.label or found.kind} profile has no action "
-                       f"'{action}'; offered: {offered}")
+        raise NotFound(N_("the %(kind)s profile has no action '%(action)s'; offered: "
+                          "%(offered)s", kind=found.label or found.kind, action=action,
+                          offered=offered))
     return found.run_action(session, party_kind, name, action, body, actor)
 
 
@@ -95,3 +100,46 @@ def ending_certificates(session: Session, now: datetime) -> list[EndingCertifica
                Certificate.not_after <= now + CERTIFICATE_WARNING)
         .order_by(Certificate.not_after))
     return [EndingCertificate(*row, expired=row.not_after <= now) for row in rows]
+
+
+# --- the certificate_expiring alert (beat, hourly; and when a certificate is saved) --
+
+CERTIFICATE_EXPIRING = "certificate_expiring"
+
+
+def certificate_name(found, protocol: str) -> str:
+    """What a certificate of the profile kind ``found`` is called in alerts."""
+    if found is None:
+        return f"{protocol} certificate"
+    return found.certificate_name or f"{found.label or found.kind} certificate"
+
+
+def certificate_alert(session: Session, party: str, name: str, cert, now: datetime
+                      ) -> bool:
+    """Raise ``certificate_expiring`` for a certificate (any object with ``id``,
+    ``subject`` and ``not_after``) that has ended or ends within 30 days, else resolve
+    it; True when raised. ``name``: :func:`certificate_name`'s, e.g. "OpenPGP key"."""
+    subject = f"certificate:{party}:{cert.id}"
+    if cert.not_after is not None and cert.not_after - now <= CERTIFICATE_WARNING:
+        when = "expired" if cert.not_after <= now else "expires"
+        raise_alert(session, CERTIFICATE_EXPIRING, subject,
+                    f"the {name} of {party} ({cert.subject}) {when} "
+                    f"{cert.not_after:%Y-%m-%d %H:%M} UTC", now=now)
+        return True
+    resolve_alert(session, CERTIFICATE_EXPIRING, subject, now)
+    return False
+
+
+def check_certificates(session: Session, registry, now: datetime) -> int:
+    """The certificates of every profile kind (AS2 certificates, OpenPGP keys...): the
+    alert raised for each that has ended or ends within 30 days, resolved for one no
+    longer ending (renewed by a longer one under the same row, or its alert left from
+    a clock moved back). Returns how many are ending. In the caller's transaction."""
+    kinds = profile_kinds(registry)
+    rows = session.execute(
+        select(Certificate, Party.name, ProtocolProfile.protocol)
+        .join(ProtocolProfile, Certificate.profile_id == ProtocolProfile.id)
+        .join(Party, ProtocolProfile.party_id == Party.id).order_by(Certificate.id))
+    return sum(certificate_alert(session, party, certificate_name(kinds.get(protocol),
+                                                                  protocol), cert, now)
+               for cert, party, protocol in rows)

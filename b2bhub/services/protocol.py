@@ -27,6 +27,7 @@ from b2bhub.models import (
     PluginInstance,
     ProtocolProfile,
 )
+from b2bhub.services.config import no_party, no_profile
 from b2bhub.services.errors import NotFound
 
 # --- plugin instances -------------------------------------------------------------------
@@ -166,7 +167,7 @@ def _stored(profile: ProtocolProfile) -> StoredProfile:
 def _party(session: Session, kind: str, name: str) -> Party:
     party = session.scalar(select(Party).where(Party.name == name, Party.kind == kind))
     if party is None:
-        raise NotFound(f"no {kind} named '{name}'")
+        raise NotFound(no_party(kind, name))
     return party
 
 
@@ -219,7 +220,7 @@ def delete_protocol_profile(session: Session, protocol: str, kind: str, name: st
     party or its profile is missing."""
     profile = _profile_of(_party(session, kind, name), protocol)
     if profile is None:
-        raise NotFound(f"{kind} '{name}' has no {protocol.upper()} profile")
+        raise NotFound(no_profile(kind, name, protocol.upper()))
     session.delete(profile)
     session.flush()
 

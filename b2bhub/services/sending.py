@@ -8,6 +8,7 @@ from typing import BinaryIO
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.engine.dispatch import NewMessage, route_cache, store_and_dispatch
 from b2bhub.models import ORGANIZATION, PARTNER, Message, Party
 from b2bhub.payloads.store import PayloadStore
@@ -29,7 +30,8 @@ def send_by_hand(session: Session, store: PayloadStore, registry, upload: Binary
     instance = get_instance(session, target)
     if not instance.enabled or instance.type not in registry or \
             "target" not in registry.get(instance.type).roles:
-        raise ServiceError(f"target: instance {target!r} is not an enabled target",
+        raise ServiceError(N_("target: instance %(name)r is not an enabled target",
+                              name=target),
                            {"target": "not an enabled target"})
     _check_size(upload)
     stored = store.put(upload)
@@ -45,8 +47,9 @@ def _check_size(upload: BinaryIO) -> None:
     size = upload.tell()
     upload.seek(0)
     if size > MAX_BYTES:
-        raise ServiceError(f"the file holds {size} bytes; at most {MAX_BYTES} (64 MiB) "
-                           "can be sent by hand", code="too_large")
+        raise ServiceError(N_("the file holds %(size)s bytes; at most %(most)s (64 MiB) "
+                              "can be sent by hand", size=size, most=MAX_BYTES),
+                           code="too_large")
 
 
 def _check_parties(session: Session, from_party: str, to_party: str) -> None:
@@ -54,10 +57,11 @@ def _check_parties(session: Session, from_party: str, to_party: str) -> None:
         Party.name.in_([from_party, to_party]))).all())
     for field, name in (("from", from_party), ("to", to_party)):
         if name not in kinds:
-            raise ServiceError(f"{field}: no party named {name!r}", {field: "unknown party"})
+            raise ServiceError(N_("%(field)s: no party named %(name)r", field=field,
+                                  name=name), {field: "unknown party"})
     if {kinds[from_party], kinds[to_party]} != {ORGANIZATION, PARTNER}:
-        text = ("one of from and to must be an organization and the other a partner "
-                "(from an organization the message is outbound, from a partner inbound)")
+        text = N_("one of from and to must be an organization and the other a partner "
+                  "(from an organization the message is outbound, from a partner inbound)")
         raise ServiceError(text, {"from": text, "to": text})
 
 
@@ -66,8 +70,10 @@ def _target_from_routes(session: Session, from_party: str, to_party: str) -> str
                       if r.from_party in ("*", from_party) and r.to_party in ("*", to_party)})
     if len(targets) != 1:
         found = ", ".join(targets) if targets else "none"
-        raise ServiceError(f"choose a target: the routes from {from_party} to {to_party} "
-                           f"name {found}", {"target": "required"}, code="target_required")
+        raise ServiceError(N_("choose a target: the routes from %(from_party)s to "
+                              "%(to_party)s name %(found)s", from_party=from_party,
+                              to_party=to_party, found=found),
+                           {"target": "required"}, code="target_required")
     return targets[0]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import fields
 
+from b2bhub.domain.i18n import N_
 from b2bhub.engine.settings import DeliverySettings
 from b2bhub.services.errors import ServiceError
 
@@ -22,24 +23,24 @@ def settings_from_text(values: dict[str, str], current: DeliverySettings
         if name in values:
             text = (values[name] or "").strip()
             if not text.isdigit() or int(text) < least:
-                errors[name] = f"a whole number of at least {least}"
+                errors[name] = N_("a whole number of at least %(least)s", least=least)
             else:
                 out[name] = int(text)
     if "wake_delays" in values:
         parts = [p.strip() for p in (values["wake_delays"] or "").split(",")]
         if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
-            errors["wake_delays"] = "whole numbers of seconds, each at least 1, " \
-                                    "separated by commas"
+            errors["wake_delays"] = N_("whole numbers of seconds, each at least 1, "
+                                       "separated by commas")
         else:
             out["wake_delays"] = [int(p) for p in parts]
     if "cleanup_time" in values:
         text = (values["cleanup_time"] or "").strip()
         if not TIME_RE.match(text):
-            errors["cleanup_time"] = "a time of day as HH:MM (00:00 to 23:59)"
+            errors["cleanup_time"] = N_("a time of day as HH:MM (00:00 to 23:59)")
         else:
             out["cleanup_time"] = text
     if errors:
-        raise ServiceError("some settings are not valid", errors)
+        raise ServiceError(N_("some settings are not valid"), errors)
     return DeliverySettings.from_dict(out)
 
 

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from b2bhub.domain.i18n import N_
 from b2bhub.models import ApiToken, User, utcnow
 from b2bhub.models.pages import Page
 from b2bhub.services.errors import Conflict, NotFound
@@ -61,9 +62,10 @@ def list_tokens(session: Session, limit: int, after: int | None = None,
 def revoke_token(session: Session, token_id: int, now: datetime) -> ApiToken:
     row = session.get(ApiToken, token_id)
     if row is None:
-        raise NotFound(f"no token {token_id}")
+        raise NotFound(N_("no token %(id)s", id=token_id))
     if row.revoked_at is not None:
-        raise Conflict(f"token {token_id} ({row.name}) was revoked already",
+        raise Conflict(N_("token %(id)s (%(name)s) was revoked already", id=token_id,
+                          name=row.name),
                        code="already_revoked")
     row.revoked_at = now
     return row

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from b2bhub.domain.i18n import N_
 from b2bhub.engine.history import add_line
 from b2bhub.models import User, utcnow
 from b2bhub.models.pages import Page, keyset_page
@@ -29,20 +30,22 @@ _DUMMY_HASH = generate_password_hash("not a password of anyone")
 
 def validate(name: str, password: str | None, role: str) -> None:
     if not NAME_RE.fullmatch(name or ""):
-        msg = "a user name is 1-64 letters, digits or . _ @ - and starts with one of the first two"
+        msg = N_("a user name is 1-64 letters, digits or . _ @ - and starts with one of the "
+                 "first two")
         raise ServiceError(msg, {"name": msg})
     if role not in ROLES:
-        msg = f"role must be one of {', '.join(ROLES)}"
+        msg = N_("role must be one of %(roles)s", roles=", ".join(ROLES))
         raise ServiceError(msg, {"role": msg})
     if password is not None and len(password) < MIN_PASSWORD:
-        msg = f"a password has at least {MIN_PASSWORD} characters"
+        msg = N_("a password has at least %(least)s characters", least=MIN_PASSWORD)
         raise ServiceError(msg, {"password": msg})
 
 
 def create_user(session: Session, name: str, password: str, role: str = "viewer") -> User:
     validate(name, password, role)
     if session.scalar(select(User.id).where(User.name == name)) is not None:
-        raise Conflict(f"a user named '{name}' exists already", {"name": "taken"})
+        raise Conflict(N_("a user named '%(name)s' exists already", name=name),
+                       {"name": "taken"})
     user = User(name=name, password_hash=generate_password_hash(password), role=role)
     session.add(user)
     session.flush()
@@ -83,7 +86,7 @@ def audit(session: Session, type_: str, text: str, actor: str, now: datetime,
 def get_user(session: Session, name: str) -> User:
     user = find_user(session, name)
     if user is None:
-        raise NotFound(f"no user named '{name}'")
+        raise NotFound(N_("no user named '%(name)s'", name=name))
     return user
 
 
@@ -106,8 +109,8 @@ def change_user(session: Session, name: str, changes: dict, actor: str,
     user = get_user(session, name)
     if name == actor and (changes.get("disabled") or
                           changes.get("role", user.role) != user.role):
-        raise Conflict("you cannot disable yourself or change your own role; ask "
-                       "another admin", code="self_change")
+        raise Conflict(N_("you cannot disable yourself or change your own role; ask "
+                          "another admin"), code="self_change")
     said = []
     if "role" in changes and changes["role"] != user.role:
         validate(user.name, None, changes["role"])
@@ -128,7 +131,8 @@ def change_user(session: Session, name: str, changes: dict, actor: str,
 def delete_user(session: Session, name: str, actor: str, now: datetime) -> None:
     """Delete a user and the user's tokens; history lines keep the name."""
     if name == actor:
-        raise Conflict("you cannot delete yourself; ask another admin", code="self_change")
+        raise Conflict(N_("you cannot delete yourself; ask another admin"),
+                       code="self_change")
     session.delete(get_user(session, name))
     audit(session, "user_deleted", f"{actor} deleted user {name} and the user's tokens",
           actor, now, {"user": name})

@@ -51,6 +51,8 @@ def web_init_app(app: Flask) -> None:
                                  stored_text=lambda text: i18n.show_history_text(
                                      text, gettext),
                                  state=lambda value: i18n.state_word(value, gettext),
+                                 # a text of ours made with N_ (a test step's detail)
+                                 said=lambda text: i18n.shown(text, gettext),
                                  short=messages.short, number=_number,
                                  percent=_percent, decimal1=_decimal1,
                                  when=_when, size=_size, trace_id=tracing.trace_id,
@@ -115,6 +117,7 @@ from b2bhub.web import (  # noqa: E402,F401
     auth,
     dashboard,
     delivery_errors,
+    expected,
     messages,
     notifications,
     parties,

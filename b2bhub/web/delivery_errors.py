@@ -12,7 +12,7 @@ from b2bhub.models import utcnow
 from b2bhub.services import delivery_errors as svc
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.choices import instance_names, party_choices
-from b2bhub.web.forms import BulkRedeliverForm
+from b2bhub.web.forms import BulkRedeliverForm, refusal
 from b2bhub.web.kit import ask_first, bp, expired, requires
 from b2bhub.web.messages import ui_time
 
@@ -37,7 +37,7 @@ def delivery_errors():
         page = svc.list_errors(db.session, f, PAGE_SIZE, request.args.get("after", type=int))
         total = svc.count_errors(db.session, f)
     except ServiceError as exc:
-        errors["kind"] = exc.message
+        errors["kind"] = refusal(exc)
         f.kinds = None
         page, total = svc.list_errors(db.session, f, PAGE_SIZE), svc.count_errors(db.session, f)
     args = {k: request.args.getlist(k) for k in FILTER_ARGS if request.args.get(k)}
@@ -67,7 +67,7 @@ def redeliver_errors():
         result = svc.redeliver_errors(db.session, f, ids, g.actor, utcnow())
     except ServiceError as exc:
         db.session.rollback()
-        flash(exc.message, "error")
+        flash(refusal(exc), "error")
     else:
         db.session.commit()
         done, skipped = len(result.redelivered), len(result.skipped)

@@ -29,6 +29,8 @@ from wtforms import (
 from wtforms.validators import DataRequired, Length
 from wtforms.widgets import PasswordInput
 
+from b2bhub.domain import i18n
+from b2bhub.plugin import Plugin
 from b2bhub.plugin.schema import Field
 from b2bhub.services.config import SECRET_MASK, together
 from b2bhub.services.errors import ServiceError
@@ -121,6 +123,13 @@ def _config_field(field: Field):
     return StringField(label, description=help_)
 
 
+def _collects(plugin_cls: type) -> bool:
+    """A source type that records failed fetches as collection errors says how it
+    retries them (its own ``collection_retry_policy``): its form has the field."""
+    return any("collection_retry_policy" in vars(k) for k in plugin_cls.__mro__
+               if k is not Plugin)
+
+
 def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
     """The form of a plugin instance of ``plugin_cls``; ``data`` is the API shape."""
 
@@ -151,6 +160,11 @@ def instance_form(plugin_cls: type, data: dict | None = None) -> FlaskForm:
             '"rejected", "status": "2xx", "json_path": "$.status", "json_value": "ERR", '
             '"block": "instance"}]; also body_regex; block: none, sequence or instance; '
             'empty: no rules'))
+    elif _collects(plugin_cls):
+        InstanceForm.retry_policy = TextAreaField(
+            _l("Retry policy (JSON)"), description=_l('failed fetches tried again before '
+            'a Collection error is recorded, e.g. {"max_attempts": 3, "base_delay": 30}; '
+            'empty: the plugin type\'s default'))
     if "source" in roles:
         InstanceForm.retention_days = StringField(
             _l("Retention (days)"),
@@ -263,14 +277,15 @@ def instance_data(form: FlaskForm, plugin_cls: type, leave_out: set | None = Non
     data: dict[str, Any] = {"name": form.name.data.strip(), "type": plugin_cls.type_name,
                             "enabled": form.enabled.data, "config": config}
     errors: dict[str, str] = {}
-    if hasattr(form, "max_concurrent_deliveries"):
-        data["max_concurrent_deliveries"] = _whole(form.max_concurrent_deliveries.data,
-                                                   "max_concurrent_deliveries", errors)
+    if hasattr(form, "retry_policy"):
         text = (form.retry_policy.data or "").strip()
         try:
             data["retry_policy"] = json.loads(text) if text else None
         except json.JSONDecodeError as exc:
             errors["retry_policy"] = _("invalid JSON: %(why)s", why=exc.msg)
+    if hasattr(form, "max_concurrent_deliveries"):
+        data["max_concurrent_deliveries"] = _whole(form.max_concurrent_deliveries.data,
+                                                   "max_concurrent_deliveries", errors)
         text = (form.probe_interval.data or "").strip()
         data["probe_interval"] = _whole(text, "probe_interval", errors) if text else 0
         text = (form.business_rules.data or "").strip()
@@ -313,7 +328,8 @@ def show_service_error(form: FlaskForm, exc: ServiceError, aliases: dict | None 
     """Put each field the service named beside that field; the rest above the form.
 
     ``aliases`` maps a service field name to the form's (``from`` -> ``from_party``);
-    ``config`` details land on the generated configuration fields.
+    ``config`` details land on the generated configuration fields. The service's texts
+    are shown in the reader's language (docs/i18n.md, "A service's refusal").
     """
     aliases = aliases or {}
     details = dict(exc.details or {})
@@ -322,15 +338,15 @@ def show_service_error(form: FlaskForm, exc: ServiceError, aliases: dict | None 
         if aliases.get(prefix, prefix) in form:
             details = {prefix: exc.message}
     if not details:
-        form.form_errors.append(exc.message)
+        form.form_errors.append(said(exc.message))
         return
     if len(details) == 1:
         [(key, text)] = details.items()
         if aliases.get(key, key) in form and isinstance(text, str):
             # the reason once: "instance name 'X': must be ..." beside Name says the rule;
             # a bare code ("renamed", "disabled") gives way to the message that explains it
-            said = exc.message.endswith(text) and " " in text.strip()
-            _add_error(form[aliases.get(key, key)], text if said else exc.message)
+            said_here = exc.message.endswith(text) and " " in text.strip()
+            _add_error(form[aliases.get(key, key)], text if said_here else exc.message)
             return
     elsewhere = []
     for key, text in details.items():
@@ -340,21 +356,33 @@ def show_service_error(form: FlaskForm, exc: ServiceError, aliases: dict | None 
                 if name in fields:
                     _add_error(fields[name], problem)
                 else:
-                    elsewhere.append(f"{name}: {problem}")
+                    elsewhere.append(f"{name}: {said(problem)}")
             continue
         name = aliases.get(key, key)
         if name in form and isinstance(text, dict):  # one reason per item (rule 2: ...)
             for where, problem in text.items():
-                _add_error(form[name], f"{where}: {problem}")
+                _add_error(form[name], f"{said(where)}: {said(problem)}")
         elif name in form:
-            _add_error(form[name], str(text))
+            _add_error(form[name], text if isinstance(text, str) else str(text))
         else:
-            elsewhere.append(f"{key}: {text}")
+            elsewhere.append(f"{key}: {said(text)}")
     if len(elsewhere) == len(details):  # none beside a field ({"route": 3}): the message
-        form.form_errors.append(exc.message)
+        form.form_errors.append(said(exc.message))
     elif elsewhere:
         form.form_errors.append("; ".join(elsewhere))
 
 
+def refusal(exc: Exception) -> str:
+    """Why a service or an operator action refused, in the reader's language."""
+    text = getattr(exc, "message", None) or (exc.args[0] if exc.args else "")
+    return said(text) if isinstance(text, str) and text else str(exc)
+
+
+def said(text) -> str:
+    """A service's text in the reader's language: one of ours (marked with ``N_``)
+    through the catalog, any other (a partner's words) as it is."""
+    return i18n.shown(text, _)
+
+
 def _add_error(field, text: str) -> None:
-    field.errors = [*field.errors, text]
+    field.errors = [*field.errors, said(text)]

@@ -34,7 +34,7 @@ from b2bhub.domain import i18n
 from b2bhub.engine.history import add_line
 from b2bhub.engine.operator import ActionRefused, UnknownObject
 from b2bhub.services.errors import ServiceError
-from b2bhub.web.forms import ActionForm, show_service_error
+from b2bhub.web.forms import ActionForm, refusal, show_service_error
 
 bp = Blueprint("ui", __name__, url_prefix="/ui", static_folder="static")
 
@@ -197,7 +197,7 @@ def button(change: Callable[[], object], describe: Callable[[object], str],
         result = change()
     except (ServiceError, ActionRefused, UnknownObject) as exc:
         db.session.rollback()
-        flash(getattr(exc, "message", None) or str(exc), "error")
+        flash(refusal(exc), "error")
         return
     _done(describe(result), record)
 

@@ -21,7 +21,7 @@ from b2bhub.services import sending
 from b2bhub.services.envelope import envelope_view
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.choices import instance_names, party_choices
-from b2bhub.web.forms import ActionForm, SendForm, show_service_error
+from b2bhub.web.forms import ActionForm, SendForm, refusal, show_service_error
 from b2bhub.web.kit import bp, expired, requires
 
 PAGE_SIZE = 50
@@ -196,10 +196,10 @@ def _act(action, object_id: int) -> None:
         result = action(db.session, object_id, g.actor, utcnow())
     except operator.UnknownObject as exc:
         db.session.rollback()
-        abort(404, str(exc))
+        abort(404, refusal(exc))
     except operator.ActionRefused as exc:
         db.session.rollback()
-        flash(str(exc), "error")
+        flash(refusal(exc), "error")
         return
     db.session.commit()
     flash(result.text[:1].upper() + result.text[1:])

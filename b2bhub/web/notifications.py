@@ -14,7 +14,7 @@ from b2bhub.config.extensions import db
 from b2bhub.models import utcnow
 from b2bhub.services import notifications as svc
 from b2bhub.services.errors import ServiceError
-from b2bhub.web.forms import ActionForm, show_service_error
+from b2bhub.web.forms import ActionForm, refusal, show_service_error
 from b2bhub.web.kit import ask_first, bp, expired, form_status, requires
 
 
@@ -88,7 +88,7 @@ def _channel_or_404(name: str):
     try:
         return svc.get_channel(db.session, name)
     except ServiceError as exc:
-        abort(404, exc.message)
+        abort(404, refusal(exc))
 
 
 def _check_form() -> None:

@@ -9,10 +9,12 @@ from flask_babel import lazy_gettext as _l
 from sqlalchemy import select
 
 from b2bhub.config.extensions import db
+from b2bhub.domain.scorecard import PERIODS
 from b2bhub.models import ORGANIZATION, PARTNER, Party, utcnow
 from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services import partner
+from b2bhub.services import scorecard as scorecards
 from b2bhub.services.errors import NotFound, ServiceError
 from b2bhub.services.profiles import (
     addresses,
@@ -21,7 +23,8 @@ from b2bhub.services.profiles import (
     profile_kinds,
     run_connection_test,
 )
-from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form
+from b2bhub.web import expected
+from b2bhub.web.forms import ActionForm, PartyForm, form_config, plugin_config_form, refusal
 from b2bhub.web.kit import ask_first, bp, button, expired, form_status, requires, submit
 
 KINDS = {"organization": ORGANIZATION, "partner": PARTNER}
@@ -74,7 +77,7 @@ def edit_party(kind: str, name: str):
     try:
         party = svc.get_party(db.session, kind, name)
     except ServiceError as exc:
-        abort(404, exc.message)
+        abort(404, refusal(exc))
     form = PartyForm(data={"name": party.name, "display_name": party.display_name,
                            "edi_identities": "\n".join(party.edi_identities),
                            "functional_acks": party.functional_acks,
@@ -111,7 +114,7 @@ def delete_party(kind: str, name: str):
     try:
         svc.get_party(db.session, kind, name)
     except ServiceError as exc:
-        abort(404, exc.message)
+        abort(404, refusal(exc))
     ask_first(_("Delete organization %(name)s?", name=name) if kind == ORGANIZATION
               else _("Delete partner %(name)s?", name=name),
               _("Its profiles go with it; routes that name it must go first, and "
@@ -128,7 +131,7 @@ def _kind_or_404(protocol: str):
     try:
         return profile_kind(hub.registry(), protocol)
     except NotFound as exc:
-        abort(404, exc.message)
+        abort(404, refusal(exc))
 
 
 @bp.route("/parties/<any(organization, partner):kind>/<name>/<protocol>",
@@ -140,7 +143,7 @@ def profile(kind: str, name: str, protocol: str):
     try:
         party = svc.get_party(db.session, kind, name)
     except ServiceError as exc:
-        abort(404, exc.message)
+        abort(404, refusal(exc))
     try:
         shown = found.get(db.session, kind, name)
     except NotFound:
@@ -215,7 +218,7 @@ def test_profile(name: str, protocol: str):
         result = run_connection_test(db.session, found, name, g.actor, options)
     except ServiceError as exc:
         db.session.rollback()
-        flash(exc.message, "error")
+        flash(refusal(exc), "error")
         return redirect(url_for("ui.profile", kind=PARTNER, name=name, protocol=protocol))
     return render_template("ui/connection_test.html", kind=found, name=name, result=result,
                            active="ui.parties")
@@ -240,12 +243,19 @@ def party_page(name: str):
     ids = partner.newest_ids(db.session, name)
     kinds = profile_kinds(hub.registry())
     shown = addresses(db.session, kinds)
+    days = request.args.get("days", type=int, default=30)
+    if days not in PERIODS:
+        abort(400, _("days must be one of %(periods)s",
+                     periods=", ".join(map(str, PERIODS))))
+    card = (scorecards.scorecard(db.session, name, days, now)
+            if party.kind == PARTNER else None)
     return render_template(
-        "ui/party.html", party=party, now=now,
+        "ui/party.html", party=party, now=now, card=card, periods=PERIODS,
         messages=partner.recent_messages(db.session, name),
         day=partner.day_figures(db.session, name, now),
         receipt=partner.last_receipt(db.session, ids),
         certificates=partner.certificates(db.session, party.id, now),
         alerts=partner.open_alerts(db.session, name, ids),
+        expected=expected.rules_with_windows(name), window_states=expected.STATES,
         profiles=[(k, shown[k.kind].get(party.id)) for k in kinds.values()],
         day_limit=partner.DAY_LIMIT, active="ui.parties")

@@ -16,7 +16,7 @@ from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services.config import SECRET_MASK
 from b2bhub.services.errors import ServiceError
-from b2bhub.web.forms import ActionForm, instance_form, save_instance_form
+from b2bhub.web.forms import ActionForm, instance_form, refusal, save_instance_form
 from b2bhub.web.kit import ask_first, bp, button, form_status, requires, submit
 
 
@@ -69,7 +69,7 @@ def edit_instance(type_name: str | None = None, name: str | None = None):
         try:
             row = svc.get_instance(db.session, name)
         except ServiceError as exc:
-            abort(404, exc.message)
+            abort(404, refusal(exc))
         type_name = row.type
     plugin_cls = _plugin_class(type_name)
     form = instance_form(plugin_cls, instance_json(row, hub.registry()) if row else None)
@@ -114,7 +114,7 @@ def run_instance_action(name: str, action: str):
                                          g.actor)
     except ServiceError as exc:
         db.session.rollback()
-        flash(exc.message, "error")
+        flash(refusal(exc), "error")
         return redirect(back)
     db.session.commit()
     flash(result.text[:1].upper() + result.text[1:])
@@ -131,7 +131,7 @@ def delete_instance(name: str):
     try:
         row = svc.get_instance(db.session, name)
     except ServiceError as exc:
-        abort(404, exc.message)
+        abort(404, refusal(exc))
     ask_first(_("Delete %(type)s instance %(name)s?", type=row.type, name=name),
               _("Its configuration is gone for good; routes that name it must go "
                 "first, and its messages and their history stay."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from flask import abort, g, redirect, render_template, request, url_for
+from flask_babel import LazyString
 from flask_babel import gettext as _
 from flask_babel import lazy_gettext as _l
 
@@ -14,7 +15,7 @@ from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services.errors import ServiceError
 from b2bhub.web.choices import instance_names, party_choices
-from b2bhub.web.forms import ActionForm, RouteForm
+from b2bhub.web.forms import ActionForm, RouteForm, refusal, said
 from b2bhub.web.kit import ask_first, bp, button, form_status, requires, submit
 
 ALIASES = {"from": "from_party", "to": "to_party"}
@@ -31,7 +32,7 @@ def routes():
             tested = svc.test_route(db.session, source, request.args.get("test_from") or ANY,
                                     request.args.get("test_to") or ANY, types)
         except ServiceError as exc:
-            tested = {"error": exc.message}
+            tested = {"error": refusal(exc)}
     return render_template("ui/routes.html", routes=rows, tested=tested, form=ActionForm(),
                            sources=instance_names("source"), parties=party_choices())
 
@@ -76,9 +77,12 @@ def edit_route(route_id: int | None = None):
                            active="ui.routes"), form_status(form)
 
 
-def _describe(route: Route) -> str:
-    return routing.Route(route.id, route.source, route.from_party, route.to_party,
+def _describe(route: Route) -> LazyString:
+    """The route's description in the language of where it is put: the reader's on the
+    page, English in the history line (b2bhub.web.kit.record_change)."""
+    text = routing.Route(route.id, route.source, route.from_party, route.to_party,
                          route.target, route.document_type).describe()
+    return LazyString(said, text)
 
 
 @bp.route("/routes/<int:route_id>/delete", methods=["GET", "POST"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from flask import abort, g, redirect, render_template, request, url_for
 from flask_babel import gettext as _
 from flask_babel import lazy_gettext as _l
@@ -73,8 +75,9 @@ def logs():
     process = request.args.get("process") or None
     filters = presence.LogFilter(min_level=presence.level_number(level), process=process)
     records = presence.list_log_records(db.session, filters, 200).items
+    since = (utcnow() - timedelta(days=30)).strftime("%Y-%m-%dT%H:%M")
     return render_template("ui/logs.html", records=records, levels=LEVELS, level=level,
-                           process=process or "")
+                           process=process or "", audit_since=since)
 
 
 @bp.get("/storage")

@@ -63,7 +63,7 @@ class Claim:
     #: :func:`lock_target`); its settlement's claim takes the same lane first
     lane: int = field(default=0, compare=False)
     #: what the attempt reads of the message, when the claim statement returned it
-    #: (PostgreSQL): its columns as ``runner._READ_INFOS`` reads them, then the payload
+    #: (PostgreSQL): its columns as ``message_reads.read_messages`` reads them, then the payload
     #: stages as [stage, digest, size] lists. Not part of the fence.
     message: tuple | None = field(default=None, compare=False, repr=False)
 
