@@ -4,6 +4,7 @@ every file once, a shard never takes nor removes another's, recovery is per shar
 lease per shard, and a change of the shard count loses and doubles nothing. Each
 ``SourceRunner`` here stands for a worker process of its own."""
 
+# ruff: noqa: F811 (the imported fixtures are requested by name as parameters)
 from __future__ import annotations
 
 from collections import Counter
@@ -19,36 +20,19 @@ from b2bhub.models import Lock, Message, PluginInstance, PollerPickup
 from b2bhub.runtime.hub import new_session
 from b2bhub.services import config as svc
 from b2bhub.services.errors import ServiceError
-from plugins.file_poller import FilePoller
-from tests.test_file_poller import Clock, Death, count, put
+
+# the single-scan tests' fixtures (registry, clock, base, poller), used here by name
+from tests.test_file_poller import (  # noqa: F401
+    Death,
+    base,
+    clock,
+    count,
+    poller,
+    put,
+    registry,
+)
 
 N = 40
-
-
-@pytest.fixture
-def registry(registry):
-    registry.register(FilePoller)
-    return registry
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def base(tmp_path) -> Path:
-    return tmp_path / "in"
-
-
-@pytest.fixture
-def poller(hub, base):
-    """The poller instance ``poller`` on ``base``: {to}/{filename}, acme and globex."""
-    def make(**config):
-        hub.parties(organizations=("mycompany",), partners=("acme", "globex"))
-        return hub.instance("poller", "file_poller", config={
-            "base_directory": str(base), "path_pattern": "{to}/{filename}", **config})
-    return make
 
 
 def runner_of(registry, hub, clock, owner: str) -> SourceRunner:
