@@ -7,6 +7,7 @@ their tokens stop working.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime
 
@@ -23,9 +24,15 @@ from b2bhub.services.tokens import ROLES
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 MIN_PASSWORD = 8
-# A hash to check against when the name is unknown, so a wrong name costs as long as a
-# wrong password and timing tells nothing about which names exist.
-_DUMMY_HASH = generate_password_hash("not a password of anyone")
+
+
+@functools.cache
+def _dummy_hash() -> str:
+    """A hash to check against when the name is unknown, so a wrong name costs as long
+    as a wrong password and timing tells nothing about which names exist. Made at the
+    first such login, not at import: the scrypt call costs 0.15 s of CPU, which every
+    process importing this module (each worker, web and CLI start) paid before."""
+    return generate_password_hash("not a password of anyone")
 
 
 def validate(name: str, password: str | None, role: str) -> None:
@@ -61,7 +68,7 @@ def check_login(session: Session, name: str, password: str) -> User | None:
     """The enabled user with this name and password, or None (either was wrong)."""
     user = session.scalar(select(User).where(User.name == name))
     if user is None or user.disabled_at is not None:
-        check_password_hash(_DUMMY_HASH, password)
+        check_password_hash(_dummy_hash(), password)
         return None
     if not check_password_hash(user.password_hash, password):
         return None
