@@ -11,6 +11,7 @@ across the spring change, its rule made on the Alerts page's form in a browser
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -185,4 +186,10 @@ def test_windows_met_missed_late_across_a_restart_and_a_dst_change(procs, sessio
     page.goto("/ui/parties/acme")
     assert page.locator('#expected-rules tr[data-rule="dst"] li[data-state="missed"]'
                         ).count() == 1
-    shot(page, "expected-3-partner-windows")
+    # the partner's scorecard on the same page counts the missed window among its own
+    card = page.inner_text("#scorecard-expected")
+    assert int(re.search(r"(\d+) missed", card).group(1)) >= 1, card
+    assert page.locator("#scorecard tbody tr").count() >= 1
+    shot(page, "expected-3-partner-scorecard-and-windows")
+    page.set_viewport_size({"width": 1024, "height": 768})  # a laptop: the page does not
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1024  # scroll sideways
