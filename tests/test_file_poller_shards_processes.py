@@ -99,14 +99,34 @@ def test_a_worker_killed_mid_batch_its_shard_is_taken_on_by_the_other(
           f"left, {count(PollerPickup)} pickup rows, {count(Message)} messages")
     assert left, "the dead shard had taken all its files before the kill"
 
+    def dead_shards_part() -> tuple[list, list, int]:
+        """The dead shard's files on disk, its pickup rows and its stored messages."""
+        return ([n for n in left_in(inbox / "acme") if shard.get(n) == dead_shard],
+                sorted(p for (p,) in rows(select(PollerPickup.path))
+                       if shard_of(p, 2) == dead_shard),
+                sum(shard[f] == dead_shard for (f,) in rows(select(Message.original_filename))))
+
+    # Until the dead worker's lease runs out nothing of its shard moves: not a file
+    # stored, not one removed. The kill may fall between a batch's commit and its
+    # removals (its files stored, pickup rows left, nothing more to store): then the
+    # live worker only finishes those rows, and only after the lease.
+    frozen = dead_shards_part()
+    while True:
+        seen = dead_shards_part()
+        if utcnow() >= until:  # (read before this moment: still under the lease)
+            break
+        assert seen == frozen, "the dead shard moved while its lease still ran"
+        time.sleep(0.05)
+
     wait_until(lambda: not left_in(inbox / "acme") and count(PollerPickup) == 0
                and count(Message) == FILES, 120, "every file stored")
     assert live.alive()
     assert_stored_exactly_once(procs, files)
     assert left_in(inbox) == ["acme"]
-    # the dead shard's files stored after the kill were stored by the live worker, once
-    # the dead one's lease had run out (never while it might still commit)
+    # the dead shard's files stored after the kill, if any were left to store, were
+    # stored by the live worker once the dead one's lease had run out
     after = [created for filename, created in rows(select(
         Message.original_filename, Message.created_at).where(Message.created_at > killed_at))
         if shard[filename] == dead_shard]
-    assert after and min(after) >= until
+    assert all(created >= until for created in after), (after, until)
+    assert after or frozen[1], "nothing was left to store, yet no pickup row to finish"
