@@ -3,6 +3,8 @@ pyas2lib otherwise, and the same CMS structure either way."""
 
 from __future__ import annotations
 
+import logging
+import re
 import shutil
 import subprocess
 
@@ -108,12 +110,28 @@ def test_pyas2lib_used_on_its_own_signs_as_it_always_did(org, monkeypatch):
     assert len(by_pyas2lib) == 1
 
 
+def _normalized(headers: dict, content: bytes) -> tuple[dict, bytes]:
+    """An MDN with what differs between two builds of it (its boundaries, Message-ID,
+    Date and the signature's bytes, which hold the signing time) replaced by names."""
+    text = content.decode("ascii")
+    for index, boundary in enumerate(re.findall(r'boundary="([^"]+)"', text
+                                                + headers["Content-Type"])):
+        text = text.replace(boundary, f"BOUNDARY{index}")
+    text = re.sub(r"(base64\r\n\r\n)[A-Za-z0-9+/=\r\n]+?(\r\n--)", r"\1SIGNATURE\2", text)
+    headers = {k: v for k, v in headers.items() if k not in ("Message-ID", "Date")}
+    headers["Content-Type"] = re.sub(r'boundary="[^"]+"', 'boundary="B"',
+                                     headers["Content-Type"])
+    return headers, text.encode("ascii")
+
+
 @pytest.mark.parametrize("mdn_digest", ["sha1", "sha256", "sha512", None])
+@pytest.mark.parametrize("status", ["processed", "failed"])
 def test_a_signed_mdn_is_laid_out_byte_for_byte_as_pyas2lib_renders_it(org, pair,
-                                                                        mdn_digest):
-    """The MDN body is put together from the bytes signed and the signature instead of
-    rendering the MIME tree again: the same bytes as pyas2lib's ``Mdn.content`` (SHA-1
-    is signed by pyas2lib itself; None: an unsigned MDN, which pyas2lib renders)."""
+                                                                        mdn_digest, status):
+    """The hub's MDN (put together as bytes where OpenSSL signs it: lib.Mdn) is what
+    pyas2lib's own build of the same MDN renders, but for its boundaries, Message-ID,
+    Date and signature; the partner verifies it (SHA-1 is signed by pyas2lib itself;
+    None: an unsigned MDN, which pyas2lib renders)."""
     partner_cert, partner_key = make_pair("partner.test")
     sender = Organization(as2_name="ACME", sign_key=(partner_key + partner_cert).encode())
     hub = Partner(as2_name="HUB", verify_cert=pair[0].encode(), validate_certs=False,
@@ -121,10 +139,34 @@ def test_a_signed_mdn_is_laid_out_byte_for_byte_as_pyas2lib_renders_it(org, pair
     outgoing = Message(sender, hub)
     outgoing.build(DATA, filename="po.edi")
     raw = lib.wire(outgoing.headers.items(), outgoing.content)
-    them = Partner(as2_name="ACME", verify_cert=partner_cert.encode(), validate_certs=False)
+    them = Partner(as2_name="ACME", verify_cert=(partner_cert if status == "processed"
+                                                 else make_pair("other")[0]).encode(),
+                   validate_certs=False)
     with lib.parsing():
-        status, _exc, mdn = Message().parse(raw, find_org_cb=lambda _i: org,
-                                            find_partner_cb=lambda _i: them)
-    assert status == "processed"
-    assert lib.mdn_content(mdn) == mdn.content
-    assert mdn.content.count(b"application/pkcs7-signature") == (mdn_digest is not None)
+        got, _exc, mdn = Message().parse(raw, find_org_cb=lambda _i: org,
+                                         find_partner_cb=lambda _i: them)
+    assert got == ("processed" if status == "processed" else "processed/Error")
+    assert (mdn._wire is not None) is (mdn_digest in ("sha256", "sha512"))
+    # pyas2lib's own build (the email package's tree, rendered): outside lib.parsing()
+    # with pyas2lib's debug log on, which the bytes path leaves to pyas2lib
+    level = lib._as2.logger.level
+    lib._as2.logger.setLevel(logging.DEBUG)
+    try:
+        with lib.parsing():
+            again, _exc, theirs = Message().parse(raw, find_org_cb=lambda _i: org,
+                                                  find_partner_cb=lambda _i: them)
+    finally:
+        lib._as2.logger.setLevel(level)
+    assert again == got and theirs._wire is None
+    ours = lib.mdn_content(mdn)
+    assert _normalized(mdn.headers, ours) == _normalized(theirs.headers, theirs.content)
+    assert ours.count(b"application/pkcs7-signature") == (mdn_digest is not None)
+    assert mdn.headers_str == "".join(f"{k}: {v}\r\n" for k, v in mdn.headers.items()
+                                      ).encode()
+    # the partner reads it: signature (with the hub's certificate) and MIC verified
+    partner_side = Partner(as2_name="HUB", verify_cert=pair[0].encode(),
+                           validate_certs=False, mdn_digest_alg=mdn_digest)
+    outgoing.receiver = partner_side
+    status_read, detail = lib.Mdn().parse(lib.wire(mdn.headers.items(), ours),
+                                          lambda _id, _to: outgoing)
+    assert status_read == got, detail
