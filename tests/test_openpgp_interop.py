@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from datetime import datetime, timedelta
@@ -106,12 +107,12 @@ def lines(session, message_id: int, type_: str) -> list[str]:
         HistoryLine.message_id == message_id, HistoryLine.type == type_)))
 
 
-def keyrings() -> tuple[set[str], list[str]]:
-    """The hub's keyring directories and the gpg-agents serving them, as they stand."""
-    found = {name for name in os.listdir(tempfile.gettempdir())
-             if name.startswith("b2bhub-gpg-")}
+def keyrings(where: str) -> tuple[set[str], list[str]]:
+    """The hub's keyring directories in ``where`` and the gpg-agents serving them."""
+    found = {name for name in os.listdir(where) if name.startswith("b2bhub-gpg-")}
     agents = subprocess.run(["pgrep", "-af", "gpg-agent"], capture_output=True, text=True)
-    return found, [line for line in agents.stdout.splitlines() if "b2bhub-gpg-" in line]
+    return found, [line for line in agents.stdout.splitlines()
+                   if f"{where}/b2bhub-gpg-" in line]
 
 
 def sha(data: bytes) -> str:
@@ -243,13 +244,20 @@ def send(registry, hub, clock, base: Path, body: bytes) -> Message:
 
 
 def test_a_file_written_encrypted_and_signed_is_read_by_gpg(
-        registry, hub, clock, session, parties, keys, tmp_path):
+        registry, hub, clock, session, parties, keys, tmp_path, monkeypatch):
     base, out = tmp_path / "in", tmp_path / "out"
     outbound(hub, base, out, openpgp_encrypt=True, openpgp_sign=True)
-    keyrings_before = keyrings()
-    message = send(registry, hub, clock, base, X12)
-    # the keyring made for the operation (our secret key in it) is gone, with its agent
-    assert keyrings() == keyrings_before
+    # the operation's keyrings are made in a temporary directory of this test's own, so
+    # that another test's keyring at the same moment (another process of the suite) is
+    # not taken for one left behind; short, as gpg-agent's socket path must be
+    own = tempfile.mkdtemp(prefix="pgp-")
+    monkeypatch.setattr(tempfile, "tempdir", own)
+    try:
+        message = send(registry, hub, clock, base, X12)
+        # the keyring made for the operation (our secret key in it) is gone, with its agent
+        assert keyrings(own) == (set(), [])
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
     assert message.status == MessageStatus.DELIVERED, message.status_text
     written = (out / "po.edi.pgp").read_bytes()
