@@ -3,6 +3,7 @@ pyas2lib otherwise, and the same CMS structure either way."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import shutil
@@ -49,6 +50,50 @@ def test_every_signature_verifies_and_openssl_makes_the_ones_it_can(
     assert verify_message(DATA, signature, asymmetric.load_certificate(pair[0].encode()))
     with pytest.raises(IntegrityError):
         verify_message(DATA + b" ", signature, asymmetric.load_certificate(pair[0].encode()))
+
+
+def _outcome(check) -> tuple[str, str]:
+    try:
+        return "verified", check()
+    except Exception as exc:  # the error a caller sees: its type and text
+        return type(exc).__name__, str(exc)
+
+
+@pytest.mark.parametrize("sign_alg", ["rsassa_pkcs1v15", "rsassa_pss"])
+@pytest.mark.parametrize("digest", ["md5", "sha1", "sha256", "sha512"])
+def test_the_receivers_signature_check_finds_what_pyas2lib_finds(org, pair, monkeypatch,
+                                                                 digest, sign_alg):
+    """The receiver's own check of a partner's signature (lib._verify_one, which reads
+    only the message digest of the signed attributes) verifies what pyas2lib verifies
+    and refuses what it refuses, with the same error: other data, another certificate,
+    a signature altered, a message digest altered."""
+    signature = lib.sign_message(DATA, digest, org.sign_key, sign_alg)  # pyas2lib's
+    cert = asymmetric.load_certificate(pair[0].encode())
+    other = asymmetric.load_certificate(make_pair("other.test")[0].encode())
+    wanted = hashlib.new(digest, DATA).digest()
+    altered_digest = signature.replace(wanted, bytes([wanted[0] ^ 1]) + wanted[1:])
+    assert altered_digest != signature
+    cases = [(DATA, signature, cert), (DATA + b" ", signature, cert),
+             (DATA, signature, other), (DATA, signature, [other, cert]),
+             (DATA, signature[:-1] + bytes([signature[-1] ^ 1]), cert),
+             (DATA, altered_digest, cert)]
+    by_pyas2lib = []
+    real = lib._real_verify_message
+    monkeypatch.setattr(lib, "_real_verify_message",
+                        lambda *a: by_pyas2lib.append(a) or real(*a))
+    found = []
+    for data, sig, certs in cases:
+        theirs = _outcome(lambda d=data, s=sig, c=certs: [
+            _outcome(lambda c=one: verify_message(d, s, c))
+            for one in (c if isinstance(c, list) else [c])])
+        with lib.signing():
+            ours = _outcome(lambda d=data, s=sig, c=certs: lib.verify_message(d, s, c))
+        expected = next((o for o in theirs[1] if o[0] == "verified"), theirs[1][-1])
+        assert ours == expected, (data, certs)
+        found.append(ours[0])
+    assert by_pyas2lib == []  # every check above was the receiver's own
+    assert found == ["verified", "IntegrityError", "IntegrityError", "verified",
+                     "IntegrityError", "IntegrityError"]
 
 
 def test_openssl_signs_with_the_attributes_and_certificate_pyas2lib_puts_there(org, pair):
