@@ -215,3 +215,13 @@ def test_a_signed_mdn_is_laid_out_byte_for_byte_as_pyas2lib_renders_it(org, pair
     status_read, detail = lib.Mdn().parse(lib.wire(mdn.headers.items(), ours),
                                           lambda _id, _to: outgoing)
     assert status_read == got, detail
+
+
+def test_the_mdns_inner_boundary_is_in_none_of_its_texts(monkeypatch):
+    """As the email generator sees to: a boundary found in a part is made again."""
+    import email.generator
+    made = iter(["processed", "===============42=="])
+    monkeypatch.setattr(email.generator.Generator, "_make_boundary",
+                        classmethod(lambda cls, text=None: next(made)))
+    assert lib._boundary(["Disposition: automatic-action/MDN-sent-automatically; "
+                          "processed"]) == "===============42=="

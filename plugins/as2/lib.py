@@ -879,7 +879,7 @@ class Mdn(_PyMdn):
         if not all(text.isascii() and "\r" not in text and "\n" not in text
                    for text in texts):
             return False  # the email package's encodings and line ends: pyas2lib's
-        inner, outer = _boundary(), _as2.make_mime_boundary()
+        inner, outer = _boundary(texts), _as2.make_mime_boundary()
         signed = "\r\n".join((
             f'Content-Type: multipart/report; report-type="disposition-notification"; '
             f'boundary="{inner}"', "MIME-Version: 1.0", "", f"--{inner}",
@@ -929,9 +929,13 @@ class Mdn(_PyMdn):
         return "".join(f"{k}: {v}\r\n" for k, v in self._wire[0].items()).encode("utf-8")
 
 
-def _boundary() -> str:
-    """A boundary as the email generator makes one for a multipart that has none."""
-    return email.generator.Generator._make_boundary()
+def _boundary(texts: list[str]) -> str:
+    """A boundary as the email generator makes one for a multipart that has none, and,
+    as it sees to, in none of the parts' ``texts``."""
+    while True:
+        boundary = email.generator.Generator._make_boundary()
+        if not any(boundary in text for text in texts):
+            return boundary
 
 
 if metadata.version("pyas2lib") == _PATCHED_VERSION:
