@@ -559,13 +559,26 @@ def mdn_content(mdn) -> bytes:
         signature = parts[1] if isinstance(parts, list) and len(parts) == 2 else None
         body = signature.get_payload() if signature is not None else None
         if isinstance(body, str) and base64.b64decode(body) == made[1]:
-            boundary = b"--" + payload.get_boundary().encode("ascii")
-            head = "".join(f"{k}: {v}\r\n" for k, v in signature.items())
-            body = body.replace("\r\n", "\n").replace("\n", "\r\n")
-            return b"".join((boundary, b"\r\n", made[0], b"\r\n", boundary, b"\r\n",
-                             (head + "\r\n" + body).encode("ascii"), b"\r\n", boundary,
-                             b"--\r\n"))
+            return _multipart_signed(payload.get_boundary(), made[0],
+                                     header_block(signature.items()), body)
     return mdn.content
+
+
+def _multipart_signed(boundary: str, signed: bytes, head: bytes, signature: str) -> bytes:
+    """The body of a multipart/signed MDN as pyas2lib's serialisation lays it out: the
+    bytes signed, then the signature part (its header block ``head``, its base64 lines
+    ``signature`` with CRLF line ends)."""
+    dash = f"--{boundary}".encode("ascii")
+    lines = signature.replace("\r\n", "\n").replace("\n", "\r\n").encode("ascii")
+    return b"".join((dash, b"\r\n", signed, b"\r\n", dash, b"\r\n", head, b"\r\n", lines,
+                     b"\r\n", dash, b"--\r\n"))
+
+
+#: the signature part's headers, as pyas2lib sets them on a signed MDN
+_SIGNATURE_HEAD = (b'Content-Type: application/pkcs7-signature; name="smime.p7s"; '
+                   b'smime-type="signed-data"\r\n'
+                   b'Content-Disposition: attachment; filename="smime.p7s"\r\n'
+                   b"Content-Transfer-Encoding: base64\r\n")
 
 
 @contextmanager
@@ -890,14 +903,8 @@ class Mdn(_PyMdn):
         )).encode("ascii")
         signature = sign_message(signed, digest_alg, receiver.sign_key, sign_alg)
         _signing.made = None  # mdn_content reads _wire
-        body = base64.encodebytes(signature).replace(b"\n", b"\r\n")
-        content = b"".join((
-            f"--{outer}\r\n".encode(), signed, f"\r\n--{outer}\r\n".encode(),
-            b'Content-Type: application/pkcs7-signature; name="smime.p7s"; '
-            b'smime-type="signed-data"\r\n'
-            b'Content-Disposition: attachment; filename="smime.p7s"\r\n'
-            b"Content-Transfer-Encoding: base64\r\n\r\n", body,
-            f"\r\n--{outer}--\r\n".encode()))
+        content = _multipart_signed(outer, signed, _SIGNATURE_HEAD,
+                                    base64.encodebytes(signature).decode("ascii"))
         domain = receiver.domain if receiver else None
         self.message_id = email_utils.make_msgid(domain=domain).lstrip("<").rstrip(">")
         self.orig_message_id = original
@@ -926,7 +933,7 @@ class Mdn(_PyMdn):
     def headers_str(self):
         if self._wire is None:
             return _PyMdn.headers_str.fget(self)
-        return "".join(f"{k}: {v}\r\n" for k, v in self._wire[0].items()).encode("utf-8")
+        return header_block(self._wire[0].items())
 
 
 def _boundary(texts: list[str]) -> str:
