@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from datetime import timedelta
 
 import pytest
@@ -164,6 +165,53 @@ def test_bulk_redeliver_skips_a_delivery_that_changed_before_its_turn(setup, ses
     assert _lines(session, messages[1].id, "redeliver_requested") == []
     for message in (messages[0], messages[2]):
         assert _lines(session, message.id, "redeliver_requested")[0].actor == "bob"
+
+
+def test_bulk_redeliver_goes_through_when_another_process_writes_between_its_read_and_write(
+        setup, session):
+    """A worker or beat committing while the bulk Redeliver runs (between the read and
+    the write of a delivery's redeliver) delays one of the two, fails neither. On SQLite
+    the savepoint used to begin a reader's transaction, which SQLite then refused to let
+    write ("database is locked", a 500 in the UI): b2bhub.config.database."""
+    setup.route("inbox", "*", "*", "writer_a")
+    failed = [_fail(session, setup.message().id) for _ in range(2)]
+    other = setup.message().id
+    session.commit()
+    elsewhere: list = []
+    engine = session.get_bind()
+
+    def a_worker_commits():
+        try:
+            with engine.begin() as conn:
+                conn.execute(update(Message).where(Message.id == other).values(
+                    correlation_id="written by another process"))
+            elsewhere.append("committed")
+        except Exception as error:  # reported by the assertion below
+            elsewhere.append(error)
+
+    writer = threading.Thread(target=a_worker_commits)
+
+    def commit_elsewhere(conn, cursor, statement, *args):
+        # before the redeliver's first write, after its reads
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")) \
+                and not writer.is_alive() and not elsewhere:
+            writer.start()
+            writer.join(2)  # done at once where nothing holds the database for writing
+
+    connection = session.connection()
+    event.listen(connection, "before_cursor_execute", commit_elsewhere)
+    try:
+        result = operator.redeliver_many(session, select(Delivery), 100, "bob", utcnow())
+    finally:
+        event.remove(connection, "before_cursor_execute", commit_elsewhere)
+    session.commit()
+    writer.join(30)
+
+    assert (result.redelivered, result.skipped) == (failed, [])
+    assert elsewhere == ["committed"]
+    session.expire_all()
+    assert [session.get(Delivery, i).state for i in failed] == ["queued", "queued"]
+    assert session.get(Message, other).correlation_id == "written by another process"
 
 
 def test_bulk_redeliver_takes_at_most_max_oldest_first(setup, session):

@@ -3,6 +3,14 @@
 SQLite pragmas for the embedded default: WAL (readers never wait for the writer), a busy
 timeout (several processes write), and enforced foreign keys.
 
+SQLite: a savepoint opened outside a transaction begins it as a writer (``BEGIN
+IMMEDIATE``, :func:`_on_savepoint`). Python's sqlite3 begins a transaction just before its
+first write, which then waits its turn as the busy timeout allows; a ``SAVEPOINT`` begins
+one at once, as a reader, and a transaction that read before another process committed a
+write can never write: SQLite refuses it at once ("database is locked", the busy timeout
+does not apply). The bulk Redeliver (a savepoint per delivery) failed so whenever the
+worker or beat committed between its read and its write.
+
 PostgreSQL: a pooled connection that sat idle for :data:`PING_AFTER_IDLE` seconds is
 pinged before use, and replaced when the ping fails (the server restarted, a network
 device dropped the idle socket). SQLAlchemy's ``pool_pre_ping`` pings at every checkout:
@@ -45,6 +53,7 @@ def install() -> None:
     global _installed
     if not _installed:
         event.listen(Engine, "connect", _on_connect)
+        event.listen(Engine, "savepoint", _on_savepoint)
         event.listen(Pool, "checkin", _on_checkin)
         event.listen(Pool, "checkout", _on_checkout)
         _installed = True
@@ -109,6 +118,14 @@ def _discard_plans(dbapi_connection, info: dict) -> None:
 def _send_discard(dbapi_connection) -> None:
     with dbapi_connection.cursor() as cursor:
         cursor.execute("DISCARD PLANS")
+
+
+def _on_savepoint(conn, name) -> None:
+    """Begin the transaction a savepoint is about to open on SQLite as a writer (the
+    module's docstring says why); one already open is left as it is."""
+    raw = conn.connection.dbapi_connection
+    if isinstance(raw, sqlite3.Connection) and not raw.in_transaction:
+        raw.execute("BEGIN IMMEDIATE")
 
 
 def _on_connect(dbapi_connection, connection_record) -> None:
