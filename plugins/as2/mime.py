@@ -93,14 +93,11 @@ def _parts(msg, text: str, body_at: int, factory) -> bool:
     plain one (nothing is then kept of it)."""
     boundary = msg.get_boundary()
     cte = msg.get("content-transfer-encoding", "8bit").lower()
-    if not boundary or cte not in ("7bit", "8bit", "binary") or msg.defects:
-        return False
-    separator = "--" + boundary
-    marks = _boundary_lines(text, body_at, separator)
+    if not boundary or cte not in ("7bit", "8bit", "binary"):
+        return False  # the parser notes a defect
+    marks = _boundary_lines(text, body_at, "--" + boundary)
     if marks is None or len(marks) < 2 or not marks[-1][2]:
         return False  # no part, or no close boundary
-    if any(closing for _s, _e, closing in marks[:-1]):
-        return False
     first = marks[0][0]
     if first > body_at:  # a preamble: its last line break belongs to the boundary
         msg.preamble = text[body_at:first - 2]
