@@ -130,6 +130,16 @@ def test_redeliver_refuses_a_delivered_delivery_and_changes_nothing(setup, sessi
     assert _lines(session, message.id, "send_again_requested")[0].actor == "bob"
 
 
+def _redeliver_all(session, hook: tuple):
+    """The bulk Redeliver of every delivery by ``bob`` with ``hook`` (target, event
+    name, listener) listened to while it runs."""
+    event.listen(*hook)
+    try:
+        return operator.redeliver_many(session, select(Delivery), 100, "bob", utcnow())
+    finally:
+        event.remove(*hook)
+
+
 def test_bulk_redeliver_skips_a_delivery_that_changed_before_its_turn(setup, session):
     """The one bulk Redeliver of the API and the UI: a delivery a worker claims between
     the selection and its turn is left exactly as the worker left it (no history line of
@@ -149,11 +159,7 @@ def test_bulk_redeliver_skips_a_delivery_that_changed_before_its_turn(setup, ses
             state.session.connection().execute(update(Delivery).where(
                 Delivery.id == middle).values(state="in_progress", lease_owner=OWNER))
 
-    event.listen(session, "do_orm_execute", claimed_meanwhile)
-    try:
-        result = operator.redeliver_many(session, select(Delivery), 100, "bob", utcnow())
-    finally:
-        event.remove(session, "do_orm_execute", claimed_meanwhile)
+    result = _redeliver_all(session, (session, "do_orm_execute", claimed_meanwhile))
     session.commit()
 
     assert (result.redelivered, result.skipped, result.more) == (
@@ -194,16 +200,12 @@ def test_bulk_redeliver_goes_through_when_another_process_writes_between_its_rea
     def commit_elsewhere(conn, cursor, statement, *args):
         # before the redeliver's first write, after its reads
         if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")) \
-                and not writer.is_alive() and not elsewhere:
+                and writer.ident is None:  # not started yet
             writer.start()
             writer.join(2)  # done at once where nothing holds the database for writing
 
-    connection = session.connection()
-    event.listen(connection, "before_cursor_execute", commit_elsewhere)
-    try:
-        result = operator.redeliver_many(session, select(Delivery), 100, "bob", utcnow())
-    finally:
-        event.remove(connection, "before_cursor_execute", commit_elsewhere)
+    result = _redeliver_all(session, (session.connection(), "before_cursor_execute",
+                                      commit_elsewhere))
     session.commit()
     writer.join(30)
 
