@@ -181,3 +181,31 @@ def test_a_read_built_once_gives_its_columns_by_name_and_one_checks_the_count(db
         with pytest.raises(NoResultFound):
             run_read(conn, none, {"key": "c"}).one()
         conn.rollback()
+
+
+def test_the_claimers_instance_row_reads_as_the_core_row_does(hub, session):
+    """lock_target reads the target's row through the driver: every column must come
+    back as SQLAlchemy's own read gives it, value and type (JSON as its value, booleans
+    as booleans, not 0 and 1: ``online is False`` takes a target offline; times as
+    times), NULLs as None."""
+    from b2bhub.engine.machine import lanes
+    from b2bhub.models import PluginInstance
+
+    standard_hub(hub, ordered=True, max_concurrent_deliveries=3)
+    row = session.scalar(select(PluginInstance).where(PluginInstance.name == "writer_a"))
+    row.online, row.enabled = False, True
+    row.retry_policy = {"strategy": "fixed", "max_attempts": 3, "delay": 1.5}
+    row.business_rules = [{"field": "status", "equals": "REJECTED", "block": "instance"}]
+    row.config = {"delay": 0, "nested": {"a": [1, 2]}}
+    row.probe_checked_at = at(5)
+    session.commit()
+    core = session.execute(select(PluginInstance.__table__).where(
+        PluginInstance.name == "writer_a")).one()
+    session.commit()
+    turn = lanes.lock_target(session, "writer_a", "w")
+    session.rollback()
+    for column in PluginInstance.__table__.c:
+        ours, theirs = getattr(turn.instance, column.key), getattr(core, column.key)
+        assert (ours, type(ours)) == (theirs, type(theirs)), column.key
+    assert turn.instance.online is False and turn.instance.ordered is True
+    assert turn.instance.blocked_by_delivery_id is None and turn.instance.queue is None

@@ -27,6 +27,7 @@ handler.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import re
@@ -60,6 +61,19 @@ class DriverSQL:
         the values the construct holds itself (its literals) are kept with it."""
         compiled = clause.compile(dialect=_SQLITE_NAMED)
         return cls(str(compiled), times, _literals(compiled))
+
+    def typed_row(self, conn: Connection, params: dict[str, Any], columns):
+        """The one row (or None) of a statement whose result columns are ``columns``
+        (Core columns, in order), each value as SQLAlchemy's type reads it, by name or
+        place like a Core row: on PostgreSQL psycopg loads them so itself (``named``);
+        on SQLite each column's result processor is applied (JSON text to its value, 0
+        and 1 to booleans, text to times)."""
+        row = self.run(conn, params).one_or_none()
+        if row is None or conn.dialect.name == "postgresql":
+            return row
+        make, processors = _typed(conn.dialect, tuple(columns))
+        return make(*[value if convert is None or value is None else convert(value)
+                      for convert, value in zip(processors, row, strict=True)])
 
     def run(self, conn: Connection, params: dict[str, Any]) -> CursorResult | Rows:
         """Run it on ``conn``; read the result with ``all()``, ``scalars()`` or
@@ -196,6 +210,13 @@ def _literals(compiled) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     """A literal as sqlite3 binds it (an enum member by its value)."""
     return value.value if isinstance(value, enum.Enum) else value
+
+
+@functools.cache
+def _typed(dialect, columns: tuple) -> tuple[type, list]:
+    """A named tuple of these columns and each one's result processor on ``dialect``."""
+    make = collections.namedtuple("Row", [column.key for column in columns])
+    return make, [column.type._cached_result_processor(dialect, None) for column in columns]
 
 
 @functools.cache

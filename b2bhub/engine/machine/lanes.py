@@ -111,13 +111,18 @@ _PG_WAIT_LANE = text("SELECT pg_advisory_xact_lock(:id, :lane)")
 _SQLITE_TARGET = select(_INSTANCE, literal_column("1").label("lanes"),
                         literal_column("0").label("lane")).where(
     _INSTANCE.c.name == bindparam("name"))
+# Run by the driver and typed here (DriverSQL.typed_row): through Connection.execute the
+# read took 80-90 us of each claim's turn to write on SQLite, 60-70 of them SQLAlchemy's
+# (timed around lock_target in a drain of 20,000 deliveries, one process).
+_SQLITE_TARGET_DRIVER = DriverSQL.sqlite_of(_SQLITE_TARGET)
+_SQLITE_TARGET_COLUMNS = tuple(_SQLITE_TARGET.selected_columns)
 
 
 @dataclass(frozen=True)
 class Turn:
     """A claimer's turn at a target: its instance row and the lane it holds."""
 
-    instance: Any  # the instance row (a Core row, attribute access like the model)
+    instance: Any  # the instance row (attribute access like the model)
     lanes: int
     lane: int
 
@@ -146,7 +151,7 @@ def lock_target(session: Session, target: str, owner: str = "",
     ``owner`` name falls in. Pass it to :func:`claim` in the same transaction."""
     conn = connection(session)
     if not _is_postgres(session):
-        row = conn.execute(_SQLITE_TARGET, {"name": target}).one_or_none()
+        row = _SQLITE_TARGET_DRIVER.typed_row(conn, {"name": target}, _SQLITE_TARGET_COLUMNS)
         return None if row is None else Turn(row, 1, 0)
     row = _PG_SHARE_TARGET.run(conn, {
         "name": target, "preferred": -1 if preferred is None else preferred}).one_or_none()
