@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from b2bhub.domain.outcome import Outcome
 from b2bhub.domain.retry import RetryPolicy
-from b2bhub.engine.machine import claiming, lanes
+from b2bhub.engine.machine import claiming, lanes, settlement
 from b2bhub.engine.runner import TargetRunner
 from b2bhub.models import Delivery, PluginInstance
 from b2bhub.runtime.hub import new_session
@@ -67,9 +67,10 @@ def test_a_settlement_commits_without_waiting_for_another_claimers_turn(hub, ses
     worker = Session(db.engine)
 
     def settle():
-        result = claiming.settle_and_claim(
-            worker, [(claim, Outcome.delivered("ok"))], RetryPolicy(), "writer_a", "w",
-            at(2), 300, lambda instance: 16)
+        settling = settlement.plan([(claim, Outcome.delivered("ok"))], RetryPolicy(),
+                                   at(2), postgres)
+        result = claiming.settle_and_claim(worker, settling, "writer_a", "w", 300,
+                                           lambda instance: 16)
         worker.commit()
         return result
 

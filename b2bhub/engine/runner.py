@@ -333,10 +333,14 @@ class TargetRunner:
         outcomes = last.take() if last is not None else []
         with tracing.span("claim", **{"b2bhub.target": target,
                                       "b2bhub.settled": len(outcomes)}) as span:
+            # planned before this worker's turn to write (settlement.Settling)
+            settling = settlement.plan(outcomes, last.policy if last is not None else None,
+                                       self.clock(),
+                                       session.get_bind().dialect.name == "postgresql")
             with self.stop.settling(), serialized_writes(session):
                 written, claims, instance = claiming.settle_and_claim(
-                    session, outcomes, last.policy if last is not None else None, target,
-                    self.owner, self.clock(), settings.lease_seconds, batch_size)
+                    session, settling, target, self.owner, settings.lease_seconds,
+                    batch_size)
                 if outcomes:
                     faults.pause("settling")
                 session.commit()

@@ -18,8 +18,6 @@ from typing import Any
 from sqlalchemy import DateTime, bindparam, text, update
 from sqlalchemy.orm import Session
 
-from b2bhub.domain.outcome import Outcome
-from b2bhub.domain.retry import RetryPolicy
 from b2bhub.domain.states import DeliveryState
 from b2bhub.engine.driver import DriverSQL
 from b2bhub.engine.history import connection
@@ -34,7 +32,7 @@ from b2bhub.engine.machine.lanes import (
     lock_target,
 )
 from b2bhub.engine.machine.sequence import park_behind
-from b2bhub.engine.machine.settlement import _write_outcomes
+from b2bhub.engine.machine.settlement import Settling, _write_outcomes
 from b2bhub.models import Alert, InstanceState
 
 S = DeliveryState
@@ -172,13 +170,14 @@ def claim(session: Session, target: str, owner: str, now: datetime, limit: int,
     return claims
 
 
-def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
-                     policy: RetryPolicy | None, target: str, owner: str, now: datetime,
+def settle_and_claim(session: Session, settling: Settling, target: str, owner: str,
                      lease_seconds: int, batch_size: Callable[[Any], int]
                      ) -> tuple[list[bool], list[Claim] | None, Any]:
     """Settle the outcomes of one batch and claim the next batch of the target, in the
     caller's one transaction: one commit, one status derivation and one history INSERT
-    for both. Each outcome is fenced and recorded exactly as by :func:`settle_many`,
+    for both. ``settling`` is the batch's outcomes as :func:`.settlement.plan` planned
+    them before the caller's turn to write (no outcomes: claim only); the claim is made
+    at its time. Each outcome is fenced and recorded exactly as by :func:`settle_many`,
     and the claim, made after the settlements, counts the live leases exactly as
     :func:`claim`, in the lane of the settled batch when it can.
 
@@ -196,7 +195,8 @@ def settle_and_claim(session: Session, outcomes: list[tuple[Claim, Outcome]],
     whether it was written; the new claims (None: claim separately, see above); the
     target row (None: no such target).
     """
-    written, lines, blockers = _write_outcomes(session, outcomes, policy, now)
+    now, outcomes = settling.now, settling.planned
+    written, lines, blockers = _write_outcomes(session, settling)
     if blockers:
         # park what follows a blocker before the claim below could take it (on a target
         # that is not ordered, only the parking holds back a business rule's sequence)

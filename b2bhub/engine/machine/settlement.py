@@ -11,6 +11,7 @@ attempt and owner; a late outcome is recorded as ``stale_outcome_ignored``.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from b2bhub.domain.states import LABELS, DeliveryState, FailureKind
 from b2bhub.engine import blocking
 from b2bhub.engine.driver import DriverSQL, int_array
 from b2bhub.engine.history import add_line, connection
-from b2bhub.engine.machine.common import _record
+from b2bhub.engine.machine.common import _is_postgres, _record
 from b2bhub.engine.machine.sequence import park_behind
 from b2bhub.engine.status import refresh_statuses
 from b2bhub.models import Delivery
@@ -49,58 +50,88 @@ def settle_many(session: Session, outcomes: list[tuple[Claim, Outcome]],
     all of them go in one insert and the statuses of their messages are derived once.
     Returns, per outcome, whether it was written (False: stale, recorded as such).
     """
-    written, lines, blockers = _write_outcomes(session, outcomes, policy, now)
+    written, lines, blockers = _write_outcomes(
+        session, plan(outcomes, policy, now, _is_postgres(session)))
     _record(session, lines, now)
     if blockers:
         park_behind(session, blockers, now, outcomes[0][0].owner)
     return written
 
 
-def _write_outcomes(session: Session, outcomes: list[tuple[Claim, Outcome]],
-                    policy: RetryPolicy | None, now: datetime
+@dataclass(frozen=True)
+class Settling:
+    """Outcomes planned for their settlement at ``now``: the work that reads nothing
+    from the database, done before the writer's turn. Per outcome (claim, outcome, new
+    column values, history line); the delivered ones of one owner, two or more, as
+    their one UPDATE and its parameters (``together``).
+
+    On SQLite one process writes at a time and a worker's settlement and next claim
+    are its turn (:func:`.claiming.settle_and_claim`, the runner's writer lock): what
+    is planned here is done while another worker writes. For a batch of 16 delivered
+    outcomes planning takes 41-58 us, of a turn of 1.2-1.6 ms (timed around the calls
+    in a drain of 20,000 deliveries, one process). ``now`` is the time the settlement
+    and the next claim write, taken before the turn: a wait for the turn makes it that
+    much earlier than their commit (milliseconds, against a lease of minutes)."""
+
+    planned: list[tuple[Claim, Outcome, dict, dict]]
+    together: tuple[DriverSQL, dict] | None
+    now: datetime
+
+
+def plan(outcomes: list[tuple[Claim, Outcome]], policy: RetryPolicy | None,
+         now: datetime, postgres: bool) -> Settling:
+    """The settlement of these outcomes at ``now`` (pure; see :class:`Settling`)."""
+    policy = policy or RetryPolicy()
+    planned = []
+    for claim, outcome in outcomes:
+        values, text_ = _settlement(claim, outcome, policy, now)
+        planned.append((claim, outcome, values, {
+            "message_id": claim.message_id, "delivery_id": claim.delivery_id,
+            "type": "delivery_changed", "actor": claim.owner, "text": text_,
+            "data": {"state": values["state"], "attempt": claim.attempt,
+                     "target": claim.target, **_json_safe(outcome.data)}}))
+    delivered = [claim for claim, outcome in outcomes if outcome.kind is OutcomeKind.DELIVERED]
+    owners = {claim.owner for claim in delivered}
+    together = None
+    if len(delivered) > 1 and len(owners) == 1:
+        together = delivered_driver([(claim.delivery_id, claim.attempt, outcome.text)
+                                     for claim, outcome in outcomes
+                                     if outcome.kind is OutcomeKind.DELIVERED],
+                                    owners.pop(), now, postgres)
+    return Settling(planned, together, now)
+
+
+def _write_outcomes(session: Session, settling: Settling
                     ) -> tuple[list[bool], list[dict], list[int]]:
-    """The fenced writes of the outcomes; per outcome whether it was written, the
-    history lines of those written (stale ones get their line here), and the deliveries
-    failed for good that block their sequence (to park what follows them)."""
-    planned = [(claim, outcome, *_settlement(claim, outcome, policy or RetryPolicy(), now))
-               for claim, outcome in outcomes]
-    together = _deliver_together(session, [p for p in planned
-                                            if p[1].kind is OutcomeKind.DELIVERED], now)
+    """The fenced writes of the planned outcomes; per outcome whether it was written,
+    the history lines of those written (stale ones get their line here), and the
+    deliveries failed for good that block their sequence (to park what follows them).
+    The delivered ones of one owner go in one UPDATE, each row still fenced by its own
+    attempt number; the others one by one."""
+    together = {}
+    if settling.together is not None:
+        statement, params = settling.together
+        done = set(statement.run(connection(session), params).scalars())
+        together = {claim.delivery_id: claim.delivery_id in done
+                    for claim, outcome, *_ in settling.planned
+                    if outcome.kind is OutcomeKind.DELIVERED}
+    now = settling.now
     written, lines, blockers = [], [], []
-    for claim, outcome, values, line in planned:
+    for claim, outcome, values, line in settling.planned:
         ok = together[claim.delivery_id] if claim.delivery_id in together else \
             _fenced_update(session, claim, values)
         written.append(ok)
         if not ok:
             _record_stale(session, claim, outcome.kind.value, now)
             continue
-        lines.append({"message_id": claim.message_id, "delivery_id": claim.delivery_id,
-                      "type": "delivery_changed", "actor": claim.owner, "text": line,
-                      "data": {"state": values["state"], "attempt": claim.attempt,
-                               "target": claim.target, **_json_safe(outcome.data)}})
+        lines.append(line)
         if values["state"] == S.FAILED and (claim.ordered or outcome.block == "sequence"):
             blockers.append(claim.delivery_id)
         if values["state"] == S.FAILED and outcome.block == "instance":
-            line = blocking.block(session, claim.target, claim.delivery_id, claim.message_id,
-                                  outcome.rule or "", claim.owner, now)
-            lines += [line] if line else []
+            blocked = blocking.block(session, claim.target, claim.delivery_id,
+                                     claim.message_id, outcome.rule or "", claim.owner, now)
+            lines += [blocked] if blocked else []
     return written, lines, blockers
-
-
-def _deliver_together(session: Session, planned: list, now: datetime) -> dict[int, bool]:
-    """Write several delivered outcomes of one owner in one UPDATE, each row still fenced
-    by its own attempt number; {delivery id: written}. Fewer than two: nothing done
-    here (the caller writes them one by one)."""
-    owners = {claim.owner for claim, *_ in planned}
-    if len(planned) < 2 or len(owners) != 1:
-        return {}
-    conn = connection(session)
-    postgres = conn.dialect.name == "postgresql"
-    statement, params = delivered_driver(
-        [(claim.delivery_id, claim.attempt, outcome.text) for claim, outcome, *_ in planned],
-        owners.pop(), now, postgres)
-    done = set(statement.run(conn, params).scalars())
-    return {claim.delivery_id: claim.delivery_id in done for claim, *_ in planned}
 
 
 def delivered_update(rows: list[tuple[int, int, str]], owner: str, now: datetime,
