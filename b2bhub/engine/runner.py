@@ -11,6 +11,7 @@ Plain Python and SQLAlchemy; the Celery task only calls :meth:`TargetRunner.drai
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import math
@@ -125,16 +126,28 @@ class AttemptContext:
                  callbacks: CallbackTokens | None = None):
         self.now = now
         self.instance_name = instance.name
-        self.callback_url = self.receipt_ref = self.idempotency_key = None
-        if claim is not None:
-            self.receipt_ref = receipt_ref(claim.attempt)
-            if callbacks is not None:
-                self.callback_url = callbacks.url(claim.delivery_id, claim.attempt)
-                self.idempotency_key = callbacks.idempotency_key(claim.delivery_id)
+        self.receipt_ref = None if claim is None else receipt_ref(claim.attempt)
+        self._claim = claim if callbacks is not None else None
+        self._callbacks = callbacks
         # for built-in protocol targets (AS2) that keep their own records and stages
         self.open_session, self.store = open_session, store
         self.wire = False
         self.outcome: Outcome | None = None
+
+    # The callback URL and the idempotency key are an HMAC each (5.4 us of CPU for the
+    # two), made when the plugin first asks: most targets (files, SFTP, AS2) never do;
+    # made for every attempt, they were 5-6% of a worker's CPU draining a no-op target
+    # (sampled).
+    @functools.cached_property
+    def callback_url(self) -> str | None:
+        claim = self._claim
+        return None if claim is None else self._callbacks.url(claim.delivery_id,
+                                                              claim.attempt)
+
+    @functools.cached_property
+    def idempotency_key(self) -> str | None:
+        claim = self._claim
+        return None if claim is None else self._callbacks.idempotency_key(claim.delivery_id)
 
     def wire_started(self) -> None:
         self.wire = True
