@@ -37,7 +37,14 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from as2_receive import configure, peak_rss_mb, start_gunicorn, worker_pid  # noqa: E402
-from benchlib import environment, free_port, fresh_backend, make_app, print_table  # noqa: E402
+from benchlib import (  # noqa: E402
+    environment,
+    free_port,
+    fresh_backend,
+    make_app,
+    print_table,
+    scalar,
+)
 from cryptography import x509  # noqa: E402
 from cryptography.hazmat.primitives.serialization import load_pem_private_key  # noqa: E402
 from pyas2lib import Mdn, Message, Organization, Partner  # noqa: E402
@@ -154,13 +161,9 @@ def post_file(port: int, built) -> tuple[int, dict, bytes, float]:
 
 
 def stored_unpacked(backend) -> str | None:
-    from sqlalchemy import text as sql
-    engine = backend.engine()
-    with engine.connect() as conn:
-        digest = conn.execute(sql(
-            "SELECT p.digest FROM messages m JOIN payloads p ON p.message_id = m.id "
-            "AND p.stage = 'unpacked' WHERE m.source = 'as2in'")).scalar()
-    engine.dispose()
+    digest = scalar(
+        backend, "SELECT p.digest FROM messages m JOIN payloads p ON p.message_id = m.id "
+        "AND p.stage = 'unpacked' WHERE m.source = 'as2in'")
     if digest is None:
         return None
     app = make_app(backend)

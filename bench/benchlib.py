@@ -218,6 +218,15 @@ def analyze(engine: Engine) -> None:
         conn.execute(text("ANALYZE"))
 
 
+def scalar(backend: Backend, sql: str):
+    """The one value of a query, on a connection of its own."""
+    engine = backend.engine()
+    with engine.connect() as conn:
+        value = conn.execute(text(sql)).scalar()
+    engine.dispose()
+    return value
+
+
 # --- reporting ------------------------------------------------------------------------
 
 def environment(backend_names: list[str]) -> list[tuple[str, str]]:
