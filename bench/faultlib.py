@@ -68,7 +68,10 @@ class PrivatePostgres:
         done = subprocess.run(_as_postgres([str(self.bin / args[0]), *args[1:]]),
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise RuntimeError(f"{args[0]} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+            # pg_ctl says only "Examine the log output": the server's log says why.
+            server_log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+            raise RuntimeError(f"{args[0]} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+                               f"{server_log}")
 
     def start(self) -> None:
         if not self.data.exists():

@@ -631,7 +631,10 @@ def main() -> int:
                         help="the lease_seconds setting (default: the hub's 300; 60 with "
                              "--short)")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--pg-port", type=int, default=55432)
+    # Both below Linux's ephemeral range (32768-60999 by default): an outgoing connection
+    # of any process here takes its local port from that range, and one that held 55432
+    # (the old default) while the cluster started made PostgreSQL's bind fail in CI.
+    parser.add_argument("--pg-port", type=int, default=25432)
     parser.add_argument("--redis-port", type=int, default=6391)
     parser.add_argument("--keep", action="store_true", help="keep the logs of every run")
     args = parser.parse_args()
