@@ -32,6 +32,8 @@ class Seen:
     port: int
     headers: dict[str, str]
     verified: bool
+    #: why the signature was refused (None when verified)
+    problem: str | None = None
 
 
 @dataclass
@@ -138,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
         problem = signature_problem(self.command, self.path, headers, body,
                                     self.state.keys, self.state.region)
         self.state.seen.append(Seen(self.command, self.path, self.client_address[1], headers,
-                                    problem is None))
+                                    problem is None, problem))
         if problem is not None:
             code = problem if " " not in problem else "AccessDenied"
             return self._answer(403, code=code)
