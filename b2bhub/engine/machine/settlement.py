@@ -90,13 +90,13 @@ def plan(outcomes: list[tuple[Claim, Outcome]], policy: RetryPolicy | None,
             "type": "delivery_changed", "actor": claim.owner, "text": text_,
             "data": {"state": values["state"], "attempt": claim.attempt,
                      "target": claim.target, **_json_safe(outcome.data)}}))
-    delivered = [claim for claim, outcome in outcomes if outcome.kind is OutcomeKind.DELIVERED]
-    owners = {claim.owner for claim in delivered}
+    delivered = [(claim, outcome) for claim, outcome in outcomes
+                 if outcome.kind is OutcomeKind.DELIVERED]
+    owners = {claim.owner for claim, _ in delivered}
     together = None
     if len(delivered) > 1 and len(owners) == 1:
         together = delivered_driver([(claim.delivery_id, claim.attempt, outcome.text)
-                                     for claim, outcome in outcomes
-                                     if outcome.kind is OutcomeKind.DELIVERED],
+                                     for claim, outcome in delivered],
                                     owners.pop(), now, postgres)
     return Settling(planned, together, now)
 
