@@ -539,8 +539,7 @@ STATEMENT_KINDS = [
     ("SELECT messages.id", "messages and payloads read"),
     ("INSERT INTO history", "history lines"),
     ("UPDATE messages", "message statuses"),
-    ("SELECT id, status FROM messages", "message rows locked"),
-    ("SELECT k.id", "delivery states read"),
+    ("SELECT * FROM b2bhub_locked_statuses", "message rows locked, states read"),
     ("SELECT m.id, m.status", "statuses and delivery states read"),
     ("SELECT plugin_instances", "target row (and lane)"),
 ]
