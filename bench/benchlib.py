@@ -227,6 +227,12 @@ def scalar(backend: Backend, sql: str):
     return value
 
 
+def as_time(value):
+    """A time read through an aggregate (``min``, ``max``): SQLite returns its stored
+    text there, not a datetime; None stays None."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
 # --- reporting ------------------------------------------------------------------------
 
 def environment(backend_names: list[str]) -> list[tuple[str, str]]:

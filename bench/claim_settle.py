@@ -123,10 +123,7 @@ def delivered(engine) -> tuple[int, datetime | None]:
     with engine.connect() as conn:
         row = conn.execute(text("SELECT count(*), max(settled_at) FROM deliveries "
                                 "WHERE state = 'delivered'")).one()
-    last = row[1]
-    if isinstance(last, str):  # SQLite returns text for an aggregate
-        last = datetime.fromisoformat(last)
-    return row[0], last
+    return row[0], benchlib.as_time(row[1])
 
 
 # --- the floor ------------------------------------------------------------------------
@@ -389,11 +386,9 @@ def run_engine(backend: Backend, workers: int, n: int) -> tuple[float, float]:
 
 def _first_claim(backend: Backend) -> datetime:
     """When the engine's first claim was made: its "attempt 1 started" line's time."""
-    first = benchlib.scalar(backend, "SELECT min(created_at) FROM history "
-                            "WHERE type = 'delivery_changed' AND text LIKE '% started'")
-    if isinstance(first, str):  # SQLite keeps times as text
-        first = datetime.fromisoformat(first)
-    return first
+    return benchlib.as_time(benchlib.scalar(
+        backend, "SELECT min(created_at) FROM history "
+                 "WHERE type = 'delivery_changed' AND text LIKE '% started'"))
 
 
 def _wait_all_delivered(backend: Backend, n: int, procs: Workers) -> None:
