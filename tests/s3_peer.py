@@ -42,10 +42,16 @@ class S3Peer:
 
     keys: dict[str, str]
     region: str = "us-east-1"
+    #: the one bucket the test's store addresses; a request for any other path is a
+    #: stray, kept apart in ``strays`` (its port is an ephemeral one, which a stopped
+    #: server of another test may have had: a client still pointed there, such as a hub
+    #: process of another test retrying, can land here)
+    bucket: str | None = None
     objects: dict[str, bytes] = field(default_factory=dict)
     #: (status, S3 error code) to answer, in order, before serving anything
     script: list[tuple[int, str]] = field(default_factory=list)
     seen: list[Seen] = field(default_factory=list)
+    strays: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         self._lock = threading.Lock()
@@ -137,6 +143,10 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = dict(self.headers.items())
+        bucket = self.state.bucket
+        if bucket is not None and not urlsplit(self.path).path.startswith(f"/{bucket}/"):
+            self.state.strays.append(f"{self.command} {self.path}")
+            return self._answer(404, code="NoSuchBucket")
         problem = signature_problem(self.command, self.path, headers, body,
                                     self.state.keys, self.state.region)
         self.state.seen.append(Seen(self.command, self.path, self.client_address[1], headers,

@@ -31,7 +31,7 @@ def sha(data: bytes) -> str:
 def peer(monkeypatch):
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    server = S3Peer(keys={"AKIDRIGHT": "the-right-secret"})
+    server = S3Peer(keys={"AKIDRIGHT": "the-right-secret"}, bucket=BUCKET)
     yield server
     server.stop()
 
