@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
+from tests.http_peer import own_path
 from tests.loopback import serve_in_thread
 
 ALGORITHM = "AWS4-HMAC-SHA256"
@@ -43,9 +44,8 @@ class S3Peer:
     keys: dict[str, str]
     region: str = "us-east-1"
     #: the one bucket the test's store addresses; a request for any other path is a
-    #: stray, kept apart in ``strays`` (its port is an ephemeral one, which a stopped
-    #: server of another test may have had: a client still pointed there, such as a hub
-    #: process of another test retrying, can land here)
+    #: stray, kept apart in ``strays`` as the HTTP peers keep theirs (``own_path`` of
+    #: tests.http_peer: a client of another test still pointed at this port can land here)
     bucket: str | None = None
     objects: dict[str, bytes] = field(default_factory=dict)
     #: (status, S3 error code) to answer, in order, before serving anything
@@ -140,13 +140,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _serve(self) -> None:
+        bucket = self.state.bucket
+        if bucket is not None and own_path(self, f"/{bucket}", self.state.strays) is None:
+            return  # a stray: answered 404, its connection closed (tests.http_peer)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = dict(self.headers.items())
-        bucket = self.state.bucket
-        if bucket is not None and not urlsplit(self.path).path.startswith(f"/{bucket}/"):
-            self.state.strays.append(f"{self.command} {self.path}")
-            return self._answer(404, code="NoSuchBucket")
         problem = signature_problem(self.command, self.path, headers, body,
                                     self.state.keys, self.state.region)
         self.state.seen.append(Seen(self.command, self.path, self.client_address[1], headers,
