@@ -8,6 +8,10 @@ transaction it commits, the cursor events, its errors and a lost connection."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from sqlalchemy import DateTime, bindparam, event, func, select, text
@@ -209,3 +213,28 @@ def test_the_claimers_instance_row_reads_as_the_core_row_does(hub, session):
         assert (ours, type(ours)) == (theirs, type(theirs)), column.key
     assert turn.instance.online is False and turn.instance.ordered is True
     assert turn.instance.blocked_by_delivery_id is None and turn.instance.queue is None
+
+
+def test_a_process_on_sqlite_never_loads_psycopg(tmp_path):
+    """psycopg (its C extension and libpq) is loaded where PostgreSQL is used, not by
+    every process: a worker, beat, web or CLI process on the embedded default starts
+    about 0.1 s sooner without it. Both apps a process makes (a worker's and the web's)
+    and a drain of the driver's statements on SQLite."""
+    code = ("import sys\n"
+            "from b2bhub import create_app\n"
+            "from b2bhub.engine.driver import run_raw\n"
+            "url = 'sqlite:///' + sys.argv[1] + '/hub.db'\n"
+            "worker = create_app({'DATA_DIR': sys.argv[1], 'SQLALCHEMY_DATABASE_URI': url},"
+            " serve_http=False)\n"
+            "web = create_app({'DATA_DIR': sys.argv[1], 'SQLALCHEMY_DATABASE_URI': url})\n"
+            "with worker.app_context():\n"
+            "    engine = worker.extensions['sqlalchemy'].engines[None]\n"
+            "    with engine.connect() as conn:\n"
+            "        assert run_raw(conn, 'SELECT 1', ()).scalars() == [1]\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("B2BHUB_")}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                          cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -34,7 +34,6 @@ import re
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import namedtuple_row
 from sqlalchemy import DateTime
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Connection, CursorResult
@@ -155,7 +154,7 @@ def run_raw(conn: Connection, sql: str, params: Any, named: bool = False,
     if not conn.in_transaction():
         conn.begin()  # as SQLAlchemy's autobegin: its commit() then commits this
     dbapi = conn.connection.dbapi_connection
-    cursor = dbapi.cursor(row_factory=namedtuple_row) if named else dbapi.cursor()
+    cursor = dbapi.cursor(row_factory=_namedtuple_row()) if named else dbapi.cursor()
     events = conn._has_events or conn.engine._has_events
     try:
         if events:
@@ -170,6 +169,14 @@ def run_raw(conn: Connection, sql: str, params: Any, named: bool = False,
     except BaseException as exc:
         conn._handle_dbapi_exception(exc, sql, params, cursor, None)
     return Rows(cursor)
+
+
+@functools.cache
+def _namedtuple_row():
+    """psycopg's row factory, imported on a first named run: a process on SQLite never
+    loads psycopg (its C extension and libpq: about 0.1 s of every process's start)."""
+    from psycopg.rows import namedtuple_row
+    return namedtuple_row
 
 
 @functools.cache

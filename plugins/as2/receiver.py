@@ -45,7 +45,6 @@ from email import policy
 from email.parser import BytesHeaderParser
 from typing import IO
 
-from psycopg.pq import TransactionStatus
 from pyas2lib.exceptions import IntegrityError as SignatureError
 from pyas2lib.exceptions import PartnerNotFound
 from sqlalchemy import bindparam, insert, select
@@ -620,8 +619,12 @@ def _own_transaction(session):
     the block begins a transaction as before. Yields whether it does (not on SQLite, nor
     in a transaction)."""
     conn = connection(session)
-    dbapi = conn.connection.dbapi_connection if conn.dialect.name == "postgresql" else None
-    if dbapi is None or dbapi.autocommit \
+    if conn.dialect.name != "postgresql":
+        yield False
+        return
+    from psycopg.pq import TransactionStatus  # here: a process on SQLite never loads psycopg
+    dbapi = conn.connection.dbapi_connection
+    if dbapi.autocommit \
             or dbapi.info.transaction_status != TransactionStatus.IDLE:
         yield False
         return
