@@ -761,3 +761,24 @@ def test_our_tls_client_certificate_is_switched_when_the_partner_accepts_it(
     assert "tls_pending" not in done and "key" not in done
     assert lines(session, "the certificate CN=alpha-2027 is our TLS client certificate for "
                           "betapartner from now")
+
+
+def test_certificate_exchange_is_offered_on_a_partners_profile_alone(api, hub, registry):
+    """CEM sends our new certificate to a partner, or answers a partner's: its actions
+    are a partner's AS2 profile's. The document lists them there alone, and on an
+    organization's profile the same address answers 404, naming no action offered."""
+    registry.register(As2Receiver)
+    hub.parties(organizations=("mycompany",), partners=("acme",))
+    doc = api.get("/api/v1/openapi.json").get_json()
+    assert sorted(path for path in doc["paths"] if "/profiles/as2/actions/" in path) == [
+        f"/api/v1/partners/{{name}}/profiles/as2/actions/{action}"
+        for action in ("cem_accept", "cem_reject", "cem_request")]
+    refused = api.post("/api/v1/organizations/mycompany/profiles/as2/actions/cem_accept",
+                       json={"request_id": "CEM-1"})
+    assert refused.status_code == 404
+    assert refused.get_json()["error"]["message"] == (
+        "the AS2 profile has no action 'cem_accept'; offered: none")
+    offered = api.post("/api/v1/partners/acme/profiles/as2/actions/cem_accept",
+                       json={"request_id": "CEM-1"})
+    assert offered.status_code == 404  # offered: the partner has no such request
+    assert "offered" not in offered.get_json()["error"]["message"]

@@ -17,6 +17,7 @@ from b2bhub.runtime import hub
 from b2bhub.services import config as svc
 from b2bhub.services.errors import NotFound
 from b2bhub.services.profiles import (
+    offered_actions,
     profile_kind,
     profile_kinds,
     run_connection_test,
@@ -153,7 +154,8 @@ def delete_profile(collection: str, name: str, kind: str):
 def profile_action(collection: str, name: str, kind: str, action: str):
     """An operator's action on the profile (the kind's ``actions``: SFTP's
     ``fetch_host_key``, ``pin_host_key``, ``unpin_host_key``); its history line names
-    the caller. 404 for an action the kind does not offer."""
+    the caller. 404 for an action the kind does not offer on this kind of party, or a
+    party without a profile of the kind yet (a PUT saves one first)."""
     found = profile_kind(hub.registry(), kind)
     schemas = found.action_schemas() if getattr(found, "actions", ()) else {}
     body = json_object(tuple(schemas.get(action, {}).get("properties", {})))
@@ -230,7 +232,8 @@ def document_profiles(doc: dict, registry) -> None:
                                "schema": {"type": "string", "minLength": 1}}]
             doc["paths"][f"{bp.url_prefix}/{many}/{{name}}/profiles/{kind}"] = {
                 **operations, "parameters": name_parameter}
-            actions = found.action_schemas() if getattr(found, "actions", ()) else {}
+            offered = offered_actions(found, one)
+            actions = found.action_schemas() if offered else {}
             for action, body in actions.items():
                 operation = {
                     "summary": f"{action.replace('_', ' ').capitalize()} ({an} {one}'s "

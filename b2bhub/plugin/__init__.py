@@ -450,6 +450,11 @@ class ProfileKind:
     #: answers what :meth:`run_action` returns; the kind writes its own history lines
     actions: tuple[str, ...] = ()
 
+    #: the parties whose profiles of this kind offer :attr:`actions` (AS2's certificate
+    #: exchange: a partner's only); the document lists them there alone, and the core
+    #: answers 404 for the others without calling :meth:`run_action`
+    action_parties: tuple[str, ...] = ("organization", "partner")
+
     def action_schemas(self) -> dict[str, dict]:
         """Each action's body as JSON Schema, for the OpenAPI document (default: any
         object)."""

@@ -49,15 +49,23 @@ def run_connection_test(session: Session, found, name: str, actor: str, options:
     return found.test_connection(session, name, actor, options)
 
 
+def offered_actions(found, party_kind: str) -> tuple[str, ...]:
+    """The actions a profile of kind ``found`` offers on a party of ``party_kind``."""
+    if party_kind not in getattr(found, "action_parties", ("organization", "partner")):
+        return ()
+    return tuple(getattr(found, "actions", ()) or ())
+
+
 def run_profile_action(session: Session, found, party_kind: str, name: str, action: str,
                        body: dict, actor: str) -> dict:
     """An operator's action on a party's profile of kind ``found``
-    (``ProfileKind.actions``); NotFound for an action the kind does not offer."""
-    if action not in (getattr(found, "actions", ()) or ()):
-        offered = ", ".join(getattr(found, "actions", ()) or ()) or "none"
+    (``ProfileKind.actions``); NotFound for an action the kind does not offer, or
+    does not offer on this kind of party (``ProfileKind.action_parties``)."""
+    offered = offered_actions(found, party_kind)
+    if action not in offered:
         raise NotFound(N_("the %(kind)s profile has no action '%(action)s'; offered: "
                           "%(offered)s", kind=found.label or found.kind, action=action,
-                          offered=offered))
+                          offered=", ".join(offered) or "none"))
     return found.run_action(session, party_kind, name, action, body, actor)
 
 

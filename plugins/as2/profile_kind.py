@@ -27,6 +27,7 @@ class As2Profiles(ProfileKind):
     #: certificate exchange with a partner (:mod:`.cem`): send our new certificate,
     #: accept or reject one the partner sent
     actions = ("cem_request", "cem_accept", "cem_reject")
+    action_parties = ("partner",)  # we send our certificate to a partner, not to us
     has_presets = True
 
     def fields(self) -> tuple[str, ...]:
@@ -100,13 +101,10 @@ class As2Profiles(ProfileKind):
 
     def run_action(self, session: Session, party_kind: str, name: str, action: str,
                    body: dict, actor: str) -> dict:
-        """A CEM step of a partner's profile (:mod:`.cem`), its history line naming
-        ``actor``."""
-        from b2bhub.plugin import N_, NotFound, ServiceError, payload_store
+        """A CEM step of a partner's profile (:mod:`.cem`; the core offers the actions
+        on partners alone, :attr:`action_parties`), its history line naming ``actor``."""
+        from b2bhub.plugin import N_, ServiceError, payload_store
         from plugins.as2 import cem
-        if party_kind != "partner":
-            raise NotFound(N_("certificate exchange (CEM) is an action of a partner's "
-                              "AS2 profile"))
         unknown = set(body) - set(self.action_schemas()[action]["properties"])
         if unknown:
             raise ServiceError(N_("unknown fields: %(fields)s",
