@@ -11,7 +11,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from sqlalchemy import DateTime, bindparam, event, func, select, text
@@ -23,6 +22,7 @@ from b2bhub.engine.driver import DriverSQL
 from b2bhub.engine.machine import claiming, settlement
 from b2bhub.models import Delivery
 from tests.enginekit import at, standard_hub
+from tests.procs import ROOT
 
 
 def _count_at(session, column: str, when) -> int:
@@ -233,8 +233,7 @@ def test_a_process_on_sqlite_never_loads_psycopg(tmp_path):
             "        assert run_raw(conn, 'SELECT 1', ()).scalars() == [1]\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("B2BHUB_")}
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
-                          cwd=Path(__file__).resolve().parent.parent,
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -51,7 +51,8 @@ def run_connection_test(session: Session, found, name: str, actor: str, options:
 
 def offered_actions(found, party_kind: str) -> tuple[str, ...]:
     """The actions a profile of kind ``found`` offers on a party of ``party_kind``."""
-    if party_kind not in getattr(found, "action_parties", ("organization", "partner")):
+    from b2bhub.plugin import ProfileKind  # its default, for a kind that sets none
+    if party_kind not in getattr(found, "action_parties", ProfileKind.action_parties):
         return ()
     return tuple(getattr(found, "actions", ()) or ())
 
