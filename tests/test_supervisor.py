@@ -26,8 +26,9 @@ def _hub(procs, port: int | None = None):
                       {"B2BHUB_PORT": str(port or free_port()), "B2BHUB_WORKERS": "1"})
     hub.wait_in_log("started beat", timeout=60)
     hub.wait_in_log(" ready.", timeout=90)  # the worker's own line
-    # beat's own line: a SIGTERM before beat installs its handlers kills it outright
-    hub.wait_in_log("beat: Starting...", timeout=90)
+    # beat up (b2bhub.runtime.tasks): a SIGTERM before beat installs its handlers kills
+    # it outright, one while it opens its schedule ends it with status 1
+    hub.wait_in_log("beat: schedule open, agent running", timeout=90)
     children = {name: int(pid) for name, pid in
                 re.findall(r"b2bhub: started (\w+) \(pid (\d+)\)", hub.output())}
     assert set(children) == {"web", "worker1", "beat"}

@@ -247,6 +247,11 @@ def _start_beat_agent(sender=None, **kwargs) -> None:
     flask_app = _flask_app()
     start_agent(flask_app, "beat")
     gc.freeze()  # as a worker's (above)
+    # Celery's own "beat: Starting..." comes before beat opens its schedule file, and its
+    # SIGTERM handler (save the schedule) reaches for that scheduler: a SIGTERM in between
+    # was seen to end beat with status 1, not 0. This line says beat is up, schedule and
+    # agent.
+    log.info("beat: schedule open, agent running")
 
 
 @worker_ready.connect
