@@ -368,7 +368,7 @@ def two_beats(run: Run) -> None:
     hub.start_web()
     hub.procs.beat()
     second = hub.procs.start("beat2", faultlib_beat_cmd(hub, "beat2"))
-    second.wait_in_log("beat: Starting...", timeout=60)
+    second.wait_in_log("beat: schedule open, agent running", timeout=60)
     hub.worker()
     hub.worker()
     with run.fault():

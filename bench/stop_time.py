@@ -59,7 +59,7 @@ def one_round(backend, streams: int, group: bool = False) -> float:
         hub = subprocess.Popen([str(BIN / "b2bhub"), "run"], cwd=ROOT, env=env,
                                stdout=out, stderr=subprocess.STDOUT,
                                start_new_session=True)
-    for text in ("started beat", " ready.", "beat: Starting..."):
+    for text in ("started beat", " ready.", "beat: schedule open, agent running"):
         wait_in(logpath, text, 120)
     made = subprocess.run([str(BIN / "b2bhub"), "token", "create", "bench",
                            "--role", "viewer"], cwd=ROOT, env=env, capture_output=True,

@@ -157,7 +157,7 @@ class Processes:
         ``wait=False``: started, not waited for (:meth:`Proc.wait_ready` does)."""
         cmd = CELERY + ["beat", "--loglevel", "INFO", "-s", str(self.tmp / "beat-schedule")]
         proc = self.start("beat", cmd, extra_env)
-        _ready_when_logged(proc, "beat: Starting...")
+        _ready_when_logged(proc, "beat: schedule open, agent running")
         if wait:
             proc.wait_ready()
         return proc

@@ -210,7 +210,7 @@ def test_every_child_runs_where_b2bhub_run_was_started(procs, tmp_path):
                cwd=run_dir)
     procs.procs.append(hub)
     hub.wait_in_log(" ready.", timeout=90)
-    hub.wait_in_log("beat: Starting...", timeout=90)
+    hub.wait_in_log("beat: schedule open, agent running", timeout=90)
     data = (run_dir / "var").resolve()
     assert f"transport:   sqla+sqlite:///{data}/broker.sqlite" in hub.output()
     wait_until(lambda: (data / "broker.sqlite").exists(), 30, "the broker in ./var")
