@@ -46,7 +46,9 @@ import argparse
 import hashlib
 import http.client
 import importlib.metadata
+import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -212,24 +214,32 @@ class Checks:
 class Bare:
     """pyas2lib alone: parse (decrypt, verify, MIC) and the signed MDN, per message (our
     key loaded once beforehand, as the hub keeps it loaded). ``hub_way``: the same
-    pyas2lib calls as the hub makes them (plugins.as2.lib: no debug copies of the MIME
+    pyas2lib calls as the hub makes them, with the partner's certificate loaded once and
+    kept as the hub's (plugins.as2.lib: no debug copies of the MIME
     tree, the MDN signed through OpenSSL and its body put together, not rendered
     again, each header parsed once while MIME is rendered), to show what the hub spends
     beyond its own protocol work."""
 
     def __init__(self, certs, hub_way: bool = False):
         key = (certs["hub"][1] + certs["hub"][0]).encode()
-        self.org = Organization(as2_name="HUB", sign_key=key, decrypt_key=key)
         self.cert = certs["acme"][0].encode()
         self.hub_way = hub_way
+        if hub_way:  # the keys loaded once and kept, as the hub keeps them
+            self.org = lib.HubOrganization(as2_name="HUB", sign_key=key, decrypt_key=None)
+            self.org.decrypt_key = [Organization.load_key(key, None)]
+            self.partner = lib.LoadedPartner(as2_name="ACME", verify_cert=self.cert,
+                                             validate_certs=False, sign=True, encrypt=True)
+        else:
+            self.org = Organization(as2_name="HUB", sign_key=key, decrypt_key=key)
 
     def __call__(self, message) -> tuple[float, float]:
         """(seconds, CPU seconds) of one message."""
         headers, body = message
         raw = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode() + b"\r\n" + body
         start, cpu = time.perf_counter(), time.thread_time()
-        partner = Partner(as2_name="ACME", verify_cert=self.cert, validate_certs=False,
-                          sign=True, encrypt=True)
+        partner = self.partner if self.hub_way else Partner(
+            as2_name="ACME", verify_cert=self.cert, validate_certs=False, sign=True,
+            encrypt=True)
         if self.hub_way:
             with lib.parsing():
                 status, _exc, mdn = Message().parse(raw, find_org_cb=lambda _i: self.org,
@@ -278,6 +288,36 @@ def start_gunicorn(backend, port: int, workers: int = 1) -> subprocess.Popen:
                              "--bind", f"127.0.0.1:{port}", "wsgi:app"],
                             cwd=Path(__file__).resolve().parent.parent, env=env)
     return wait_serving(proc, f"http://127.0.0.1:{port}/api/v1/health", "gunicorn")
+
+
+def start_floor(backend, certs, port: int, workers: int) -> subprocess.Popen:
+    """``bench/as2_receive_floor.py`` under the hub's gunicorn settings (its module
+    docstring says what it does and leaves out)."""
+    config = Path(backend.data_dir) / "as2-floor.json"
+    config.write_text(json.dumps({"key": certs["hub"][1] + certs["hub"][0],
+                                  "partner_cert": certs["acme"][0]}))
+    env = {**backend.env(), "AS2_FLOOR_CONFIG": str(config),
+           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "gunicorn"), "--workers",
+                             str(workers), "--worker-class", "gthread", "--threads", "8",
+                             "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
+                             "as2_receive_floor:app"],
+                            cwd=HERE, env=env)
+    return wait_listening(proc, port, "the floor's gunicorn")
+
+
+def wait_listening(proc: subprocess.Popen, port: int, what: str) -> subprocess.Popen:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.terminate()
+    raise SystemExit(f"{what} did not listen on {port} in 60 s")
 
 
 def worker_pid(master: int) -> int:
@@ -350,6 +390,27 @@ def verify_django_pyas2(peer: Peer, server: DjangoPyas2, posts: int) -> int:
     return verified
 
 
+def verify_floor(peer: Peer, backend) -> int:
+    """The floor's answers and what it kept: every MDN verified as the hub's, and for
+    every message acknowledged its row, with the digest of the document sent, and its
+    three stages on disk under their digests. Ends the bench on the first failure."""
+    verified = peer.checks.verify_mdns()
+    engine = backend.engine()
+    with engine.connect() as conn:
+        rows = {r[0]: r[1:] for r in conn.exec_driver_sql(
+            "SELECT message_id, raw, unpacked, receipt FROM as2_floor")}
+    engine.dispose()
+    directory = Path(backend.data_dir) / "as2-floor"
+    for sent, _headers, _content in peer.checks.mdns:
+        digests = rows.get(sent.message.message_id)
+        if digests is None or digests[1] != hashlib.sha256(sent.data).hexdigest():
+            raise SystemExit(f"the floor kept {sent.message.message_id} as {digests}")
+        missing = [d for d in digests if not (directory / d).is_file()]
+        if missing:
+            raise SystemExit(f"the floor's stage {missing[0]} is not on disk")
+    return verified
+
+
 def run_latency(args, certs) -> None:
     rows, versus = [], []
     django = None
@@ -363,11 +424,16 @@ def run_latency(args, certs) -> None:
             configure(backend, certs)
             port = free_port()
             server = start_gunicorn(backend, port, args.web_workers)
-            peers = []
+            peers, floor_server = [], None
             try:
                 hub = Peer("hub", f"http://127.0.0.1:{port}/as2/as2in", server.pid,
                            args.web_workers)
                 peers.append(hub)
+                if args.floor:
+                    floor_port = free_port()
+                    floor_server = start_floor(backend, certs, floor_port, args.web_workers)
+                    peers.append(Peer("floor", f"http://127.0.0.1:{floor_port}/as2",
+                                      floor_server.pid, args.web_workers))
                 if django is not None:
                     master = django.start(free_port())
                     peers.append(Peer("django-pyas2", django.url, master.pid,
@@ -375,35 +441,45 @@ def run_latency(args, certs) -> None:
                 wait_booted([pid for peer in peers for pid in peer.workers])
                 _run_sizes(args, certs, peers, rows, versus)
             finally:
-                server.terminate()
-                server.wait(30)
+                for running in (server, floor_server):
+                    if running is not None:
+                        running.terminate()
+                        running.wait(30)
                 if django is not None:
                     django.stop()
             verified = hub.checks.verify(backend)
+            if floor_server is not None:
+                floor_verified = verify_floor(peers[1], backend)
         if django is not None:
-            posts = sum(len(p.checks.mdns) + len(p.failures) for p in peers[1:])
-            django_verified = verify_django_pyas2(peers[1], django, posts)
+            other = peers[-1]
+            posts = len(other.checks.mdns) + len(other.failures)
+            django_verified = verify_django_pyas2(other, django, posts)
     finally:
         if django is not None:
             django.remove()
     print(f"verified after the run: {verified} MDNs (signature, MIC, disposition) and the "
           "stored bytes and delivery of every message they acknowledged")
+    if args.floor:
+        print(f"the floor verified after the run: {floor_verified} MDNs (signature, MIC, "
+              "disposition) and the three stages and the row of every message")
     print_table(f"AS2 receive, signed + encrypted, signed sync MDN (median latency), "
                 f"{args.web_workers} web worker processes",
                 ["size", "messages", "bare ms", "hub ms", "hub/bare", "hub-way ms",
-                 "hub - hub-way ms", "bare CPU ms",
-                 "hub CPU ms", "client CPU ms", "1000/median", "seq msg/s", "4 clients ms",
-                 "4 clients msg/s", "4 clients / seq"], rows)
+                 "hub - hub-way ms", "floor ms", "floor - hub-way ms", "hub - floor ms",
+                 "hub/floor", "bare CPU ms", "hub CPU ms", "floor CPU ms", "client CPU ms",
+                 "1000/median", "seq msg/s", "4 clients ms", "4 clients msg/s",
+                 "4 clients / seq"], rows)
     if django is not None:
         print(f"django-pyas2 verified after the run: {django_verified} MDNs (signature, MIC, "
               "disposition) and the stored document of every message")
-        print_table(f"The same messages to django-pyas2 (gunicorn, {args.web_workers} sync "
-                    "workers), in the same run, alternating with the hub and bare",
-                    ["size", "messages", "bare ms", "hub ms", "django-pyas2 ms",
-                     "bare msg/s", "hub seq msg/s", "django-pyas2 seq msg/s",
-                     "hub/django-pyas2 seq", "hub 4 clients msg/s",
-                     "django-pyas2 4 clients msg/s", "hub/django-pyas2 4 clients",
-                     "hub CPU ms", "django-pyas2 CPU ms"], versus)
+    if versus:
+        print_table(f"The same messages to the other servers (gunicorn, {args.web_workers} "
+                    "worker processes each; django-pyas2's sync workers), in the same run, "
+                    "alternating with the hub and bare",
+                    ["peer", "size", "messages", "hub ms", "peer ms",
+                     "hub seq msg/s", "peer seq msg/s", "hub/peer seq",
+                     "hub 4 clients msg/s", "peer 4 clients msg/s", "hub/peer 4 clients",
+                     "hub CPU ms", "peer CPU ms"], versus)
 
 
 def _run_sizes(args, certs, peers: list[Peer], rows: list, versus: list) -> None:
@@ -453,17 +529,20 @@ def _run_sizes(args, certs, peers: list[Peer], rows: list, versus: list) -> None
             [t for t, _cpu in own]))
         bare_cpu, client_cpu = (statistics.mean(c for _t, c in x) * 1000
                                 for x in (bare, hub.seq))
+        floor = next((peer for peer in peers if peer.name == "floor"), None)
+        f = statistics.median(t for t, _cpu in floor.seq) * 1000 if floor else float("nan")
         rows.append([f"{size // 1024} KB", count, f"{b:.1f}", f"{h:.1f}",
-                     f"{h / b:.2f}x", f"{o:.1f}", f"{h - o:.1f}", f"{bare_cpu:.1f}",
-                     f"{hub.cpu / count * 1000:.1f}", f"{client_cpu:.1f}",
+                     f"{h / b:.2f}x", f"{o:.1f}", f"{h - o:.1f}", f"{f:.1f}", f"{f - o:.1f}",
+                     f"{h - f:.1f}", f"{h / f:.2f}x", f"{bare_cpu:.1f}",
+                     f"{hub.cpu / count * 1000:.1f}",
+                     f"{floor.cpu / count * 1000:.1f}" if floor else "", f"{client_cpu:.1f}",
                      f"{1000 / h:.1f}", f"{count / hub.seq_busy:.1f}", f"{c:.1f}",
                      f"{count / hub.many_wall:.1f}", f"{hub.seq_busy / hub.many_wall:.2f}x"])
         for other in peers[1:]:
             d = statistics.median(t for t, _cpu in other.seq) * 1000
             hub_seq, other_seq = count / hub.seq_busy, count / other.seq_busy
             hub_many, other_many = count / hub.many_wall, count / other.many_wall
-            versus.append([f"{size // 1024} KB", count, f"{b:.1f}", f"{h:.1f}", f"{d:.1f}",
-                           f"{count / sum(t for t, _cpu in bare):.1f}",
+            versus.append([other.name, f"{size // 1024} KB", count, f"{h:.1f}", f"{d:.1f}",
                            f"{hub_seq:.1f}", f"{other_seq:.1f}",
                            f"{hub_seq / other_seq:.2f}x", f"{hub_many:.1f}",
                            f"{other_many:.1f}", f"{hub_many / other_many:.2f}x",
@@ -573,6 +652,9 @@ def main() -> None:
     parser.add_argument("--py-spy", metavar="FILE", default=None,
                         help="profile the first web worker during the sequential posts "
                              "with py-spy (pip install py-spy) into FILE, collapsed stacks")
+    parser.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                        help="also post every message to the floor, bench/as2_receive_floor.py "
+                             "(default; --no-floor: without it)")
     parser.add_argument("--django-pyas2", action=argparse.BooleanOptionalAction,
                         default=True,
                         help="also post every message to django-pyas2 1.2.3 under gunicorn "
