@@ -6,9 +6,10 @@ they are frozen (``gc.freeze``) once they are: every process of the hub imports 
 first. The processes' own start-up (``wsgi.py``, ``b2bhub.runtime.worker``) does the
 same around building the app (:func:`starting`); a worker freezes again once it is
 ready (``b2bhub.runtime.tasks``), gunicorn's worker once its app is loaded. The
-collections while a worker's module was imported took 0.18-0.23 s of its 1.4-1.8 s of
-CPU, while ``wsgi`` was imported 0.38-0.42 s of 2.5-2.7 s; with this, none and 0.004 s
-(``gc.callbacks`` timing each collection, three runs each way)."""
+collections while a worker's module was imported took 0.18-0.25 s of its 1.4-2.0 s of
+CPU, while ``wsgi`` was imported 0.38-0.43 s of 2.5-2.7 s; with this, none and 0.004 s
+(``gc.callbacks`` timing each collection, three runs or more each way). The collector
+is left as it was found: on, unless the importer had turned it off."""
 
 from __future__ import annotations
 
