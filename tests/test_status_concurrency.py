@@ -60,12 +60,7 @@ def test_concurrent_settlements_of_one_message_store_the_status_of_both(hub, ses
     first.close()
     worker.join(30)
 
-    session.expire_all()
-    assert session.get(Message, message.id).status == "delivered"
-    last = session.scalars(select(HistoryLine).where(
-        HistoryLine.message_id == message.id, HistoryLine.type == "status_changed")
-        .order_by(HistoryLine.id.desc())).first()
-    assert last.data["to"] == "delivered"
+    assert _status_and_last_change(session, message.id) == ("delivered", "delivered")
 
 
 def _one_delivery_claimed(hub, db):
@@ -105,6 +100,10 @@ def _status_and_last_change(session, message_id: int) -> tuple[str, str]:
     return session.get(Message, message_id).status, last.data["to"]
 
 
+def _delivery_states(session, message_id: int) -> list[tuple[str, str]]:
+    return sorted((d.target, d.state) for d in session.get(Message, message_id).deliveries)
+
+
 def test_a_delivery_added_after_the_claim_of_the_only_one_counts_in_its_settlement(
         hub, session, db):
     """The claim saw one delivery; a redispatch added another before the settlement. The
@@ -118,8 +117,7 @@ def test_a_delivery_added_after_the_claim_of_the_only_one_counts_in_its_settleme
     _settle_in_hot_path(db.engine, left)
 
     assert _status_and_last_change(session, message.id) == ("in_progress", "in_progress")
-    states = sorted((d.target, d.state) for d in session.get(Message, message.id).deliveries)
-    assert states == [("left", "delivered"), ("right", "queued")]
+    assert _delivery_states(session, message.id) == [("left", "delivered"), ("right", "queued")]
 
 
 def test_a_delivery_being_added_while_the_only_one_settles_counts_once_committed(
@@ -139,8 +137,7 @@ def test_a_delivery_being_added_while_the_only_one_settles_counts_once_committed
     assert not worker.is_alive()
 
     assert _status_and_last_change(session, message.id)[0] == "in_progress"
-    states = sorted((d.target, d.state) for d in session.get(Message, message.id).deliveries)
-    assert states == [("left", "delivered"), ("right", "queued")]
+    assert _delivery_states(session, message.id) == [("left", "delivered"), ("right", "queued")]
 
 
 def test_the_only_delivery_claimed_and_delivered_writes_its_status_lines_once(
