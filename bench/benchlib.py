@@ -251,7 +251,50 @@ def environment(backend_names: list[str]) -> list[tuple[str, str]]:
         rows.append(("sqlite", sqlite3.sqlite_version))
     if "postgres" in backend_names:
         rows.append(("postgresql", _pg_version()))
+    return rows + machine_speed(postgres="postgres" in backend_names)
+
+
+def machine_speed(postgres: bool = True) -> list[tuple[str, str]]:
+    """Two figures of the hour the run took, printed with every bench's environment: the
+    same machine ran the same floor at half its speed on a slow hour (bench/RESULTS.md,
+    2026-12-07), and these tell such an hour from a change of the code. A fixed piece of
+    Python (20,000 JSON round trips of a history line's data, the median of 5 runs), and
+    the round trip to PostgreSQL on loopback (a prepared ``SELECT 1`` through psycopg,
+    the median of 1,000), which every statement of the hub waits for once."""
+    import json
+    import statistics
+
+    line = {"state": "delivered", "attempt": 1, "result": "wrote 2,048 bytes",
+            "target": "noop", "ids": list(range(8))}
+    runs = []
+    for _ in range(5):
+        began = time.perf_counter()
+        for _ in range(20_000):
+            json.loads(json.dumps(line))
+        runs.append(time.perf_counter() - began)
+    rows = [("cpu reference (ms; 20,000 JSON round trips)",
+             f"{1000 * statistics.median(runs):.1f}")]
+    if postgres:
+        rows.append(("postgresql round trip (us; SELECT 1)", _pg_round_trip()))
     return rows
+
+
+def _pg_round_trip() -> str:
+    import statistics
+
+    import psycopg
+    url = make_url(PG_ADMIN_URL).set(drivername="postgresql").render_as_string(
+        hide_password=False)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            times = []
+            for _ in range(1_000):
+                began = time.perf_counter()
+                conn.execute("SELECT 1", prepare=True).fetchall()
+                times.append(time.perf_counter() - began)
+    except Exception as exc:  # the figures still print without it
+        return f"unknown ({type(exc).__name__})"
+    return f"{1e6 * statistics.median(times):.0f}"
 
 
 def _pg_version() -> str:

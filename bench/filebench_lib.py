@@ -31,6 +31,9 @@ from sqlalchemy import create_engine, text  # noqa: E402
 
 from tests.procs import Processes  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from benchlib import machine_speed  # noqa: E402
+
 PG_ADMIN_URL = os.environ.get("B2BHUB_BENCH_PG_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("B2BHUB_BENCH_REDIS_URL", "redis://127.0.0.1:6379/7")
@@ -233,7 +236,8 @@ def environment(bench: Bench, workers: int) -> list[str]:
             f"machine: {os.cpu_count()} cores, {platform.platform()}",
             f"python: {platform.python_version()}",
             f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
-            f"commit: {commit}{' (with local changes)' if dirty else ''}"]
+            f"commit: {commit}{' (with local changes)' if dirty else ''}",
+            *(f"{name}: {value}" for name, value in machine_speed(bench.backend == "postgres"))]
 
 
 class CpuMeter:
