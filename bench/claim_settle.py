@@ -491,10 +491,13 @@ def _drain_here(backend: Backend, profiler=None) -> tuple[int, float, float]:
     return report.settled, took, cpu
 
 
-def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
+def cpu_per_delivery(backend: Backend, n: int, rounds: int, books: bool = False) -> None:
     """CPU of this process per delivery, the floor's loop beside one drain, alternated:
     a figure the machine's load hardly moves (on PostgreSQL the server's CPU is not in
-    it). One process each, so no lock is waited for."""
+    it). One process each, so no lock is waited for. ``books``: the floor's loop writes
+    the statuses and history lines too (:func:`_book`), so the two sides do the same
+    work, and what remains between them is where the engine's own cost is: in this
+    process (its Python) or in the server (its statements)."""
     engine = backend.engine()
     claim_sql = _claim_driver(backend.postgres)
     rows = []
@@ -503,7 +506,7 @@ def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
         with engine.connect() as conn:
             server = benchlib.by_kind()["postgres"]
             began, cpu = time.perf_counter(), time.process_time()
-            settled = floor_loop(conn, claim_sql, "floor")
+            settled = floor_loop(conn, claim_sql, "floor", books)
             floor = (settled, time.perf_counter() - began, time.process_time() - cpu,
                      benchlib.by_kind()["postgres"] - server)
         reset(backend, n)
@@ -519,7 +522,8 @@ def cpu_per_delivery(backend: Backend, n: int, rounds: int) -> None:
     server = ["floor server us", "engine server us"] if backend.postgres else []
     benchlib.print_table(
         f"one process, {n:,} deliveries: CPU per delivery (us) of this process (and of "
-        "the PostgreSQL server) and deliveries per second",
+        "the PostgreSQL server) and deliveries per second"
+        + ("; the floor writes the statuses and lines (--books)" if books else ""),
         ["backend", "round", "floor CPU us", "engine CPU us", *server, "floor/s",
          "engine/s"], rows)
 
@@ -674,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
             with benchlib.fresh_backend(name) as backend:
                 benchlib.create_target(backend, max_concurrent=BATCH)
                 if args.cpu:
-                    cpu_per_delivery(backend, args.cpu, args.rounds)
+                    cpu_per_delivery(backend, args.cpu, args.rounds, args.books)
                 elif args.statements:
                     statement_times(backend, args.statements, args.rounds)
                 else:
