@@ -668,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
                              "the --workers drain (no floor)")
     parser.add_argument("--books", action="store_true",
                         help="each round also runs the floor with the statuses and "
-                             "history lines every transition writes (SPEC 11)")
+                             "history lines every transition writes (SPEC 11); with "
+                             "--cpu, the floor's loop writes them")
     parser.add_argument("--sort", default="cumulative",
                         help="pstats order of --profile (cumulative, tottime, ...)")
     args = parser.parse_args(argv)
