@@ -27,12 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchlib import machine_speed  # noqa: E402  (bench/, this script's directory)
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from tests.procs import Processes  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from benchlib import machine_speed  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("B2BHUB_BENCH_PG_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
